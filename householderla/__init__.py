@@ -1,0 +1,46 @@
+"""householderla: orthogonal and Stiefel matrices by Householder reflections.
+
+Compact WY (CWY) and truncated CWY (T-CWY) operators, sequential Householder products,
+their constructive inverses, and explicit VJPs of every differentiable map, written once
+against the Python Array API standard (NumPy, torch, JAX, array-api-strict, CuPy, ...).
+
+The framework adapters ``householderla.torch`` and ``householderla.jax`` are imported on
+first access, never by ``import householderla``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from . import vjp
+from .cwy import CWY, TCWY, cwy, tcwy
+from .householder import (
+    householder_apply,
+    householder_product,
+    householder_vectors,
+    tcwy_vectors,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CWY",
+    "TCWY",
+    "__version__",
+    "cwy",
+    "householder_apply",
+    "householder_product",
+    "householder_vectors",
+    "tcwy",
+    "tcwy_vectors",
+    "vjp",
+]
+
+_LAZY_SUBMODULES = {"torch", "jax"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY_SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

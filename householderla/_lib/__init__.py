@@ -1,0 +1,1 @@
+"""Internal helpers: namespaces, dtypes and the linear-algebra shims the standard lacks."""

@@ -1,0 +1,175 @@
+"""Namespace, device and dtype resolution shared by every public function.
+
+Every public entry point calls :func:`resolve` once: it finds the common Array API
+namespace of its array arguments (or takes ``xp=``), converts non-array arguments (lists,
+scalars) into that namespace on the same device, promotes integers to the namespace's default
+real floating dtype, and rejects complex, boolean and non-float32/float64 floating inputs with
+a message that names the argument.  Nothing here imports torch, jax, cupy or dask: backends are
+recognised through :mod:`array_api_compat`'s ``is_*`` helpers on objects the caller passed in.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import array_api_compat as aac
+
+__all__ = [
+    "accumulation_dtype",
+    "default_float",
+    "device_of",
+    "is_eager",
+    "mT",
+    "resolve",
+]
+
+
+def _namespace_of(xp: Any) -> Any:
+    """The array-api-compat namespace for a user-given ``xp`` (numpy, torch, ...)."""
+    probe = xp.asarray(0.0)
+    return aac.array_namespace(probe)
+
+
+def _is_array(x: Any) -> bool:
+    return aac.is_array_api_obj(x) and not isinstance(x, (int, float, complex, bool))
+
+
+def default_float(xp: Any, device: Any = None) -> Any:
+    """The namespace's default real floating dtype (float32 for torch, float64 for NumPy)."""
+    info = getattr(xp, "__array_namespace_info__", None)
+    if info is not None:
+        try:
+            return info().default_dtypes(device=device)["real floating"]
+        except TypeError:  # namespaces whose default_dtypes takes no device
+            return info().default_dtypes()["real floating"]
+    return xp.float64  # pragma: no cover - every supported namespace has the info object
+
+
+def _float_dtype_of(xp: Any, x: Any, name: str, device: Any) -> Any:
+    dtype = x.dtype
+    if xp.isdtype(dtype, "bool"):
+        raise TypeError(f"{name} has boolean dtype; expected a real floating or integer array")
+    if xp.isdtype(dtype, "complex floating"):
+        raise TypeError(
+            f"{name} has complex dtype {dtype}; householderla implements the real orthogonal "
+            "group only (unitary support is planned)"
+        )
+    if xp.isdtype(dtype, "integral"):
+        return default_float(xp, device)
+    if dtype == xp.float32 or dtype == xp.float64:
+        return dtype
+    raise TypeError(
+        f"{name} has dtype {dtype}; supported are float32 and float64 (integers are promoted "
+        "to the default float). Cast half precision inputs to float32 first."
+    )
+
+
+def resolve(arrays: Sequence[tuple[str, Any]], xp: Any = None) -> tuple[Any, Any, Any, list[Any]]:
+    """Common namespace, device and floating dtype of named arguments.
+
+    Parameters
+    ----------
+    arrays : sequence of (name, value)
+        The arguments, named as in the caller's signature (used in error messages). Values may
+        be arrays of any Array API namespace, or array-likes (lists, scalars) that are
+        converted into the namespace of the others (NumPy if there are none).
+    xp : namespace, optional
+        Force this namespace instead of inferring it.
+
+    Returns
+    -------
+    xp, device, dtype, values
+        ``values`` are the inputs as arrays of ``xp`` on ``device`` with floating ``dtype``
+        (the result type of all inputs after integer promotion). Arrays already of that dtype
+        are returned as they are: never copied, never written.
+    """
+    real = [(n, a) for n, a in arrays if _is_array(a)]
+    if xp is not None:
+        xp = _namespace_of(xp)
+    elif real:
+        try:
+            xp = aac.array_namespace(*(a for _, a in real))
+        except TypeError as exc:
+            kinds = ", ".join(f"{n}: {type(a).__module__}.{type(a).__name__}" for n, a in real)
+            raise TypeError(
+                f"arguments come from different array libraries ({kinds}); convert them to one "
+                "namespace first (e.g. with from_dlpack)"
+            ) from exc
+    else:
+        import numpy as np
+
+        xp = aac.array_namespace(np.empty(0))
+    device = device_of(real[0][1]) if real else None
+    for n, a in real[1:]:
+        if device_of(a) != device:
+            raise ValueError(
+                f"{n} is on device {aac.device(a)} but {real[0][0]} is on {device}; "
+                "move them to one device"
+            )
+    values = []
+    for n, a in arrays:
+        if not _is_array(a):
+            try:
+                a = xp.asarray(a, device=device)
+            except Exception as exc:
+                raise TypeError(f"{n} must be an array, got {type(a).__name__}") from exc
+        values.append(a)
+    dtypes = [_float_dtype_of(xp, a, n, device) for (n, _), a in zip(arrays, values, strict=True)]
+    dtype = xp.result_type(*dtypes)
+    values = [a if a.dtype == dtype else xp.astype(a, dtype) for a in values]
+    return xp, device, dtype, values
+
+
+def device_of(x: Any) -> Any:
+    """The device of ``x`` for creating arrays next to it (None for JAX tracers and literals,
+    where array-api-compat reports a placeholder that creation functions reject)."""
+    if type(x).__module__.startswith(("jax", "jaxlib")):
+        # tracers, and literals JAX hands to custom rules (jax._src.literals), have no
+        # device a creation function accepts: let JAX place new arrays itself
+        return aac.device(x) if aac.is_jax_array(x) and is_eager(x) else None
+    return aac.device(x)
+
+
+def is_eager(x: Any) -> bool:
+    """True when the values of ``x`` can be inspected now (not a JAX tracer, not Dask)."""
+    if aac.is_jax_array(x):
+        jax = sys.modules.get("jax")
+        return jax is None or not isinstance(x, jax.core.Tracer)
+    if aac.is_dask_array(x):
+        return False
+    return not aac.is_lazy_array(x)
+
+
+def accumulation_dtype(xp: Any, dtype: Any) -> Any:
+    """Precision for Gram matrices, norms and T = S⁻¹ (DESIGN: "float64 for float32 inputs
+    where it is cheap").
+
+    float64 on CPU backends (NumPy, array-api-strict, Dask, torch on CPU, JAX on CPU with x64
+    enabled); the input dtype on accelerators, whose float64 rate varies by card.
+    """
+    if dtype == xp.float64:
+        return dtype
+    if aac.is_cupy_namespace(xp):
+        return dtype
+    if aac.is_torch_namespace(xp):
+        return dtype  # refined per array by ``accumulation_dtype_for``
+    if aac.is_jax_namespace(xp):
+        jax = sys.modules["jax"]
+        if jax.config.jax_enable_x64 and jax.default_backend() == "cpu":
+            return xp.float64
+        return dtype
+    return xp.float64
+
+
+def accumulation_dtype_for(xp: Any, x: Any) -> Any:
+    """:func:`accumulation_dtype` for the array ``x`` (torch decides by the tensor's device)."""
+    if aac.is_torch_namespace(xp) and x.dtype == xp.float32:
+        return xp.float64 if x.device.type == "cpu" else x.dtype
+    return accumulation_dtype(xp, x.dtype)
+
+
+def mT(x: Any) -> Any:
+    """Matrix transpose of the last two axes (a view where the backend has views)."""
+    return x.mT

@@ -1,0 +1,261 @@
+"""Compact WY (CWY) and truncated CWY (T-CWY) operators.
+
+``cwy(V)`` is Q = H(v₁)…H(v_L) = I − U S⁻¹ Uᵀ with S = ½I + striu(UᵀU) (seed 000 Theorem 2;
+seed 001 Proposition 1); ``tcwy(V)`` is Ω = γ_{N,M}(V) = [I; 0] − U S⁻¹ U₁ᵀ, the first M
+columns of H(v₁)…H(v_M) (seed 000 Theorem 3). Both are operators: the factors U and T = S⁻¹
+are computed once, when the operator is built (N·L² + L³/3 flops), and ``@`` then costs two
+GEMMs and one small L×L product; the N×N (or N×M) matrix is formed only by ``.matrix()``.
+
+With torch tensors that require grad, and always with JAX arrays, building and applying the
+operator goes through :mod:`householderla.vjp`'s explicit backward passes (lazily imported
+adapters, never autodiff through our internals).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import array_api_compat as aac
+
+from . import _compact_wy as K
+from ._lib.namespace import device_of, mT, resolve
+from .householder import _check_reflectors, as_matrix_operand
+
+__all__ = ["CWY", "TCWY", "cwy", "tcwy"]
+
+
+def _torch_needs_grad(*tensors: Any) -> bool:
+    import torch
+
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _factors(V: Any, xp: Any) -> tuple[Any, Any]:
+    """U and T of ``V``, through the explicit VJP when autodiff may follow."""
+    if aac.is_jax_namespace(xp):
+        from ._autodiff_jax import cwy_factors
+
+        U, T, r = cwy_factors(V)
+    elif aac.is_torch_namespace(xp) and _torch_needs_grad(V):
+        from ._autodiff_torch import CWYFactors
+
+        U, T, r = CWYFactors.apply(V)
+    else:
+        U, T, r = K.cwy_factors(V, xp, check=False)
+    K.check_finite_norms(r, xp)
+    return U, T
+
+
+def _lowrank(U: Any, T: Any, h: Any, xp: Any, transpose: bool, mode: str) -> Any:
+    if aac.is_jax_namespace(xp):
+        from ._autodiff_jax import lowrank_apply, lowrank_matrix
+
+        if h is None:
+            return lowrank_matrix(U, T, transpose, mode)
+        return lowrank_apply(U, T, h, transpose, mode)
+    if aac.is_torch_namespace(xp) and _torch_needs_grad(U, T, h):
+        from ._autodiff_torch import LowRankApply
+
+        return LowRankApply.apply(U, T, h, transpose, mode)
+    return K.lowrank_apply(U, T, h, xp, transpose=transpose, mode=mode)
+
+
+class _CompactWY:
+    """Shared machinery of :class:`CWY` and :class:`TCWY` (and their transposes)."""
+
+    _mode_forward = "square"
+    _mode_transpose = "square"
+
+    def __init__(self, U: Any, T: Any, xp: Any, transposed: bool = False) -> None:
+        self._U = U
+        self._T = T
+        self._xp = xp
+        self._transposed = transposed
+
+    # -- array-like metadata -------------------------------------------------------------
+    @property
+    def _n_rows_cols(self) -> tuple[int, int]:
+        N, m = self._U.shape[-2], self._T.shape[-1]
+        full = (N, N) if self._mode_forward == "square" else (N, m)
+        return (full[1], full[0]) if self._transposed else full
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """``(..., rows, cols)`` of the matrix this operator represents."""
+        return tuple(self._U.shape[:-2]) + self._n_rows_cols
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def dtype(self) -> Any:
+        return self._U.dtype
+
+    @property
+    def device(self) -> Any:
+        return device_of(self._U)
+
+    @property
+    def U(self) -> Any:
+        """Unit reflection vectors, shape (..., N, L) (zero columns stay zero)."""
+        return self._U
+
+    @property
+    def T_factor(self) -> Any:
+        """T = S⁻¹, upper triangular, shape (..., L, L)."""
+        return self._T
+
+    @property
+    def T(self) -> _CompactWY:
+        """The transposed operator (for CWY also the inverse); shares the factors."""
+        return type(self)(self._U, self._T, self._xp, not self._transposed)
+
+    mT = T
+
+    @property
+    def _mode(self) -> str:
+        return self._mode_transpose if self._transposed else self._mode_forward
+
+    def __repr__(self) -> str:
+        t = ".T" if self._transposed else ""
+        return f"{type(self).__name__}(shape={self.shape}, dtype={self.dtype}){t}"
+
+    # -- products ------------------------------------------------------------------------
+    def _operand(self, h: Any) -> Any:
+        """``h`` as an array of this operator's namespace, device and common float dtype."""
+        if aac.is_array_api_obj(h) and aac.array_namespace(h) is not self._xp:
+            raise TypeError(
+                f"h is a {type(h).__module__}.{type(h).__name__} but the operator holds "
+                f"{type(self._U).__module__}.{type(self._U).__name__} arrays; convert h first"
+            )
+        xp, device, _, (h,) = resolve([("h", h)], self._xp)
+        if aac.is_array_api_obj(h) and device is not None and device != self.device:
+            raise ValueError(f"h is on device {device} but the operator is on {self.device}")
+        if h.dtype != self.dtype:
+            h = xp.astype(h, xp.result_type(h.dtype, self.dtype))
+        return h
+
+    def __matmul__(self, h: Any) -> Any:
+        """``self @ h`` with ``matmul`` semantics: h (K,) or (..., K, B), K = cols."""
+        xp = self._xp
+        h = self._operand(h)
+        U, T = self._U, self._T
+        if U.dtype != h.dtype:
+            U, T = xp.astype(U, h.dtype), xp.astype(T, h.dtype)
+        hm, vector = as_matrix_operand(h, self._n_rows_cols[1])
+        y = _lowrank(U, T, hm, xp, self._transposed, self._mode)
+        return y[..., 0] if vector else y
+
+    def __rmatmul__(self, h: Any) -> Any:
+        """``h @ self`` = (selfᵀ @ hᵀ)ᵀ; h (K,) or (..., B, K), K = rows."""
+        h = self._operand(h)
+        if h.ndim == 1:
+            return self.T @ h
+        return mT(self.T @ mT(h))
+
+    def mv(self, h: Any) -> Any:
+        """Apply to a stack of vectors along the last axis: h (..., K) -> (..., rows)."""
+        h = self._operand(h)
+        if h.ndim == 0:
+            raise ValueError(f"h must have shape (..., {self._n_rows_cols[1]}); got a scalar")
+        return (self @ h[..., None])[..., 0]
+
+    def matrix(self) -> Any:
+        """The dense matrix, shape ``self.shape`` (2·N²·L flops for CWY, 2·N·M² for T-CWY)."""
+        mode = self._mode_forward
+        out = _lowrank(self._U, self._T, None, self._xp, False, mode)
+        if self._transposed:
+            return (
+                mT(out)
+                if mode == "embed"
+                else _lowrank(self._U, self._T, None, self._xp, True, mode)
+            )
+        return out
+
+
+class CWY(_CompactWY):
+    """Q = H(v₁)…H(v_L) = I − U T Uᵀ as an operator; build it with :func:`cwy`."""
+
+
+class TCWY(_CompactWY):
+    """Ω = γ_{N,M}(V) ∈ St(N, M) as an operator; build it with :func:`tcwy`."""
+
+    _mode_forward = "embed"
+    _mode_transpose = "project"
+
+
+def cwy(V: Any, *, xp: Any = None) -> CWY:
+    """The orthogonal operator Q = H(v₁)…H(v_L) in compact WY form.
+
+    Parameters
+    ----------
+    V : array, shape (..., N, L), L ≤ N
+        Reflection vectors as columns; H(0) = I (seed 002 eq. 1). Integer input is promoted to
+        the namespace's default float (float64 for NumPy, float32 for torch).
+    xp : namespace, optional
+        Array namespace to use instead of the one inferred from ``V``.
+
+    Returns
+    -------
+    CWY
+        Operator with ``@`` (matmul semantics), ``.T`` (transpose = inverse), ``.matrix()``,
+        ``.mv``, ``.shape`` (..., N, N), ``.dtype`` and ``.device`` of ``V``.
+
+    Notes
+    -----
+    Q = I − U S⁻¹ Uᵀ, U = [v₁/‖v₁‖ … v_L/‖v_L‖], S = ½I + striu(UᵀU) (seed 000 Theorem 2).
+    Building costs N·L² + L³/3 flops (Gram matrix, triangular inverse; accumulated in float64
+    for float32 input on CPU); ``Q @ h`` for h (N, B) costs 4·N·L·B + L²·B. Nearly parallel
+    reflectors make T large (exactly parallel pairs double its entries); the sequential path
+    :func:`householder_apply` has no such growth.
+
+    Examples
+    --------
+    >>> import numpy as np, householderla as hl
+    >>> rng = np.random.default_rng(0)
+    >>> V = rng.standard_normal((6, 3))
+    >>> Q = hl.cwy(V)
+    >>> h = rng.standard_normal(6)
+    >>> bool(np.allclose(Q @ h, hl.householder_apply(V, h)))
+    True
+    >>> bool(np.allclose(Q.T @ (Q @ h), h))
+    True
+    """
+    xp, _, _, (V,) = resolve([("V", V)], xp)
+    _check_reflectors(V)
+    U, T = _factors(V, xp)
+    return CWY(U, T, xp)
+
+
+def tcwy(V: Any, *, xp: Any = None) -> TCWY:
+    """The Stiefel matrix Ω = γ_{N,M}(V) (truncated CWY) as an operator.
+
+    Parameters
+    ----------
+    V : array, shape (..., N, M), M ≤ N
+        Reflection vectors as columns.
+
+    Returns
+    -------
+    TCWY
+        Operator of shape (..., N, M): ``Ω @ x`` for x (M,) or (..., M, B), ``Ω.T @ y`` for
+        y (N,) or (..., N, B), ``Ω.matrix()`` (N×M, never N×N).
+
+    Notes
+    -----
+    Ω = [I_M; 0] − U S⁻¹ U₁ᵀ with U₁ the top M×M block of U: the first M columns of
+    H(v₁)…H(v_M), a surjection onto St(N, M) (seed 000 Theorem 3). Building costs
+    N·M² + M³/3 flops, ``Ω @ x`` 2·M²·B + 2·N·M·B + M²·B, ``.matrix()`` 2·N·M².
+
+    Examples
+    --------
+    >>> import numpy as np, householderla as hl
+    >>> Om = hl.tcwy(np.random.default_rng(0).standard_normal((5, 2))).matrix()
+    >>> bool(np.allclose(Om.T @ Om, np.eye(2)))
+    True
+    """
+    xp, _, _, (V,) = resolve([("V", V)], xp)
+    _check_reflectors(V)
+    U, T = _factors(V, xp)
+    return TCWY(U, T, xp)
