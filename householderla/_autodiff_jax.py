@@ -83,3 +83,9 @@ def _matrix_bwd(transpose: bool, mode: str, res: Any, G: Any) -> tuple[Any, Any]
 
 
 lowrank_matrix.defvjp(_matrix_fwd, _matrix_bwd)
+
+# Compiled once per shape: eager calls then run one XLA executable instead of dispatching
+# (and compiling) every operation; under an outer ``jax.jit`` these are inlined.
+cwy_factors = jax.jit(cwy_factors)
+lowrank_apply = jax.jit(lowrank_apply, static_argnums=(3, 4))
+lowrank_matrix = jax.jit(lowrank_matrix, static_argnums=(2, 3))

@@ -41,8 +41,8 @@ def _factors(V: Any, xp: Any) -> tuple[Any, Any]:
 
         U, T, r = CWYFactors.apply(V)
     else:
-        U, T, r = K.cwy_factors(V, xp, check=False)
-    K.check_finite_norms(r, xp)
+        return K.cwy_factors(V, xp, check=True)[:2]
+    K.check_finite_norms(r, xp)  # after the fact: jax/torch do not warn on NaN
     return U, T
 
 
@@ -65,12 +65,15 @@ class _CompactWY:
 
     _mode_forward = "square"
     _mode_transpose = "square"
+    # make ``ndarray @ op`` defer to ``op.__rmatmul__`` instead of treating op as a scalar
+    __array_ufunc__ = None
 
-    def __init__(self, U: Any, T: Any, xp: Any, transposed: bool = False) -> None:
+    def __init__(self, U: Any, T: Any, xp: Any, transposed: bool = False, V: Any = None) -> None:
         self._U = U
         self._T = T
         self._xp = xp
         self._transposed = transposed
+        self._V = V  # the given vectors (not copied): the structured dense path reads them
 
     # -- array-like metadata -------------------------------------------------------------
     @property
@@ -109,7 +112,7 @@ class _CompactWY:
     @property
     def T(self) -> _CompactWY:
         """The transposed operator (for CWY also the inverse); shares the factors."""
-        return type(self)(self._U, self._T, self._xp, not self._transposed)
+        return type(self)(self._U, self._T, self._xp, not self._transposed, self._V)
 
     mT = T
 
@@ -124,13 +127,15 @@ class _CompactWY:
     # -- products ------------------------------------------------------------------------
     def _operand(self, h: Any) -> Any:
         """``h`` as an array of this operator's namespace, device and common float dtype."""
+        if aac.is_jax_namespace(self._xp) and aac.is_numpy_array(h):
+            h = self._xp.asarray(h)  # JAX code mixes in NumPy constants routinely
         if aac.is_array_api_obj(h) and aac.array_namespace(h) is not self._xp:
             raise TypeError(
                 f"h is a {type(h).__module__}.{type(h).__name__} but the operator holds "
                 f"{type(self._U).__module__}.{type(self._U).__name__} arrays; convert h first"
             )
         xp, device, _, (h,) = resolve([("h", h)], self._xp)
-        if aac.is_array_api_obj(h) and device is not None and device != self.device:
+        if device is not None and self.device is not None and device != self.device:
             raise ValueError(f"h is on device {device} but the operator is on {self.device}")
         if h.dtype != self.dtype:
             h = xp.astype(h, xp.result_type(h.dtype, self.dtype))
@@ -161,9 +166,33 @@ class _CompactWY:
             raise ValueError(f"h must have shape (..., {self._n_rows_cols[1]}); got a scalar")
         return (self @ h[..., None])[..., 0]
 
+    def _structured_dense(self) -> Any:
+        """orgqr-style dense matrix when V is lower trapezoidal and no autodiff follows."""
+        xp, V = self._xp, self._V
+        if V is None or not (
+            aac.is_numpy_namespace(xp)
+            or aac.is_cupy_namespace(xp)
+            or (aac.is_torch_namespace(xp) and not _torch_needs_grad(V))
+        ):
+            return None
+        if not K.is_lower_trapezoidal(V, xp):
+            return None
+        ncols = None if self._mode_forward == "square" else V.shape[-1]
+        return K.structured_matrix(V, xp, ncols)
+
     def matrix(self) -> Any:
-        """The dense matrix, shape ``self.shape`` (2·N²·L flops for CWY, 2·N·M² for T-CWY)."""
+        """The dense matrix, shape ``self.shape``.
+
+        Lower-trapezoidal V (LAPACK's layout, and what :func:`householder_vectors` returns)
+        on NumPy/torch/CuPy without autodiff: blocked like LAPACK orgqr on the trailing
+        submatrices (:func:`~householderla._compact_wy.structured_matrix`, 4N³/3 flops for
+        L = N, float64 ‖QᵀQ − I‖ at orgqr's level). Otherwise the one-shot I − U (T Uᵀ)
+        (2·N²·L flops for CWY, 2·N·M² for T-CWY). float32 input is formed in float64 on CPU.
+        """
         mode = self._mode_forward
+        dense = self._structured_dense()
+        if dense is not None:
+            return mT(dense) if self._transposed else dense
         out = _lowrank(self._U, self._T, None, self._xp, False, mode)
         if self._transposed:
             return (
@@ -206,9 +235,9 @@ def cwy(V: Any, *, xp: Any = None) -> CWY:
     -----
     Q = I − U S⁻¹ Uᵀ, U = [v₁/‖v₁‖ … v_L/‖v_L‖], S = ½I + striu(UᵀU) (seed 000 Theorem 2).
     Building costs N·L² + L³/3 flops (Gram matrix, triangular inverse; accumulated in float64
-    for float32 input on CPU); ``Q @ h`` for h (N, B) costs 4·N·L·B + L²·B. Nearly parallel
-    reflectors make T large (exactly parallel pairs double its entries); the sequential path
-    :func:`householder_apply` has no such growth.
+    for float32 input on CPU); ``Q @ h`` for h (N, B) costs 4·N·L·B + L²·B. T stays
+    bounded for any reflectors (diagonal 2, off-diagonal entries
+    T_ij = −4 u_iᵀ H(u_{i+1})…H(u_{j−1}) u_j of modulus ≤ 4).
 
     Examples
     --------
@@ -225,7 +254,7 @@ def cwy(V: Any, *, xp: Any = None) -> CWY:
     xp, _, _, (V,) = resolve([("V", V)], xp)
     _check_reflectors(V)
     U, T = _factors(V, xp)
-    return CWY(U, T, xp)
+    return CWY(U, T, xp, V=V)
 
 
 def tcwy(V: Any, *, xp: Any = None) -> TCWY:
@@ -258,4 +287,4 @@ def tcwy(V: Any, *, xp: Any = None) -> TCWY:
     xp, _, _, (V,) = resolve([("V", V)], xp)
     _check_reflectors(V)
     U, T = _factors(V, xp)
-    return TCWY(U, T, xp)
+    return TCWY(U, T, xp, V=V)

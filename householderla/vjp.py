@@ -95,11 +95,18 @@ def cwy_apply(V: Any, h: Any, g: Any, *, xp: Any = None) -> tuple[Any, Any]:
 
     Parameters
     ----------
-    V : (..., N, L) reflection vectors;  h : (N,) or (..., N, B);  g : cotangent of the output.
+    V : array, shape (..., N, L)
+        Reflection vectors.
+    h : array, shape (N,) or (..., N, B)
+        The right operand of the forward.
+    g : array
+        Cotangent of the output ``cwy(V) @ h`` (its shape).
+    xp : namespace, optional
 
     Returns
     -------
-    V_bar : (..., N, L),  h_bar : shape of h
+    V_bar : array, shape (..., N, L)
+    h_bar : array, shape of h
 
     Notes
     -----

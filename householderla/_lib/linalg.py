@@ -31,8 +31,8 @@ def eye_like(xp: Any, n: int, dtype: Any, device: Any, batch: tuple[int, ...] = 
 def inv_upper_triangular(S: Any, xp: Any) -> Any:
     """Inverse of the upper-triangular ``S``: (..., L, L) -> (..., L, L).
 
-    Uses the backend's triangular solve against the identity (L³/3 flops for the solve on
-    LAPACK backends); backends without one use :func:`inv_upper_triangular_recursive`.
+    Uses the backend's triangular solve against the identity (L³ flops; a dedicated
+    trtri would take L³/3); backends without one use :func:`inv_upper_triangular_recursive`.
     """
     n = S.shape[-1]
     eye = eye_like(xp, n, S.dtype, device_of(S), tuple(S.shape[:-2]))

@@ -1,0 +1,44 @@
+# Two commands do all the set-up on a fresh machine:
+#   make test    create .venv, install the package with its test and docs extras, lint,
+#                run the whole test suite, build the docs with warnings as errors
+#   make bench   install the bench extra and print the headline benchmark table
+# torch is pinned to the CPU build 2.13.0 (an unpinned torch pulls gigabytes of CUDA).
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+# Backends the test suite must run on; a backend named here but not importable fails the run.
+HL_TEST_BACKENDS ?= numpy,numpy_readonly,array_api_strict,torch,jax,jax_jit
+PYTEST_WORKERS ?= 2
+
+.PHONY: install test lint unit docs bench bench-quick clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet "torch==2.13.0"
+	$(PY) -m pip install --quiet -e ".[test,docs,bench]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(PY) -m ruff check householderla tests benchmarks docs/conf.py
+	$(PY) -m ruff format --check householderla tests benchmarks
+
+unit: $(STAMP)
+	HL_TEST_BACKENDS=$(HL_TEST_BACKENDS) $(PY) -m pytest -n $(PYTEST_WORKERS) -q
+
+docs: $(STAMP)
+	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
+
+bench-quick: $(STAMP)
+	$(PY) -m benchmarks.run --quick --out $(VENV)/bench-quick
+
+test: lint unit docs bench-quick
+
+bench: $(STAMP)
+	$(PY) -m benchmarks.run --out benchmarks/results
+
+clean:
+	rm -rf $(VENV) docs/_build docs/api/generated .pytest_cache .hypothesis

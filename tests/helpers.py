@@ -1,0 +1,84 @@
+"""Shared oracles and tolerances for the tests (NumPy float64 references)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from conftest import to_numpy
+from hypothesis import strategies as st
+
+EPS = {np.float32: float(np.finfo(np.float32).eps), np.float64: float(np.finfo(np.float64).eps)}
+
+
+def eps_of(x: Any) -> float:
+    a = to_numpy(x)
+    return EPS[a.dtype.type]
+
+
+def reflection(v: np.ndarray) -> np.ndarray:
+    """H(v) = I − 2vvᵀ/‖v‖², H(0) = I, built densely in float64 (the definition)."""
+    v = np.asarray(v, dtype=np.float64)
+    n = v.shape[0]
+    nv = v @ v
+    return np.eye(n) if nv == 0 else np.eye(n) - 2.0 * np.outer(v, v) / nv
+
+
+def product_of_reflections(V: np.ndarray) -> np.ndarray:
+    """H(v₁)…H(v_L) by dense matrix products, batched over leading axes."""
+    V = np.asarray(V, dtype=np.float64)
+    if V.ndim > 2:
+        return np.stack([product_of_reflections(v) for v in V])
+    Q = np.eye(V.shape[0])
+    for k in range(V.shape[1]):
+        Q = Q @ reflection(V[:, k])
+    return Q
+
+
+def haar_orthogonal(rng: np.random.Generator, n: int, det: int = 1) -> np.ndarray:
+    q, r = np.linalg.qr(rng.standard_normal((n, n)))
+    q = q * np.sign(np.diag(r))
+    if np.sign(np.linalg.det(q)) != det:
+        q[:, 0] = -q[:, 0]
+    return q
+
+
+def orth_error(Q: np.ndarray) -> float:
+    """‖QᵀQ − I‖_F (max over batch), computed in float64."""
+    Q = np.asarray(Q, dtype=np.float64)
+    E = np.swapaxes(Q, -1, -2) @ Q - np.eye(Q.shape[-1])
+    return float(np.max(np.sqrt(np.sum(E * E, axis=(-2, -1)))))
+
+
+def growth(V: np.ndarray) -> float:
+    """‖T‖₂ for T = S⁻¹ of V (float64): the conditioning that CWY errors scale with."""
+    V = np.asarray(V, dtype=np.float64)
+    nrm = np.linalg.norm(V, axis=-2, keepdims=True)
+    U = np.divide(V, nrm, out=np.zeros_like(V), where=nrm > 0)
+    L = V.shape[-1]
+    S = 0.5 * np.eye(L) + np.triu(np.swapaxes(U, -1, -2) @ U, 1)
+    return float(np.max(np.linalg.norm(np.linalg.inv(S), ord=2, axis=(-2, -1))))
+
+
+def tol(dtype: Any, n: int, scale: float = 1.0) -> float:
+    """Backward-error style tolerance: c·eps·n·scale with c = 10 (GEMM error ~ eps·n)."""
+    return 10.0 * EPS[np.dtype(dtype).type] * max(n, 1) * max(scale, 1.0)
+
+
+@st.composite
+def reflector_shapes(draw: Any, max_n: int = 9, square: bool = False) -> dict:
+    """(batch, N, L) with L ≤ N, a seed, and a mask of zero columns."""
+    n = draw(st.integers(1, max_n))
+    L = n if square else draw(st.integers(1, n))
+    batch = draw(st.sampled_from([(), (2,), (2, 1)]))
+    seed = draw(st.integers(0, 2**31 - 1))
+    zeros = draw(st.lists(st.booleans(), min_size=L, max_size=L))
+    return {"batch": batch, "n": n, "L": L, "seed": seed, "zeros": zeros}
+
+
+def make_V(spec: dict, with_zeros: bool = True) -> np.ndarray:
+    rng = np.random.default_rng(spec["seed"])
+    V = rng.standard_normal(spec["batch"] + (spec["n"], spec["L"]))
+    if with_zeros:
+        V[..., np.asarray(spec["zeros"], dtype=bool)] = 0.0
+    return V
