@@ -3,8 +3,8 @@
 ``cwy(V)`` is Q = H(v₁)…H(v_L) = I − U S⁻¹ Uᵀ with S = ½I + striu(UᵀU) (seed 000 Theorem 2;
 seed 001 Proposition 1); ``tcwy(V)`` is Ω = γ_{N,M}(V) = [I; 0] − U S⁻¹ U₁ᵀ, the first M
 columns of H(v₁)…H(v_M) (seed 000 Theorem 3). Both are operators: the factors U and T = S⁻¹
-are computed once, when the operator is built (N·L² + L³/3 flops), and ``@`` then costs two
-GEMMs and one small L×L product; the N×N (or N×M) matrix is formed only by ``.matrix()``.
+are computed once, on the operator's first product (N·L² + L³/3 flops), and every ``@``
+costs two GEMMs and one small L×L product; the N×N (or N×M) matrix is formed only by ``.matrix()``.
 
 With torch tensors that require grad, and always with JAX arrays, building and applying the
 operator goes through :mod:`householderla.vjp`'s explicit backward passes (lazily imported
@@ -18,7 +18,7 @@ from typing import Any
 import array_api_compat as aac
 
 from . import _compact_wy as K
-from ._lib.namespace import device_of, mT, resolve
+from ._lib.namespace import device_of, is_eager, mT, resolve
 from .householder import _check_reflectors, as_matrix_operand
 
 __all__ = ["CWY", "TCWY", "cwy", "tcwy"]
@@ -30,19 +30,24 @@ def _torch_needs_grad(*tensors: Any) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
+def _check_finite(V: Any, xp: Any) -> None:
+    """NaN/Inf in V raise when the operator is built (eager arrays; one N·L max-abs pass)."""
+    if is_eager(V):
+        K.check_finite_norms(xp.max(xp.abs(V), axis=-2, keepdims=True), xp)
+
+
 def _factors(V: Any, xp: Any) -> tuple[Any, Any]:
     """U and T of ``V``, through the explicit VJP when autodiff may follow."""
     if aac.is_jax_namespace(xp):
         from ._autodiff_jax import cwy_factors
 
-        U, T, r = cwy_factors(V)
+        U, T, _ = cwy_factors(V)
     elif aac.is_torch_namespace(xp) and _torch_needs_grad(V):
         from ._autodiff_torch import CWYFactors
 
-        U, T, r = CWYFactors.apply(V)
+        U, T, _ = CWYFactors.apply(V)
     else:
-        return K.cwy_factors(V, xp, check=True)[:2]
-    K.check_finite_norms(r, xp)  # after the fact: jax/torch do not warn on NaN
+        U, T, _ = K.cwy_factors(V, xp, check=False)
     return U, T
 
 
@@ -60,6 +65,30 @@ def _lowrank(U: Any, T: Any, h: Any, xp: Any, transpose: bool, mode: str) -> Any
     return K.lowrank_apply(U, T, h, xp, transpose=transpose, mode=mode)
 
 
+class _Factors:
+    """U and T of V, computed on first use and shared by an operator and its transpose.
+
+    ``cwy(V).matrix()`` for lower-trapezoidal V never needs them. With torch, factors cached
+    without a graph (first used under ``no_grad``) are rebuilt when a later use needs one.
+    """
+
+    __slots__ = ("T", "U", "V", "xp")
+
+    def __init__(self, V: Any, xp: Any) -> None:
+        self.V, self.xp = V, xp
+        self.U = self.T = None
+
+    def get(self) -> tuple[Any, Any]:
+        stale = self.U is None or (
+            aac.is_torch_namespace(self.xp)
+            and _torch_needs_grad(self.V)
+            and not self.U.requires_grad
+        )
+        if stale:
+            self.U, self.T = _factors(self.V, self.xp)
+        return self.U, self.T
+
+
 class _CompactWY:
     """Shared machinery of :class:`CWY` and :class:`TCWY` (and their transposes)."""
 
@@ -68,24 +97,31 @@ class _CompactWY:
     # make ``ndarray @ op`` defer to ``op.__rmatmul__`` instead of treating op as a scalar
     __array_ufunc__ = None
 
-    def __init__(self, U: Any, T: Any, xp: Any, transposed: bool = False, V: Any = None) -> None:
-        self._U = U
-        self._T = T
+    def __init__(self, V: Any, xp: Any, transposed: bool = False, factors: Any = None) -> None:
+        self._V = V  # the given vectors, resolved but never copied or written
         self._xp = xp
         self._transposed = transposed
-        self._V = V  # the given vectors (not copied): the structured dense path reads them
+        self._factors = _Factors(V, xp) if factors is None else factors
 
     # -- array-like metadata -------------------------------------------------------------
     @property
+    def _U(self) -> Any:
+        return self._factors.get()[0]
+
+    @property
+    def _T(self) -> Any:
+        return self._factors.get()[1]
+
+    @property
     def _n_rows_cols(self) -> tuple[int, int]:
-        N, m = self._U.shape[-2], self._T.shape[-1]
+        N, m = self._V.shape[-2], self._V.shape[-1]
         full = (N, N) if self._mode_forward == "square" else (N, m)
         return (full[1], full[0]) if self._transposed else full
 
     @property
     def shape(self) -> tuple[int, ...]:
         """``(..., rows, cols)`` of the matrix this operator represents."""
-        return tuple(self._U.shape[:-2]) + self._n_rows_cols
+        return tuple(self._V.shape[:-2]) + self._n_rows_cols
 
     @property
     def ndim(self) -> int:
@@ -93,11 +129,11 @@ class _CompactWY:
 
     @property
     def dtype(self) -> Any:
-        return self._U.dtype
+        return self._V.dtype
 
     @property
     def device(self) -> Any:
-        return device_of(self._U)
+        return device_of(self._V)
 
     @property
     def U(self) -> Any:
@@ -112,7 +148,7 @@ class _CompactWY:
     @property
     def T(self) -> _CompactWY:
         """The transposed operator (for CWY also the inverse); shares the factors."""
-        return type(self)(self._U, self._T, self._xp, not self._transposed, self._V)
+        return type(self)(self._V, self._xp, not self._transposed, self._factors)
 
     mT = T
 
@@ -130,9 +166,10 @@ class _CompactWY:
         if aac.is_jax_namespace(self._xp) and aac.is_numpy_array(h):
             h = self._xp.asarray(h)  # JAX code mixes in NumPy constants routinely
         if aac.is_array_api_obj(h) and aac.array_namespace(h) is not self._xp:
+            held = type(self._V)
             raise TypeError(
                 f"h is a {type(h).__module__}.{type(h).__name__} but the operator holds "
-                f"{type(self._U).__module__}.{type(self._U).__name__} arrays; convert h first"
+                f"{held.__module__}.{held.__name__} arrays; convert h first"
             )
         xp, device, _, (h,) = resolve([("h", h)], self._xp)
         if device is not None and self.device is not None and device != self.device:
@@ -253,8 +290,8 @@ def cwy(V: Any, *, xp: Any = None) -> CWY:
     """
     xp, _, _, (V,) = resolve([("V", V)], xp)
     _check_reflectors(V)
-    U, T = _factors(V, xp)
-    return CWY(U, T, xp, V=V)
+    _check_finite(V, xp)
+    return CWY(V, xp)
 
 
 def tcwy(V: Any, *, xp: Any = None) -> TCWY:
@@ -286,5 +323,5 @@ def tcwy(V: Any, *, xp: Any = None) -> TCWY:
     """
     xp, _, _, (V,) = resolve([("V", V)], xp)
     _check_reflectors(V)
-    U, T = _factors(V, xp)
-    return TCWY(U, T, xp, V=V)
+    _check_finite(V, xp)
+    return TCWY(V, xp)
