@@ -21,6 +21,13 @@ from .householder import (
     householder_vectors,
     tcwy_vectors,
 )
+from .retractions import (
+    cayley_retraction,
+    polar,
+    polar_retraction,
+    qr_retraction,
+    riemannian_gradient,
+)
 
 __version__ = "0.1.0"
 
@@ -28,10 +35,15 @@ __all__ = [
     "CWY",
     "TCWY",
     "__version__",
+    "cayley_retraction",
     "cwy",
     "householder_apply",
     "householder_product",
     "householder_vectors",
+    "polar",
+    "polar_retraction",
+    "qr_retraction",
+    "riemannian_gradient",
     "tcwy",
     "tcwy_vectors",
     "vjp",

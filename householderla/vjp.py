@@ -17,7 +17,14 @@ function                                   map
 ``householder_apply(V, h, g)``             (V, h) ↦ householder_apply(V, h)
 ``householder_product(V, G)``              V ↦ householder_product(V)
 ``cwy_factors(V, U_bar, T_bar)``           V ↦ (U, T = S⁻¹), the factors every operator holds
+``polar(X, G)``                            X ↦ polar(X) = X (XᵀX)^{-1/2}
+``polar_retraction(X, Z, step, Ybar)``     (X, Z, step) ↦ polar(X + step·Z)
+``cayley_retraction(X, G, step, Ybar)``    (X, G, step) ↦ Cayley(step·A) X (SMW; ``metric=``)
+``qr_retraction(X, Z, step, Ybar)``        (X, Z, step) ↦ qf(X + step·Z)
 =========================================  ===============================================
+
+The retraction VJPs (last four rows) are derived in ``docs/theory/retractions.rst``; they
+cost at most about 2.2× their forward and never form an N×N matrix.
 """
 
 from __future__ import annotations
@@ -25,17 +32,24 @@ from __future__ import annotations
 from typing import Any
 
 from . import _compact_wy as K
+from . import _retraction_kernels as RK
+from . import retractions as R
 from ._lib.linalg import eye_like
-from ._lib.namespace import resolve
+from ._lib.namespace import accumulation_dtype_for, is_eager, resolve
+from ._newton_schulz import jit_for
 from .householder import _check_reflectors, as_matrix_operand, householder_apply_vjp
 
 __all__ = [
+    "cayley_retraction",
     "cwy_apply",
     "cwy_factors",
     "cwy_matrix",
     "cwy_transpose_apply",
     "householder_apply",
     "householder_product",
+    "polar",
+    "polar_retraction",
+    "qr_retraction",
     "tcwy_apply",
     "tcwy_matrix",
     "tcwy_transpose_apply",
@@ -182,3 +196,101 @@ def cwy_factors(V: Any, U_bar: Any, T_bar: Any, *, xp: Any = None) -> Any:
     _check_cotangent(T_bar, tuple(V.shape[:-2]) + (L, L), "T_bar")
     U, T, r = K.cwy_factors(V, xp)
     return K.factors_vjp(U, r, U_bar, K.s_bar_from_t_bar(T, T_bar), xp)
+
+
+# -- retractions (householderla.retractions) --------------------------------------------------
+
+
+def _retraction_inputs(
+    X: Any, Z: Any, step: Any, Ybar: Any, xp: Any, zname: str
+) -> tuple[Any, Any, Any, Any, Any, Any, Any]:
+    xp, device, dtype, (X, Z, Ybar) = resolve([("X", X), (zname, Z), ("Ybar", Ybar)], xp)
+    R.check_stiefel_shape(X)
+    R.check_like(Z, X, zname)
+    _check_cotangent(Ybar, tuple(X.shape), "Ybar")
+    t = R.as_step(step, xp, dtype, device, tuple(X.shape[:-2]))
+    work = accumulation_dtype_for(xp, X)
+    cast = [a if a.dtype == work else xp.astype(a, work) for a in (X, Z, Ybar)]
+    tw = t if isinstance(t, float) or t.dtype == work else xp.astype(t, work)
+    return xp, dtype, t, tw, *cast
+
+
+def _step_bar(per_matrix: Any, t: Any, dtype: Any, xp: Any) -> Any:
+    """Cotangent of ``step`` (a float or a (..., 1, 1) array) from its per-matrix values."""
+    out = (
+        xp.sum(per_matrix)
+        if isinstance(t, float)
+        else K.sum_to_shape(per_matrix, tuple(t.shape[:-2]), xp)
+    )
+    return out if out.dtype == dtype else xp.astype(out, dtype)
+
+
+def _polar_vjp(xp: Any, X: Any, G: Any) -> tuple[Any, Any]:
+    return RK.polar_vjp(X, G, xp)
+
+
+def _cayley_vjp(xp: Any, X: Any, G: Any, t: Any, Yb: Any, euclidean: bool) -> Any:
+    return RK.cayley_vjp(X, G, t, Yb, euclidean, xp)
+
+
+def _qr_vjp(xp: Any, Y: Any, Yb: Any) -> Any:
+    return RK.qr_vjp(Y, Yb, xp)
+
+
+def _back(dtype: Any, xp: Any, *arrays: Any) -> tuple[Any, ...]:
+    return tuple(a if a.dtype == dtype else xp.astype(a, dtype) for a in arrays)
+
+
+def polar(X: Any, G: Any, *, xp: Any = None) -> Any:
+    """VJP of X ↦ polar(X) = X (XᵀX)^{-1/2}; X (..., N, M) of full rank, G of X's shape.
+
+    X̄ = G P⁻¹ − 2XΩ with P = (XᵀX)^{1/2} and Ω the solution of the Sylvester equation
+    PΩ + ΩP = sym(P⁻¹XᵀG P⁻¹), solved in the eigenbasis of XᵀX (``eigh`` of M × M).
+    8·N·M² + O(M³) flops, O(N·M) memory. Rank-deficient X raises ``ValueError`` (eager).
+    """
+    xp, _, dtype, (X, G) = resolve([("X", X), ("G", G)], xp)
+    R.check_stiefel_shape(X)
+    _check_cotangent(G, tuple(X.shape), "G")
+    work = accumulation_dtype_for(xp, X)
+    Xw, Gw = (a if a.dtype == work else xp.astype(a, work) for a in (X, G))
+    Xbar, sig = jit_for(xp, _polar_vjp)(xp, Xw, Gw)
+    if is_eager(sig) and sig.shape[-1] and not bool(xp.all(sig[..., 0] > 0)):
+        raise ValueError("X is rank deficient: the polar factor is not differentiable")
+    return _back(dtype, xp, Xbar)[0]
+
+
+def polar_retraction(
+    X: Any, Z: Any, step: Any, Ybar: Any, *, xp: Any = None
+) -> tuple[Any, Any, Any]:
+    """VJP of (X, Z, step) ↦ polar(X + step·Z): (X̄, Z̄, step_bar) = (Ȳ', step·Ȳ', ⟨Ȳ', Z⟩)
+    with Ȳ' the :func:`polar` VJP at X + step·Z. ``step_bar`` has the shape of ``step``."""
+    xp, dtype, t, tw, Xw, Zw, Yb = _retraction_inputs(X, Z, step, Ybar, xp, "Z")
+    Ybar_in, _ = jit_for(xp, _polar_vjp)(xp, Xw + tw * Zw, Yb)
+    sb = _step_bar(xp.sum(Ybar_in * Zw, axis=(-2, -1)), t, dtype, xp)
+    return (*_back(dtype, xp, Ybar_in, tw * Ybar_in), sb)
+
+
+def cayley_retraction(
+    X: Any, G: Any, step: Any, Ybar: Any, *, metric: str = "canonical", xp: Any = None
+) -> tuple[Any, Any, Any]:
+    """VJP of (X, G, step) ↦ cayley_retraction(X, G, step, metric=metric) (the SMW map,
+    without the drift guard): (X̄, Ḡ, step_bar), ``step_bar`` shaped as ``step``.
+
+    With K = I + ½CᵀB, Λ = K⁻ᵀBᵀȲ, D = ½CΛ − Ȳ, V = X + Y: X̄ = Ȳ − CΛ + ηs D W₂ᵀ − ½VΛ₁ᵀ,
+    Ḡ̃ = η D W₁ᵀ + ½VΛ₂ᵀ/s, step_bar = ⟨D, U⟩ (and the chain through G̃ = G − ½XXᵀG for
+    the Euclidean metric). 22·N·M² + O(M³) flops (forward: 10·N·M²), no N × N matrix.
+    """
+    euclidean = R.check_metric(metric)
+    xp, dtype, t, tw, Xw, Gw, Yb = _retraction_inputs(X, G, step, Ybar, xp, "G")
+    Xbar, Gbar, sb = jit_for(xp, _cayley_vjp, (0, 5))(xp, Xw, Gw, tw, Yb, euclidean)
+    return (*_back(dtype, xp, Xbar, Gbar), _step_bar(sb, t, dtype, xp))
+
+
+def qr_retraction(X: Any, Z: Any, step: Any, Ybar: Any, *, xp: Any = None) -> tuple[Any, Any, Any]:
+    """VJP of (X, Z, step) ↦ qr_retraction(X, Z, step): with Y = X + step·Z = QR,
+    E = QᵀȲ and F = triu(E) + tril(Eᵀ, −1): Ȳ' = (Ȳ − QF)R⁻ᵀ, X̄ = Ȳ', Z̄ = step·Ȳ',
+    step_bar = ⟨Ȳ', Z⟩. Full column rank required. ~6·N·M² flops after the QR."""
+    xp, dtype, t, tw, Xw, Zw, Yb = _retraction_inputs(X, Z, step, Ybar, xp, "Z")
+    Ybar_in = jit_for(xp, _qr_vjp)(xp, Xw + tw * Zw, Yb)
+    sb = _step_bar(xp.sum(Ybar_in * Zw, axis=(-2, -1)), t, dtype, xp)
+    return (*_back(dtype, xp, Ybar_in, tw * Ybar_in), sb)

@@ -1,0 +1,164 @@
+"""Backend-neutral kernels of the Cayley (SMW), QR and polar retractions and their VJPs.
+
+Cayley (seed 000 App. B, Lemma 1): with G̃ = G (canonical) or G̃ = G − ½X(XᵀG) (Euclidean),
+A = G̃Xᵀ − XG̃ᵀ = B Cᵀ with B = η[G̃, sX], C = [X, −G̃/s] (N × 2M, s > 0 a balancing power of
+two), and
+
+    Cayley(ηA) X = X − B K⁻¹ Cᵀ X,   K = I + ½ CᵀB  (2M × 2M).
+
+CᵀB and CᵀX need only P = XᵀX, W₀ = XᵀG and GᵀG: 10·N·M² flops, no N×N matrix. The
+derivations (both metrics, the VJPs) are in ``docs/theory/retractions.rst``. Every function
+takes ``xp`` explicitly and works in the dtype it is given.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._lib.linalg import eye_like, inv_upper_triangular
+from ._lib.namespace import device_of, mT
+from ._newton_schulz import gram
+
+
+def _trace(A: Any, xp: Any) -> Any:
+    eye = eye_like(xp, A.shape[-1], A.dtype, device_of(A))
+    return xp.sum(A * eye, axis=(-2, -1))
+
+
+def _balance(GtG: Any, xp: Any) -> Any:
+    """s = a power of two near the RMS column norm of G̃ (1 for G̃ = 0), shape (..., 1, 1):
+    balances the blocks of K; the result does not depend on s, and powers of two are exact."""
+    m = _trace(GtG, xp) / GtG.shape[-1]
+    pos = m > 0
+    e = xp.round(0.5 * xp.log2(xp.where(pos, m, xp.ones_like(m))))
+    return (2.0**e)[..., None, None]
+
+
+def cayley_parts(X: Any, G: Any, step: Any, euclidean: bool, xp: Any) -> dict[str, Any]:
+    """Small matrices of the SMW Cayley step (``step`` a float or (..., 1, 1) array)."""
+    P = gram(X)
+    W0 = mT(X) @ G
+    GG = gram(G)
+    if euclidean:
+        PW0 = P @ W0
+        W = W0 - 0.5 * PW0  # XᵀG̃
+        GtG = GG - mT(W0) @ W0 + 0.25 * (mT(W0) @ PW0)  # G̃ᵀG̃
+        GtG = 0.5 * (GtG + mT(GtG))
+    else:
+        W, GtG = W0, GG
+    s = _balance(GtG, xp)
+    M = X.shape[-1]
+    eye2 = eye_like(xp, 2 * M, X.dtype, device_of(X))
+    CtB = xp.concat(
+        [xp.concat([W, s * P], axis=-1), xp.concat([-GtG / s, -mT(W)], axis=-1)], axis=-2
+    )
+    K = eye2 + (0.5 * step) * CtB
+    R0 = xp.concat([P, -mT(W) / s], axis=-2)
+    Wh = xp.linalg.solve(K, R0)
+    W1, W2 = Wh[..., :M, :], Wh[..., M:, :]
+    # U = G̃W₁ + sXW₂ = G W₁ + X c,  c = sW₂ − ½ε W₀W₁
+    c = s * W2 - 0.5 * (W0 @ W1) if euclidean else s * W2
+    return {"P": P, "W0": W0, "GG": GG, "s": s, "K": K, "W1": W1, "W2": W2, "c": c}
+
+
+def cayley_forward(X: Any, G: Any, step: Any, euclidean: bool, xp: Any) -> tuple[Any, Any]:
+    """Y = Cayley(step·A) X by SMW, and P = XᵀX (for the drift check)."""
+    d = cayley_parts(X, G, step, euclidean, xp)
+    U = G @ d["W1"] + X @ d["c"]
+    return X - step * U, d["P"]
+
+
+def cayley_vjp(
+    X: Any, G: Any, step: Any, Ybar: Any, euclidean: bool, xp: Any
+) -> tuple[Any, Any, Any]:
+    """(X̄, Ḡ, η̄ per batch element) of Y = X − B K⁻¹ CᵀX.
+
+    With Λ = K⁻ᵀBᵀȲ, D = ½CΛ − Ȳ and V = X + Y:  X̄ = Ȳ − CΛ + ηs D W₂ᵀ − ½V Λ₁ᵀ,
+    Ḡ̃ = η D W₁ᵀ + ½ V Λ₂ᵀ/s,  η̄ = ⟨D, U⟩; Euclidean: Ḡ = Ḡ̃ − ½X XᵀḠ̃ and
+    X̄ −= ½(Ḡ̃ W₀ᵀ + G Ḡ̃ᵀX). Every N × M matrix is kept as X·x + G·g + Ȳ·y with small
+    coefficients, so the backward costs [X G]ᵀȲ and one N × 3M by 3M × 2M product on top
+    of the forward's three Gram products: 22·N·M² flops (the forward: 10·N·M²).
+    """
+    d = cayley_parts(X, G, step, euclidean, xp)
+    P, W0, GG, s, K, W1, W2, c = (d[k] for k in ("P", "W0", "GG", "s", "K", "W1", "W2", "c"))
+    M = X.shape[-1]
+    eye = eye_like(xp, M, X.dtype, device_of(X))
+    zero = xp.zeros_like(P)
+    e = 1.0 if euclidean else 0.0
+    H = mT(xp.concat([X, G], axis=-1)) @ Ybar
+    Hx, Hg = H[..., :M, :], H[..., M:, :]  # XᵀȲ, GᵀȲ
+    BtY = step * xp.concat([Hg - 0.5 * e * (mT(W0) @ Hx), s * Hx], axis=-2)  # BᵀȲ
+    Lam = xp.linalg.solve(mT(K), BtY)
+    L1, L2 = Lam[..., :M, :], Lam[..., M:, :]
+
+    def mul(t: tuple[Any, ...], m: Any) -> tuple[Any, ...]:
+        return tuple(a @ m for a in t)
+
+    def add(*ts: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple(sum(parts[1:], parts[0]) for parts in zip(*ts, strict=True))
+
+    def xt(t: tuple[Any, ...]) -> Any:  # Xᵀ(X·x + G·g + Ȳ·y)
+        return P @ t[0] + W0 @ t[1] + Hx @ t[2]
+
+    # triples (x, g, y) stand for the N × M matrix X·x + G·g + Ȳ·y
+    U = (c, W1, zero)
+    V = (2.0 * eye - step * c, -step * W1, zero)
+    CL = (L1 + (0.5 * e) * (W0 @ L2) / s, -L2 / s, zero)
+    D = (0.5 * CL[0], 0.5 * CL[1], -eye)
+    Xbar = add((-CL[0], -CL[1], eye), mul(D, (step * s) * mT(W2)), mul(V, -0.5 * mT(L1)))
+    Gbar = add(mul(D, step * mT(W1)), mul(V, (0.5 / s) * mT(L2)))
+    if euclidean:
+        XtGbar = xt(Gbar)
+        Xbar = add(Xbar, mul(Gbar, -0.5 * mT(W0)), (zero, -0.5 * mT(XtGbar), zero))
+        Gbar = add(Gbar, (-0.5 * XtGbar, zero, zero))
+    # η̄ = ⟨D, U⟩ through the Gram matrix of the basis [X, G, Ȳ] (U has no Ȳ part)
+    gx = P @ U[0] + W0 @ U[1]
+    gg = mT(W0) @ U[0] + GG @ U[1]
+    gy = mT(Hx) @ U[0] + mT(Hg) @ U[1]
+    step_bar = xp.sum(D[0] * gx + D[1] * gg + D[2] * gy, axis=(-2, -1))
+    coef = xp.concat([xp.concat([a, b], axis=-1) for a, b in zip(Xbar, Gbar, strict=True)], axis=-2)
+    out = xp.concat([X, G, Ybar], axis=-1) @ coef
+    return out[..., :M], out[..., M:], step_bar
+
+
+def qr_positive(Y: Any, xp: Any) -> tuple[Any, Any]:
+    """Thin QR with R's diagonal ≥ 0 (a zero diagonal entry keeps its column: sign +1)."""
+    Q, R = xp.linalg.qr(Y)
+    eye = eye_like(xp, R.shape[-1], R.dtype, device_of(R))
+    d = xp.sum(R * eye, axis=-1)
+    sgn = xp.where(d < 0, -xp.ones_like(d), xp.ones_like(d))
+    return Q * sgn[..., None, :], R * sgn[..., :, None]
+
+
+def qr_vjp(Y: Any, Qbar: Any, xp: Any) -> Any:
+    """Ȳ of Y ↦ qf(Y) (positive diagonal): Ȳ = (Q̄ − Q F) R⁻ᵀ with E = QᵀQ̄ and
+    F = triu(E) + tril(Eᵀ, −1). 2·M²(N − M/3)·2 (QR) + 6·N·M² flops, no N × N matrix."""
+    Q, R = qr_positive(Y, xp)
+    E = mT(Q) @ Qbar
+    F = xp.triu(E) + xp.tril(mT(E), k=-1)
+    return (Qbar - Q @ F) @ mT(inv_upper_triangular(R, xp))
+
+
+def polar_vjp(X: Any, Qbar: Any, xp: Any) -> tuple[Any, Any]:
+    """X̄ of X ↦ X P⁻¹, P = (XᵀX)^{1/2}: X̄ = Q̄P⁻¹ − 2XΩ with PΩ + ΩP = sym(P⁻¹XᵀQ̄P⁻¹),
+    solved in the eigenbasis of XᵀX = V diag(σ²) Vᵀ: Ω̃_ij = sym(VᵀXᵀQ̄V)_ij /
+    (σ_iσ_j(σ_i + σ_j)). Returns (X̄, σ). 8·N·M² + O(M³) flops."""
+    lam, V = xp.linalg.eigh(gram(X))
+    sig = xp.sqrt(xp.maximum(lam, xp.zeros_like(lam)))
+    F = mT(V) @ ((mT(X) @ Qbar) @ V)
+    Fs = 0.5 * (F + mT(F))
+    si, sj = sig[..., :, None], sig[..., None, :]
+    den = si * sj * (si + sj)
+    Om = Fs / xp.where(den > 0, den, xp.ones_like(den))  # rank-deficient X: caller raises
+    Pinv = (V / xp.where(sj > 0, sj, xp.ones_like(sj))) @ mT(V)
+    Xbar = Qbar @ Pinv - X @ (2.0 * (V @ (Om @ mT(V))))
+    return Xbar, sig
+
+
+def riemannian_gradient(X: Any, G: Any, euclidean: bool) -> Any:
+    """A X with A = G̃Xᵀ − XG̃ᵀ: G P − X Wᵀ (canonical), G P − X(Wᵀ + ½(W − Wᵀ)P)
+    (Euclidean), W = XᵀG, P = XᵀX. 8·N·M² flops."""
+    P = gram(X)
+    W = mT(X) @ G
+    Mx = mT(W) + 0.5 * ((W - mT(W)) @ P) if euclidean else mT(W)
+    return G @ P - X @ Mx

@@ -1,0 +1,341 @@
+"""Retractions onto the Stiefel manifold St(N, M) = {X ∈ ℝ^{N×M} : XᵀX = I}.
+
+``polar`` (Newton–Schulz with an a priori iteration count, seed 004 eq. 13 and Algorithm 3),
+``polar_retraction`` (polar(X + tZ)), ``cayley_retraction`` (Cayley(ηA)X by
+Sherman–Morrison–Woodbury, seed 000 App. B Lemma 1), ``qr_retraction`` (qf(X + tZ)) and
+``riemannian_gradient`` (A X, seed 000 §2.2.2). All batched over leading dimensions, float32
+and float64, on every Array API namespace; float32 input is computed in float64 on CPU
+backends and rounded once. The mathematics is in ``docs/theory/retractions.rst``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import array_api_compat as aac
+
+from . import _retraction_kernels as RK
+from ._compact_wy import check_finite_norms
+from ._lib.linalg import eye_like
+from ._lib.namespace import accumulation_dtype_for, device_of, is_eager, resolve
+from ._newton_schulz import jit_for, kernel_namespace, polar_impl, select
+
+__all__ = [
+    "cayley_retraction",
+    "polar",
+    "polar_retraction",
+    "qr_retraction",
+    "riemannian_gradient",
+]
+
+METRICS = ("canonical", "euclidean")
+#: Cayley's drift guard: clean up when ‖XᵀX − I‖_F > DRIFT_FACTOR·√M·eps (input dtype).
+DRIFT_FACTOR = 4.0
+
+
+def check_stiefel_shape(X: Any, name: str = "X") -> tuple[int, int]:
+    if X.ndim < 2 or X.shape[-1] > X.shape[-2]:
+        raise ValueError(
+            f"{name} must have shape (..., N, M) with M <= N; got shape {tuple(X.shape)}"
+        )
+    return X.shape[-2], X.shape[-1]
+
+
+def check_like(Z: Any, X: Any, name: str) -> None:
+    if tuple(Z.shape) != tuple(X.shape):
+        raise ValueError(f"{name} must have the shape of X {tuple(X.shape)}; got {tuple(Z.shape)}")
+
+
+def check_metric(metric: str) -> bool:
+    """True for the Euclidean metric; ValueError naming ``metric`` otherwise."""
+    if metric not in METRICS:
+        raise ValueError(f"metric must be 'canonical' or 'euclidean'; got {metric!r}")
+    return metric == "euclidean"
+
+
+def as_step(step: Any, xp: Any, dtype: Any, device: Any, batch: tuple[int, ...]) -> Any:
+    """``step`` as a Python float or an array of shape (..., 1, 1) broadcasting over ``batch``;
+    its dtype never promotes the result (a float64 step with float32 X gives float32)."""
+    if isinstance(step, bool):
+        raise TypeError("step must be a real number or array; got bool")
+    if isinstance(step, (int, float)):
+        return float(step)
+    if aac.is_array_api_obj(step) and aac.array_namespace(step) is not xp:
+        if not aac.is_numpy_array(step):
+            raise TypeError(
+                f"step is a {type(step).__module__}.{type(step).__name__} but X is not; "
+                "convert step to X's namespace"
+            )
+        step = xp.asarray(step, device=device)
+    _, _, _, (t,) = resolve([("step", step)], xp)
+    if t.ndim > len(batch) or any(
+        a != 1 and a != b for a, b in zip(t.shape[::-1], batch[::-1], strict=False)
+    ):
+        raise ValueError(
+            f"step must be a scalar or broadcast to the batch shape {batch}; "
+            f"got shape {tuple(t.shape)}"
+        )
+    return (t if t.dtype == dtype else xp.astype(t, dtype))[..., None, None]
+
+
+def _work(xp: Any, *arrays: Any) -> tuple[Any, list[Any]]:
+    work = accumulation_dtype_for(xp, arrays[0])
+    return work, [a if a.dtype == work else xp.astype(a, work) for a in arrays]
+
+
+def _check_finite(X: Any, xp: Any, name: str) -> None:
+    if X.shape[-1] and X.shape[-2]:
+        check_finite_norms(xp.max(xp.abs(X), axis=-2, keepdims=True), xp, name)
+
+
+def polar(
+    X: Any,
+    *,
+    num_iters: int | None = None,
+    restart: bool | None = None,
+    return_info: bool = False,
+    xp: Any = None,
+) -> Any:
+    """Polar factor Q = X (XᵀX)^{-1/2} of tall full-rank X by Newton–Schulz.
+
+    Parameters
+    ----------
+    X : array, shape (..., N, M), M ≤ N
+        Full column rank.
+    num_iters : int, optional
+        Newton–Schulz iterations of the first pass. Default: the smallest count that the
+        bounds below certify (eager arrays), ``LAZY_ITERS`` = 6 when the values cannot be
+        inspected (under ``jax.jit``). A count that the bounds or the a posteriori residual
+        check do not certify falls back to QR + SVD instead of returning a non-orthonormal
+        matrix.
+    restart : bool, optional
+        Run a second pass from the result's Gram matrix (Q ← Q + Q·D). Default (eager): when
+        the working precision is float32 (float32 on GPU), or when the first pass starts far
+        from orthonormal (κ(XᵀX) ≳ 7), where X + XD carries ‖D‖ > 1 times the rounding of X.
+        float32 input on CPU is computed in float64 and rounded once: already at float32's
+        rounding floor.
+    return_info : bool
+        Also return ``{"method", "iterations", "restart_iterations", "certified"}``.
+    xp : namespace, optional
+
+    Returns
+    -------
+    Q : array, shape (..., N, M)
+        Orthonormal columns, the closest such matrix to X in every unitarily invariant norm.
+
+    Notes
+    -----
+    Coupled Newton–Schulz on A = s²XᵀX (Higham 1997; seed 004 Algorithm 3, App. M.1) in delta
+    form (Q = X + XD). The count k is fixed before the loop from bounds [a, b] ∋ spec(XᵀX):
+    Gershgorin ∩ [1 − δ, 1 + δ], δ = ‖XᵀX − I‖_F (O(M²)), tightened for large M by
+    ρ(E) ≤ ‖E⁸‖_∞^{1/8}, E = XᵀX − I, when that can save iterations. On each eigenvalue the
+    residual r = 1 − λz² obeys r ← ¾r² + ¼r³, so k is the number of steps that takes the
+    worst endpoint below the tolerance (eps of the dtype); the result is then checked on the
+    M × M matrices, ‖(I + D)A(I + D) − I‖_F. X is scaled (s² ≈ 2/(a + b), exactly) only when
+    that saves iterations. From a tangent step X + ξ: 2 iterations for ‖ξ‖₂ ≤ 0.01, 4 for
+    ‖ξ‖₂ ≤ 0.3, 5–6 at 1.5 (up to M = 1024). When the cheap bounds cannot separate λ_min from
+    0 the eigenvalues of XᵀX are used (eager); more than ``MAX_ITERS`` = 10 iterations, or an
+    uncertified count, falls back to QR + SVD of R. Rank-deficient X raises ``ValueError`` on
+    eager arrays; under ``jax.jit`` it gets the (orthonormal) QR + SVD result. Cost:
+    2·N·M² (Gram) + 2·M³·(3k − 1) + 2·N·M² flops (+ 4·N·M² for a restart).
+
+    Examples
+    --------
+    >>> import numpy as np, householderla as hl
+    >>> X = np.random.default_rng(0).standard_normal((6, 3))
+    >>> Q = hl.polar(X)
+    >>> bool(np.allclose(Q.T @ Q, np.eye(3)))
+    True
+    """
+    xp, _, _, (X,) = resolve([("X", X)], xp)
+    check_stiefel_shape(X)
+    if num_iters is not None and (int(num_iters) != num_iters or num_iters < 0):
+        raise ValueError(f"num_iters must be a non-negative integer; got {num_iters!r}")
+    if X.shape[-1] == 0:
+        Q, info = X, {"method": "empty", "iterations": 0, "restart_iterations": 0}
+    else:
+        if is_eager(X):
+            _check_finite(X, xp, "X")
+        Q, info = polar_impl(X, xp, num_iters=num_iters, restart=restart)
+    return (Q, info) if return_info else Q
+
+
+def polar_retraction(X: Any, Z: Any, step: Any = 1.0, *, xp: Any = None) -> Any:
+    """Polar retraction R(X, tZ) = polar(X + tZ) = (X + tZ)((X + tZ)ᵀ(X + tZ))^{-1/2}.
+
+    Parameters
+    ----------
+    X : array, shape (..., N, M), M ≤ N
+        A point of St(N, M) (need not be exactly orthonormal: the result always is).
+    Z : array, shape of X
+        Direction (a tangent vector XᵀZ + ZᵀX = 0 for a retraction).
+    step : float or array of shape broadcasting to X's batch shape
+
+    Returns
+    -------
+    array, shape (..., N, M)
+
+    Notes
+    -----
+    Seed 004 eq. 13 (φ̄₃). The Gram matrix of Y = X + tZ is formed directly (one product),
+    not by the shortcut I + t(XᵀZ + ZᵀX) + t²ZᵀZ: that needs two or three products, and its
+    simplification I + t²ZᵀZ is exact only when XᵀX = I and XᵀZ + ZᵀX = 0 exactly, which
+    rounding never gives; the direct form corrects a drifted X (seed 004 App. M.1).
+    R(X, tZ) = X + tZ + O(t²) for tangent Z. Cost: as :func:`polar`.
+    """
+    xp, device, dtype, (X, Z) = resolve([("X", X), ("Z", Z)], xp)
+    check_stiefel_shape(X)
+    check_like(Z, X, "Z")
+    t = as_step(step, xp, dtype, device, tuple(X.shape[:-2]))
+    return polar(X + t * Z, xp=xp)
+
+
+def _cayley_forward(xp: Any, X: Any, G: Any, t: Any, euclidean: bool) -> tuple[Any, Any]:
+    Y, P = RK.cayley_forward(X, G, t, euclidean, xp)
+    E = P - eye_like(xp, P.shape[-1], P.dtype, device_of(P))
+    return Y, xp.max(xp.sqrt(xp.sum(E * E, axis=(-2, -1))))
+
+
+def cayley_retraction(
+    X: Any,
+    G: Any,
+    step: Any,
+    *,
+    metric: str = "canonical",
+    drift_tol: float | None = None,
+    xp: Any = None,
+) -> Any:
+    """Cayley retraction Cayley(ηA) X = (I + ηA/2)⁻¹(I − ηA/2) X by Sherman–Morrison–Woodbury.
+
+    Parameters
+    ----------
+    X : array, shape (..., N, M), M ≤ N
+        A point of St(N, M).
+    G : array, shape of X
+        The Euclidean gradient ∂f/∂X at X.
+    step : float or array broadcasting to X's batch shape
+        η; for small η > 0 the step decreases f (the curve's velocity at η = 0 is
+        −A X = −``riemannian_gradient(X, G, metric)``).
+    metric : {"canonical", "euclidean"}
+        A = Â − Âᵀ with Â = G Xᵀ (canonical) or Â = G Xᵀ − ½ X Xᵀ G Xᵀ (Euclidean).
+    drift_tol : float, optional
+        Orthogonality guard: when ‖XᵀX − I‖_F exceeds it (default 4·√M·eps of the dtype) the
+        result is replaced by its polar factor, Cayley(ηA)·polar(X). ``0`` always cleans up,
+        ``float('inf')`` never does. Under ``jax.jit`` the check is a ``lax.cond``.
+
+    Returns
+    -------
+    array, shape (..., N, M)
+
+    Notes
+    -----
+    Seed 000 App. B, Lemma 1: A = B Cᵀ with B = η[G̃, X], C = [X, −G̃] ∈ ℝ^{N×2M} and
+    G̃ = G (canonical) or G̃ = G − ½X XᵀG (Euclidean: the paper's N×3M factors equal this
+    rank-2M form), so Cayley(ηA)X = X − B(I + ½CᵀB)⁻¹CᵀX. Only XᵀX, XᵀG, GᵀG and a 2M×2M
+    solve are needed: 10·N·M² + O(M³) flops and O(N·M) memory; never an N×N matrix. The
+    Cayley map is orthogonal, so the result inherits XᵀX; the guard compares the already
+    formed XᵀX (O(M²)) with I. A zero gradient or zero step returns X exactly.
+
+    Examples
+    --------
+    >>> import numpy as np, householderla as hl
+    >>> rng = np.random.default_rng(0)
+    >>> X = np.linalg.qr(rng.standard_normal((8, 3)))[0]
+    >>> Y = hl.cayley_retraction(X, rng.standard_normal((8, 3)), 0.1)
+    >>> bool(np.allclose(Y.T @ Y, np.eye(3)))
+    True
+    """
+    euclidean = check_metric(metric)
+    xp, device, dtype, (X, G) = resolve([("X", X), ("G", G)], xp)
+    check_stiefel_shape(X)
+    check_like(G, X, "G")
+    t = as_step(step, xp, dtype, device, tuple(X.shape[:-2]))
+    if X.shape[-1] == 0:
+        return X
+    eager = is_eager(X)
+    if eager:
+        _check_finite(X, xp, "X")
+        _check_finite(G, xp, "G")
+    xp = kernel_namespace(xp)
+    work, (Xw, Gw) = _work(xp, X, G)
+    tw = t if isinstance(t, float) or t.dtype == work else xp.astype(t, work)
+    Y, drift = jit_for(xp, _cayley_forward, (0, 4))(xp, Xw, Gw, tw, euclidean)
+    if drift_tol is None:
+        drift_tol = DRIFT_FACTOR * X.shape[-1] ** 0.5 * float(xp.finfo(dtype).eps)
+    Y = select(xp, eager, drift > drift_tol, lambda: polar_impl(Y, xp)[0], lambda: Y)
+    return Y if Y.dtype == dtype else xp.astype(Y, dtype)
+
+
+def qr_retraction(X: Any, Z: Any, step: Any = 1.0, *, xp: Any = None) -> Any:
+    """QR retraction qf(X + tZ): the Q factor of the thin QR with R's diagonal positive.
+
+    Parameters
+    ----------
+    X : array, shape (..., N, M), M ≤ N
+    Z : array, shape of X
+    step : float or array broadcasting to X's batch shape
+
+    Returns
+    -------
+    array, shape (..., N, M)
+        Orthonormal columns; a zero diagonal entry of R (rank-deficient X + tZ) keeps sign +1.
+
+    Notes
+    -----
+    Seed 000 §2.2.2 (``g^QR``). Householder QR of the namespace (``linalg.qr``), then
+    columns of Q (rows of R) with R_kk < 0 are negated, which makes the factorisation unique
+    for full rank. 4·M²(N − M/3) flops; float32 is computed in float64 on CPU.
+    R(X, tZ) = X + tZ + O(t²) for tangent Z.
+    """
+    xp, device, dtype, (X, Z) = resolve([("X", X), ("Z", Z)], xp)
+    check_stiefel_shape(X)
+    check_like(Z, X, "Z")
+    t = as_step(step, xp, dtype, device, tuple(X.shape[:-2]))
+    Y = X + t * Z
+    if is_eager(Y):
+        _check_finite(Y, xp, "X + step*Z")
+    if X.shape[-1] == 0:
+        return Y
+    xp = kernel_namespace(xp)
+    _, (Yw,) = _work(xp, Y)
+    Q = jit_for(xp, _qr_q)(xp, Yw)
+    return Q if Q.dtype == dtype else xp.astype(Q, dtype)
+
+
+def _qr_q(xp: Any, Y: Any) -> Any:
+    return RK.qr_positive(Y, xp)[0]
+
+
+def _riemannian_gradient(xp: Any, X: Any, G: Any, euclidean: bool) -> Any:
+    return RK.riemannian_gradient(X, G, euclidean)
+
+
+def riemannian_gradient(X: Any, G: Any, *, metric: str = "canonical", xp: Any = None) -> Any:
+    """Riemannian gradient A X, A = Â − Âᵀ, of the Euclidean gradient G at X ∈ St(N, M).
+
+    Parameters
+    ----------
+    X : array, shape (..., N, M)
+    G : array, shape of X
+    metric : {"canonical", "euclidean"}
+
+    Returns
+    -------
+    array, shape (..., N, M)
+        Canonical: Â = G Xᵀ, A X = G − X GᵀX; Euclidean: Â = G Xᵀ − ½ X Xᵀ G Xᵀ,
+        A X = G − X sym(XᵀG) (the tangent projection of G). Both for XᵀX = I; in general
+        the exact A X (= G XᵀX − X GᵀX, ...) is returned, which is tangent (XᵀAX is skew).
+
+    Notes
+    -----
+    Seed 000 §2.2.2; the gradient for the inner products ⟨Z₁, Z₂⟩ = tr(Z₁ᵀ(I − ½XXᵀ)Z₂)
+    (canonical) and tr(Z₁ᵀZ₂) (Euclidean). 8·N·M² flops, no N×N matrix.
+    """
+    euclidean = check_metric(metric)
+    xp, _, dtype, (X, G) = resolve([("X", X), ("G", G)], xp)
+    check_stiefel_shape(X)
+    check_like(G, X, "G")
+    xp = kernel_namespace(xp)
+    _, (Xw, Gw) = _work(xp, X, G)
+    out = jit_for(xp, _riemannian_gradient, (0, 3))(xp, Xw, Gw, euclidean)
+    return out if out.dtype == dtype else xp.astype(out, dtype)
