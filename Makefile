@@ -34,11 +34,13 @@ docs: $(STAMP)
 
 bench-quick: $(STAMP)
 	$(PY) -m benchmarks.run --quick --out $(VENV)/bench-quick
+	$(PY) -m benchmarks.retractions --quick --out $(VENV)/bench-quick
 
 test: lint unit docs bench-quick
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run --out benchmarks/results
+	$(PY) -m benchmarks.retractions --out benchmarks/results
 
 clean:
 	rm -rf $(VENV) docs/_build docs/api/generated .pytest_cache .hypothesis

@@ -1,0 +1,367 @@
+"""Retraction benchmarks: polar by Newton–Schulz vs QR / SVD / the reference scheme, and
+Cayley by Sherman–Morrison–Woodbury vs the dense N×N Cayley transform (CPU, NumPy backend).
+
+Run ``python -m benchmarks.retractions`` (full, < 3 min on 2 cores; writes
+``benchmarks/results/retractions.json``) or ``python -m benchmarks.retractions --quick``
+(small sizes, < 20 s; writes ``benchmarks/results/quick/retractions.json``).
+
+Every row is measured side by side in one run: one warm-up call, then the median of
+``repeats`` timed calls (``time.perf_counter``); the number of repeats adapts to the call's
+duration. Orthogonality is ‖QᵀQ − I‖_F computed in float64. Memory is the tracemalloc peak of
+one call (NumPy allocations; LAPACK workspaces are not traced).
+
+Tables:
+
+1. *One-shot polar* of a Gaussian X (``float32`` and ``float64``): ``hl.polar`` (Newton–Schulz),
+   ``numpy.linalg.qr`` (computes in float64 internally, so its float32 row is the rounding
+   floor), ``scipy.linalg.qr`` (LAPACK ``?geqrf``/``?orgqr`` in the input precision: the
+   Householder-QR floor the targets refer to), ``scipy.linalg.polar`` (SVD), and the reference
+   scheme of Kong et al.'s code (Frobenius scaling, always 10 coupled iterations, returns the
+   9th iterate), implemented below.
+2. *Newton–Schulz iterations from a tangent step* X + ξ (X ∈ St(N, M), ‖ξ‖₂ ∈ {0.01, 0.3,
+   1.5}), float64: the certified count, the error and the QR floor of the same matrix.
+3. *Cayley, SMW vs dense* (canonical metric, M = 16, N growing): time and peak memory.
+4. *Backward / forward* time ratio of the explicit VJPs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import scipy  # noqa: E402
+import scipy.linalg  # noqa: E402
+
+import householderla as hl  # noqa: E402
+
+FULL = {
+    "polar_shapes": [(1000, 10), (4096, 256), (2048, 1024)],
+    "tangent_shapes": [(1000, 10), (4096, 256), (2048, 1024)],
+    "cayley_N": [256, 1024, 4096],
+    "cayley_M": 16,
+    "vjp_shape": (4096, 256),
+    "min_total": 0.3,
+    "max_rep": 15,
+}
+QUICK = {
+    "polar_shapes": [(1000, 10), (512, 64)],
+    "tangent_shapes": [(1000, 10)],
+    "cayley_N": [128, 512],
+    "cayley_M": 16,
+    "vjp_shape": (1000, 32),
+    "min_total": 0.05,
+    "max_rep": 5,
+}
+
+
+def timeit(fn: Callable[[], Any], min_total: float, max_rep: int) -> dict[str, Any]:
+    """One warm-up call, then the median of 3..max_rep calls (≥ min_total seconds together,
+    a single call when the warm-up alone took more than 2 s)."""
+    s = time.perf_counter()
+    fn()
+    warm = time.perf_counter() - s
+    reps = 1 if warm > 2.0 else min(max(3, int(min_total / max(warm, 1e-9)) + 1), max_rep)
+    times = []
+    for _ in range(reps):
+        s = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - s)
+    return {"median_s": statistics.median(times), "min_s": min(times), "repeats": reps}
+
+
+def peak_bytes(fn: Callable[[], Any]) -> int:
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def orth_err(Q: np.ndarray) -> float:
+    Q = np.asarray(Q, dtype=np.float64)
+    E = Q.T @ Q - np.eye(Q.shape[1])
+    return float(np.sqrt(np.sum(E * E)))
+
+
+def reference_polar(X: np.ndarray) -> np.ndarray:
+    """Kong et al.'s reference scheme: A = XᵀX scaled by its Frobenius norm, 10 coupled
+    Newton–Schulz iterations in the input precision, the 9th iterate returned."""
+    A = X.T @ X
+    c = np.sqrt(np.sum(A * A))
+    Y, Z = A / c, np.eye(A.shape[0], dtype=X.dtype)
+    eye = np.eye(A.shape[0], dtype=X.dtype)
+    Z_prev = Z
+    for _ in range(10):
+        T = 0.5 * (3.0 * eye - Z @ Y)
+        Z_prev = Z
+        Y, Z = Y @ T, T @ Z
+    return X @ (Z_prev / np.sqrt(c).astype(X.dtype))
+
+
+def stiefel(rng: np.random.Generator, N: int, M: int) -> np.ndarray:
+    Q, R = np.linalg.qr(rng.standard_normal((N, M)))
+    return Q * np.sign(np.diag(R))
+
+
+def tangent(rng: np.random.Generator, X: np.ndarray, norm2: float) -> np.ndarray:
+    Z = rng.standard_normal(X.shape)
+    S = X.T @ Z
+    Z = Z - X @ (0.5 * (S + S.T))
+    return Z * (norm2 / np.linalg.norm(Z, 2))
+
+
+def dense_cayley(X: np.ndarray, G: np.ndarray, eta: float) -> np.ndarray:
+    """What geoopt does: form A = GXᵀ − XGᵀ (N×N) and solve (I + ηA/2) Y = (I − ηA/2) X."""
+    A = G @ X.T
+    A = A - A.T
+    eye = np.eye(X.shape[0])
+    return np.linalg.solve(eye + 0.5 * eta * A, X - 0.5 * eta * (A @ X))
+
+
+def bench_polar(cfg: dict[str, Any], rng: np.random.Generator) -> list[dict[str, Any]]:
+    rows = []
+    for N, M in cfg["polar_shapes"]:
+        X64 = rng.standard_normal((N, M))
+        for dtype in (np.float32, np.float64):
+            X = X64.astype(dtype)
+            _, info = hl.polar(X, return_info=True)
+            methods: dict[str, Callable[[], Any]] = {
+                "polar-NS (ours)": lambda X=X: hl.polar(X),
+                "numpy.linalg.qr": lambda X=X: np.linalg.qr(X)[0],
+                "scipy.linalg.qr (LAPACK)": lambda X=X: scipy.linalg.qr(
+                    X, mode="economic", check_finite=False
+                )[0],
+                "scipy.linalg.polar (SVD)": lambda X=X: scipy.linalg.polar(X)[0],
+                "reference NS (Frobenius, 10 it.)": lambda X=X: reference_polar(X),
+            }
+            for name, fn in methods.items():
+                t = timeit(fn, cfg["min_total"], cfg["max_rep"])
+                rows.append(
+                    {
+                        "N": N,
+                        "M": M,
+                        "dtype": np.dtype(dtype).name,
+                        "method": name,
+                        "orth_err": orth_err(fn()),
+                        "iterations": info["iterations"] if name.startswith("polar-NS") else None,
+                        **t,
+                    }
+                )
+    return rows
+
+
+def bench_tangent(cfg: dict[str, Any], rng: np.random.Generator) -> list[dict[str, Any]]:
+    rows = []
+    for N, M in cfg["tangent_shapes"]:
+        X = stiefel(rng, N, M)
+        for norm2, target in ((0.01, 2), (0.3, 4), (1.5, 9)):
+            Y = X + tangent(rng, X, norm2)
+            Q, info = hl.polar(Y, return_info=True)
+            t = timeit(lambda Y=Y: hl.polar(Y), cfg["min_total"], cfg["max_rep"])
+            rows.append(
+                {
+                    "N": N,
+                    "M": M,
+                    "xi_norm2": norm2,
+                    "iterations": info["iterations"],
+                    "restart_iterations": info["restart_iterations"],
+                    "target": target,
+                    "met": info["iterations"] is not None and info["iterations"] <= target,
+                    "orth_err": orth_err(Q),
+                    "qr_floor": orth_err(np.linalg.qr(Y)[0]),
+                    "max_diff_vs_svd_polar": float(np.max(np.abs(Q - scipy.linalg.polar(Y)[0]))),
+                    **t,
+                }
+            )
+    return rows
+
+
+def bench_cayley(cfg: dict[str, Any], rng: np.random.Generator) -> list[dict[str, Any]]:
+    rows = []
+    M = cfg["cayley_M"]
+    for N in cfg["cayley_N"]:
+        X = stiefel(rng, N, M)
+        G = rng.standard_normal((N, M))
+        eta = 0.1
+        smw = lambda X=X, G=G, eta=eta: hl.cayley_retraction(X, G, eta)  # noqa: E731
+        dense = lambda X=X, G=G, eta=eta: dense_cayley(X, G, eta)  # noqa: E731
+        diff = float(np.max(np.abs(smw() - dense())))
+        for name, fn in (("SMW (ours)", smw), ("dense N×N solve", dense)):
+            rows.append(
+                {
+                    "N": N,
+                    "M": M,
+                    "method": name,
+                    "peak_bytes": peak_bytes(fn),
+                    "orth_err": orth_err(fn()),
+                    "max_diff_smw_vs_dense": diff,
+                    **timeit(fn, cfg["min_total"], cfg["max_rep"]),
+                }
+            )
+    return rows
+
+
+def bench_vjp(cfg: dict[str, Any], rng: np.random.Generator) -> list[dict[str, Any]]:
+    N, M = cfg["vjp_shape"]
+    X = stiefel(rng, N, M)
+    Z = tangent(rng, X, 0.3)
+    G, g = rng.standard_normal((N, M)), rng.standard_normal((N, M))
+    pairs = {
+        "polar": (lambda: hl.polar(X + Z), lambda: hl.vjp.polar(X + Z, g)),
+        "cayley (canonical)": (
+            lambda: hl.cayley_retraction(X, G, 0.1),
+            lambda: hl.vjp.cayley_retraction(X, G, 0.1, g),
+        ),
+        "cayley (euclidean)": (
+            lambda: hl.cayley_retraction(X, G, 0.1, metric="euclidean"),
+            lambda: hl.vjp.cayley_retraction(X, G, 0.1, g, metric="euclidean"),
+        ),
+        "qr_retraction": (
+            lambda: hl.qr_retraction(X, Z, 0.1),
+            lambda: hl.vjp.qr_retraction(X, Z, 0.1, g),
+        ),
+    }
+    rows = []
+    for name, (fwd, bwd) in pairs.items():
+        tf = timeit(fwd, cfg["min_total"], cfg["max_rep"])["median_s"]
+        tb = timeit(bwd, cfg["min_total"], cfg["max_rep"])["median_s"]
+        rows.append({"map": name, "N": N, "M": M, "forward_s": tf, "vjp_s": tb, "ratio": tb / tf})
+    return rows
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        load = os.getloadavg()
+    except OSError:  # pragma: no cover
+        load = None
+    blas = None
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"].get("name")
+    except Exception:  # pragma: no cover
+        pass
+    return {
+        "cpu_model": cpu,
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "scipy": scipy.__version__,
+        "blas": blas,
+        "householderla": hl.__version__,
+        "loadavg_at_start": load,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def _fmt_t(s: float) -> str:
+    return f"{s * 1e3:9.3f} ms" if s < 1 else f"{s:9.3f} s "
+
+
+def _fmt_b(b: float) -> str:
+    return f"{b / 2**20:8.2f} MiB"
+
+
+def report(res: dict[str, Any]) -> str:
+    m = res["machine"]
+    out = [
+        f"machine: {m['cpu_model']}, {m['cpu_count']} cores, numpy {m['numpy']} ({m['blas']}), "
+        f"scipy {m['scipy']}, load at start {m['loadavg_at_start']}",
+        "",
+        "1. one-shot polar of a Gaussian X: time and ‖QᵀQ − I‖_F",
+        f"{'shape':>10} {'dtype':>8} {'method':<34} {'time':>12} {'‖QᵀQ−I‖_F':>11} "
+        f"{'/LAPACK QR':>10} {'iters':>5}",
+    ]
+    for r in res["polar"]:
+        floor = next(
+            x["orth_err"]
+            for x in res["polar"]
+            if (x["N"], x["M"], x["dtype"]) == (r["N"], r["M"], r["dtype"])
+            and x["method"].startswith("scipy.linalg.qr")
+        )
+        out.append(
+            f"{r['N']:>5}×{r['M']:<4} {r['dtype']:>8} {r['method']:<34} {_fmt_t(r['median_s'])} "
+            f"{r['orth_err']:11.2e} {r['orth_err'] / floor:10.2f} "
+            f"{'' if r['iterations'] is None else r['iterations']:>5}"
+        )
+    out += [
+        "",
+        "2. Newton–Schulz iterations from a tangent step X + ξ (float64)",
+        f"{'shape':>10} {'‖ξ‖₂':>6} {'iters':>5} {'target':>6} {'met':>4} {'restart':>7} "
+        f"{'‖QᵀQ−I‖_F':>11} {'QR floor':>10} {'vs SVD':>9} {'time':>12}",
+    ]
+    for r in res["tangent"]:
+        out.append(
+            f"{r['N']:>5}×{r['M']:<4} {r['xi_norm2']:>6} {r['iterations']!s:>5} "
+            f"{'≤' + str(r['target']):>6} {'yes' if r['met'] else 'NO':>4} "
+            f"{r['restart_iterations']:>7} {r['orth_err']:11.2e} {r['qr_floor']:10.2e} "
+            f"{r['max_diff_vs_svd_polar']:9.1e} {_fmt_t(r['median_s'])}"
+        )
+    out += [
+        "",
+        "3. Cayley retraction, canonical metric, M = 16: SMW vs dense N×N solve",
+        f"{'N':>6} {'method':<18} {'time':>12} {'peak memory':>12} {'‖YᵀY−I‖_F':>11} "
+        f"{'max|SMW−dense|':>15}",
+    ]
+    for r in res["cayley"]:
+        out.append(
+            f"{r['N']:>6} {r['method']:<18} {_fmt_t(r['median_s'])} {_fmt_b(r['peak_bytes'])} "
+            f"{r['orth_err']:11.2e} {r['max_diff_smw_vs_dense']:15.1e}"
+        )
+    out += ["", "4. explicit VJP time / forward time", f"{'map':<20} {'shape':>10} {'ratio':>6}"]
+    for r in res["vjp"]:
+        out.append(f"{r['map']:<20} {r['N']:>5}×{r['M']:<4} {r['ratio']:6.2f}")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes, a smoke test (< 20 s)")
+    ap.add_argument("--out", type=Path, default=None, help="output directory")
+    args = ap.parse_args(argv)
+    cfg = QUICK if args.quick else FULL
+    out_dir = args.out or ROOT / "benchmarks" / "results" / ("quick" if args.quick else "")
+    rng = np.random.default_rng(0)
+    t0 = time.perf_counter()
+    res: dict[str, Any] = {"machine": machine_info(), "quick": args.quick, "config": cfg}
+    res["polar"] = bench_polar(cfg, rng)
+    res["tangent"] = bench_tangent(cfg, rng)
+    res["cayley"] = bench_cayley(cfg, rng)
+    res["vjp"] = bench_vjp(cfg, rng)
+    res["wall_s"] = time.perf_counter() - t0
+    text = report(res)
+    print(text)
+    print(f"\nwall time {res['wall_s']:.1f} s")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "retractions.json"
+    path.write_text(json.dumps(res, indent=1, default=str))
+    print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
