@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import to_numpy
+from helpers import assert_vjp_matches_central_differences
 
 import householderla as hl
 
-EPS_FD = 1e-6
 INF = float("inf")
 
 
@@ -72,25 +71,7 @@ def test_dot_product_against_central_differences(bk, name, batch, step_shape):
     f, vjp = MAPS[name]
     rng = np.random.default_rng(abs(hash((name, batch, step_shape))) % 2**32)
     inputs = _inputs(name, batch, step_shape, rng)
-    args = [bk.asarray(a) for a in inputs]
-    y = to_numpy(bk.call(f, *args))
-    g = rng.standard_normal(y.shape)
-    out = bk.call(vjp, *args, bk.asarray(g))
-    grads = [to_numpy(a) for a in (out if isinstance(out, tuple) else (out,))]
-    assert len(grads) == len(inputs)
-    for gr, a in zip(grads, inputs, strict=True):
-        assert gr.shape == np.shape(a) and np.all(np.isfinite(gr))
-    dirs = [rng.standard_normal(np.shape(a)) for a in inputs]
-    plus = [bk.asarray(a + EPS_FD * d) for a, d in zip(inputs, dirs, strict=True)]
-    minus = [bk.asarray(a - EPS_FD * d) for a, d in zip(inputs, dirs, strict=True)]
-    fd = (np.sum(g * to_numpy(bk.call(f, *plus))) - np.sum(g * to_numpy(bk.call(f, *minus)))) / (
-        2 * EPS_FD
-    )
-    an = sum(float(np.sum(gr * d)) for gr, d in zip(grads, dirs, strict=True))
-    scale = sum(
-        float(np.linalg.norm(gr) * np.linalg.norm(d)) for gr, d in zip(grads, dirs, strict=True)
-    )
-    assert abs(fd - an) <= 1e-7 * max(scale, 1.0), (fd, an)
+    assert_vjp_matches_central_differences(bk, f, vjp, inputs, rng)
 
 
 def test_python_float_step_and_float32():
