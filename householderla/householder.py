@@ -94,6 +94,7 @@ def householder_apply(V: Any, h: Any, *, xp: Any = None) -> Any:
     h : array, shape (N,) or (..., N, B)
         Right operand, following ``matmul``'s rules (batch axes broadcast with V's).
     xp : namespace, optional
+        Array namespace to use instead of the one inferred from the inputs.
 
     Returns
     -------
