@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from . import vjp
+from . import stiefel, vjp
 from .cwy import CWY, TCWY, cwy, tcwy
 from .householder import (
     householder_apply,
@@ -44,6 +44,7 @@ __all__ = [
     "polar_retraction",
     "qr_retraction",
     "riemannian_gradient",
+    "stiefel",
     "tcwy",
     "tcwy_vectors",
     "vjp",
