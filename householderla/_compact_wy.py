@@ -200,7 +200,12 @@ def factors_vjp(U: Any, r: Any, U_bar: Any, S_bar: Any, xp: Any) -> Any:
     Cost 2·N·L² + O(N·L).
     """
     P = xp.triu(S_bar, k=1)
-    U_bar = U_bar + U @ (P + mT(P))
+    return normalize_columns_vjp(U, r, U_bar + U @ (P + mT(P)), xp)
+
+
+def normalize_columns_vjp(U: Any, r: Any, U_bar: Any, xp: Any) -> Any:
+    """Backward of :func:`normalize_columns`: v̄ = (ū − u (uᵀū)) / ‖v‖ per column, from
+    du = (I − uuᵀ) dv / ‖v‖; zero columns (r = 0) get v̄ = 0, never NaN."""
     proj = xp.sum(U * U_bar, axis=-2, keepdims=True)
     nonzero = r > 0
     r_safe = xp.where(nonzero, r, xp.ones_like(r))

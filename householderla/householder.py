@@ -20,7 +20,12 @@ from typing import Any
 
 import array_api_compat as aac
 
-from ._compact_wy import check_finite_norms, normalize_columns, sum_to_shape
+from ._compact_wy import (
+    check_finite_norms,
+    normalize_columns,
+    normalize_columns_vjp,
+    sum_to_shape,
+)
 from ._lib.linalg import eye_like
 from ._lib.namespace import accumulation_dtype_for, device_of, mT, resolve
 
@@ -157,11 +162,7 @@ def householder_apply_vjp(V: Any, h: Any, g: Any, xp: Any) -> tuple[Any, Any]:
         gm = gm - 2.0 * (u @ z)
         y = x
     Ubar = xp.concat(cols, axis=-1) if cols else xp.zeros_like(U)
-    Ubar = sum_to_shape(Ubar, tuple(U.shape), xp)
-    proj = xp.sum(U * Ubar, axis=-2, keepdims=True)
-    nonzero = r > 0
-    Vbar = (Ubar - U * proj) / xp.where(nonzero, r, xp.ones_like(r))
-    Vbar = xp.where(nonzero, Vbar, xp.zeros_like(Vbar))
+    Vbar = normalize_columns_vjp(U, r, sum_to_shape(Ubar, tuple(U.shape), xp), xp)
     hbar = sum_to_shape(gm, tuple(hm.shape), xp)
     return Vbar, (hbar[..., 0] if vector else hbar)
 
