@@ -27,6 +27,7 @@ extensions = [
     "sphinx.ext.autosummary",
     "sphinx.ext.mathjax",
     "numpydoc",
+    "matplotlib.sphinxext.plot_directive",  # gallery examples run at build time (``.. plot::``)
 ]
 
 templates_path = ["_templates"]
@@ -49,6 +50,12 @@ numpydoc_class_members_toctree = False
 numpydoc_validation_checks: set[str] = set()  # no docstring validation here (ruff/CI do it)
 numpydoc_xref_param_type = False
 numpydoc_use_plots = False
+
+# -- plot directive (examples run at build time, offline, with the Agg backend) -------------
+plot_include_source = True
+plot_html_show_source_link = False
+plot_html_show_formats = False
+plot_formats = [("png", 100)]
 
 # -- math ----------------------------------------------------------------------------------
 # MathJax is loaded by the reader's browser; nothing is fetched at build time.

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._lib.linalg import eye_like, inv_upper_triangular
+from ._lib.linalg import eye_like, gram_upper, inv_upper_triangular, solve_upper_triangular
 from ._lib.namespace import accumulation_dtype_for, device_of, is_eager, mT
 
 MODES = ("square", "embed", "project")
@@ -65,13 +65,14 @@ def cwy_factors(V: Any, xp: Any, *, check: bool = True) -> tuple[Any, Any, Any]:
 
     Gram matrix, norms and T are accumulated in float64 for float32 inputs on CPU backends
     (:func:`~householderla._lib.namespace.accumulation_dtype_for`) and rounded to ``V``'s
-    dtype at the end. Cost: N·L² (Gram) + L³/3 (triangular inverse) flops.
+    dtype at the end. Cost: N·L² (Gram, syrk on NumPy) + L³/3 (triangular inverse) flops.
     """
     acc = accumulation_dtype_for(xp, V)
     Va = V if V.dtype == acc else xp.astype(V, acc)
     U, r = normalize_columns(Va, xp, check=check)
     L = V.shape[-1]
-    S = 0.5 * eye_like(xp, L, acc, device_of(V)) + xp.triu(mT(U) @ U, k=1)
+    # only the strict upper triangle of UᵀU is read: syrk (N·L²) on a single NumPy matrix
+    S = 0.5 * eye_like(xp, L, acc, device_of(V)) + xp.triu(gram_upper(U, xp), k=1)
     T = inv_upper_triangular(S, xp)
     if acc != V.dtype:
         U, T, r = (xp.astype(a, V.dtype) for a in (U, T, r))
@@ -130,6 +131,15 @@ def sum_to_shape(x: Any, shape: tuple[int, ...], xp: Any) -> Any:
     return x
 
 
+def _u_bar(Ubar_out: Any, Ubar_in: Any, m: int, mode: str, xp: Any) -> Any:
+    """Ū from the output-side and input-side terms (U_in/U_out are row blocks of U)."""
+    if mode == "square":
+        return Ubar_out + Ubar_in
+    if mode == "embed":
+        return xp.concat([Ubar_out[..., :m, :] + Ubar_in, Ubar_out[..., m:, :]], axis=-2)
+    return xp.concat([Ubar_in[..., :m, :] + Ubar_out, Ubar_in[..., m:, :]], axis=-2)
+
+
 def lowrank_vjp(
     U: Any, T: Any, h: Any, g: Any, xp: Any, *, transpose: bool, mode: str
 ) -> tuple[Any, Any, Any, Any]:
@@ -148,20 +158,24 @@ def lowrank_vjp(
     ``U``, ``h`` and ``T``. Cost: four GEMMs of the forward's shapes plus L²·B.
     """
     M, U_in, U_out = _roles(U, T, transpose, mode)
-    a = mT(U_in) if h is None else mT(U_in) @ h
+    fused = mode == "square" and h is not None and tuple(h.shape[:-1]) == tuple(g.shape[:-1])
+    if fused:
+        # one GEMM Uᵀ[h g] and one [g h][b d]ᵀ instead of two each: same flops, half the
+        # BLAS calls, and the 2B-wide products run closer to the GEMM rate for small B
+        B = h.shape[-1]
+        ac = mT(U) @ xp.concat([h, g], axis=-1)
+        a, c = ac[..., :B], ac[..., B:]
+    else:
+        a = mT(U_in) if h is None else mT(U_in) @ h
+        c = mT(U_out) @ g
     b = M @ a
-    c = mT(U_out) @ g
     d = mT(M) @ c
     dT = mT(d)
-    Ubar_out = -(g @ mT(b))
-    Ubar_in = -dT if h is None else -(h @ dT)
     m = T.shape[-1]
-    if mode == "square":
-        Ubar = Ubar_out + Ubar_in
-    elif mode == "embed":
-        Ubar = xp.concat([Ubar_out[..., :m, :] + Ubar_in, Ubar_out[..., m:, :]], axis=-2)
+    if fused:
+        Ubar = -(xp.concat([g, h], axis=-1) @ mT(xp.concat([b, d], axis=-1)))
     else:
-        Ubar = xp.concat([Ubar_in[..., :m, :] + Ubar_out, Ubar_in[..., m:, :]], axis=-2)
+        Ubar = _u_bar(-(g @ mT(b)), -dT if h is None else -(h @ dT), m, mode, xp)
     h_bar = None
     if h is not None:
         Rg = g
@@ -218,11 +232,11 @@ def is_lower_trapezoidal(V: Any, xp: Any) -> bool:
     return is_eager(V) and bool(xp.all(xp.triu(V, k=1) == 0))
 
 
-def _unnormalized_factors(V: Any, xp: Any) -> tuple[Any, Any]:
-    """(V, T) with H(v₁)…H(v_L) = I − V T Vᵀ and T = S⁻¹, S = striu(VᵀV) + ½ diag(VᵀV)
-    (seed 001 Proposition 1): no normalisation, so no rounding of the given vectors. Zero
-    columns get S_kk = 1 and are zeroed, giving H(0) = I."""
-    G = mT(V) @ V
+def _unnormalized_s(V: Any, xp: Any) -> tuple[Any, Any]:
+    """(V, S) with H(v₁)…H(v_L) = I − V S⁻¹ Vᵀ, S = striu(VᵀV) + ½ diag(VᵀV) (seed 001
+    Proposition 1): no normalisation, so no rounding of the given vectors. Zero columns get
+    S_kk = 1 and are zeroed, giving H(0) = I. N·L² flops (syrk on a single NumPy matrix)."""
+    G = gram_upper(V, xp)
     L = V.shape[-1]
     eye = eye_like(xp, L, V.dtype, device_of(V))
     # ‖v_k‖² from the same GEMM as the off-diagonal entries: consistent rounding of τ_k and
@@ -231,7 +245,7 @@ def _unnormalized_factors(V: Any, xp: Any) -> tuple[Any, Any]:
     nonzero = d > 0
     diag = xp.where(nonzero, 0.5 * d, xp.ones_like(d))
     S = xp.triu(G, k=1) + eye * diag[..., None, :]
-    return _where0(xp, nonzero[..., None, :], V), inv_upper_triangular(S, xp)
+    return _where0(xp, nonzero[..., None, :], V), S
 
 
 #: Reflectors per block in :func:`structured_matrix`: N=1024 float64 LAPACK reflectors took
@@ -240,28 +254,64 @@ def _unnormalized_factors(V: Any, xp: Any) -> tuple[Any, Any]:
 STRUCTURED_BLOCK = 128
 
 
+def _identity(xp: Any, V: Any, ncols: int, dtype: Any) -> Any:
+    N, batch = V.shape[-2], tuple(V.shape[:-2])
+    eye = xp.eye(N, ncols, dtype=dtype, device=device_of(V))
+    return xp.asarray(xp.broadcast_to(eye, (*batch, N, ncols)), copy=True)
+
+
 def structured_matrix(
     V: Any, xp: Any, ncols: int | None = None, block: int = STRUCTURED_BLOCK
 ) -> Any:
     """First ``ncols`` (default N) columns of H(v₁)…H(v_L) for lower-trapezoidal V (..., N, L),
     like LAPACK's orgqr.
 
-    Blocks of reflectors, last block first, are applied to the trailing submatrix they act
-    on (v_k is zero above row k): Q[s:, s:] ← Q[s:, s:] − V_b T_b V_bᵀ Q[s:, s:], with
-    unnormalised factors. 4N²L − 2(N+N)L² + 4L³/3 flops as orgqr (vs 2N²L + NL² for the
-    one-shot formula), all in GEMMs; accumulated in float64 for float32 input on CPU.
-    Measured at N=1024 on LAPACK's reflectors: ‖QᵀQ − I‖_F 7.4e-14 (orgqr 7.7e-14, one-shot
-    CWY 1.35e-13) in float64. Requires a namespace with writeable arrays (NumPy, torch, CuPy).
+    Blocks of reflectors v_s … v_{e−1}, last block first, are applied to the trailing
+    submatrix they act on (v_k is zero above row k): Q[s:, s:] ← Q[s:, s:] − V_b S_b⁻¹ V_bᵀ
+    Q[s:, s:], with unnormalised factors. Before block b is applied, Q[s:, s:] is
+    [[I, 0], [0, Q[e:, e:]]] (the later blocks touched only rows and columns ≥ e), so
+    V_bᵀ Q[s:, s:] = [V_b[:e−s]ᵀ, V_b[e−s:]ᵀ Q[e:, e:]]: the GEMM only runs on the trailing
+    block, as in orgqr's larfb. About 4N²L − 2(N+N)L² + 4L³/3 flops as orgqr (vs 2N²L + NL²
+    for the one-shot formula), all in GEMMs and trsm; accumulated in float64 for float32
+    input on CPU. Measured at N=1024 on LAPACK's reflectors: ‖QᵀQ − I‖_F 7.4e-14 (orgqr
+    7.7e-14, one-shot CWY 1.35e-13) in float64. Requires a namespace with writeable arrays
+    (NumPy, torch, CuPy).
     """
     acc = accumulation_dtype_for(xp, V)
     Va = V if V.dtype == acc else xp.astype(V, acc)
-    N, L = V.shape[-2], V.shape[-1]
-    batch = tuple(V.shape[:-2])
-    ncols = N if ncols is None else ncols
-    eye = xp.eye(N, ncols, dtype=acc, device=device_of(V))
-    Q = xp.asarray(xp.broadcast_to(eye, (*batch, N, ncols)), copy=True)
+    L = V.shape[-1]
+    ncols = V.shape[-2] if ncols is None else ncols
+    Q = _identity(xp, V, ncols, acc)
     for s in range(((L - 1) // block) * block, -1, -block):
-        Vb, Tb = _unnormalized_factors(Va[..., s:, s : s + block], xp)
-        C = Q[..., s:, s:]
-        Q[..., s:, s:] = C - Vb @ (Tb @ (mT(Vb) @ C))
+        e = min(s + block, L)
+        Vb, Sb = _unnormalized_s(Va[..., s:, s:e], xp)
+        head = max(min(e, ncols) - s, 0)  # identity columns s … min(e, ncols) − 1
+        parts = [mT(Vb[..., :head, :])] if head else []
+        if ncols > e:
+            parts.append(mT(Vb[..., e - s :, :]) @ Q[..., e:, e:])
+        if not parts:
+            continue
+        W = parts[0] if len(parts) == 1 else xp.concat(parts, axis=-1)
+        Q[..., s:, s:] = Q[..., s:, s:] - Vb @ solve_upper_triangular(Sb, W, xp)
+    return Q if acc == V.dtype else xp.astype(Q, V.dtype)
+
+
+def dense_matrix(V: Any, xp: Any, ncols: int | None = None) -> Any:
+    """First ``ncols`` (default N) columns of H(v₁)…H(v_L) = I − V S⁻¹ Vᵀ for any V (..., N, L)
+    in one shot, with unnormalised factors (seed 001 Proposition 1).
+
+    G = VᵀV by syrk (N·L²), W = S⁻¹ V[:ncols]ᵀ by one triangular solve (L²·ncols), then
+    Q = E − V W by one GEMM (2·N·L·ncols): 4·N³ flops for L = ncols = N, against
+    2N²L + NL² + L³/3 + normalisation passes for the operator's (U, T) route, which also
+    forms T explicitly (trtri) and multiplies by it. At N = L = 1024 float64 (2-core CPU)
+    this is the route that beats a Cayley ``solve``. Accumulates in float64 for float32 input
+    on CPU; needs writeable arrays (NumPy, torch, CuPy).
+    """
+    acc = accumulation_dtype_for(xp, V)
+    Va = V if V.dtype == acc else xp.astype(V, acc)
+    ncols = V.shape[-2] if ncols is None else ncols
+    Vz, S = _unnormalized_s(Va, xp)
+    W = solve_upper_triangular(S, mT(Vz[..., :ncols, :]), xp)
+    Q = _identity(xp, V, ncols, acc)
+    Q = Q - Vz @ W
     return Q if acc == V.dtype else xp.astype(Q, V.dtype)

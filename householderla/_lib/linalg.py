@@ -17,9 +17,15 @@ from typing import Any
 
 import array_api_compat as aac
 
-from .namespace import device_of
+from .namespace import device_of, mT
 
-__all__ = ["eye_like", "inv_upper_triangular", "inv_upper_triangular_recursive"]
+__all__ = [
+    "eye_like",
+    "gram_upper",
+    "inv_upper_triangular",
+    "inv_upper_triangular_recursive",
+    "solve_upper_triangular",
+]
 
 
 def eye_like(xp: Any, n: int, dtype: Any, device: Any, batch: tuple[int, ...] = ()) -> Any:
@@ -64,6 +70,46 @@ def inv_upper_triangular(S: Any, xp: Any) -> Any:
         out = cupy.stack([cupyx.scipy.linalg.solve_triangular(s, eye2) for s in flat])
         return xp.reshape(out, S.shape)
     return inv_upper_triangular_recursive(S, xp)
+
+
+def solve_upper_triangular(S: Any, B: Any, xp: Any) -> Any:
+    """S⁻¹ B for upper-triangular S (..., L, L) and B (..., L, K): L²·K flops (trsm).
+
+    One triangular solve instead of trtri (L³/3) followed by a full product (2·L²·K): at
+    L = K = 1024 float64 on the 2-core CPU, 12 ms vs 16 + 23 ms. NumPy uses LAPACK through
+    ``scipy.linalg.solve_triangular`` (batched), torch ``torch.linalg.solve_triangular``, JAX
+    ``jax.scipy.linalg.solve_triangular``; other namespaces multiply by
+    :func:`inv_upper_triangular`.
+    """
+    if aac.is_numpy_namespace(xp):
+        import scipy.linalg
+
+        return scipy.linalg.solve_triangular(S, B, lower=False, check_finite=False)
+    if aac.is_torch_namespace(xp):
+        import torch
+
+        return torch.linalg.solve_triangular(S, B, upper=True)
+    if aac.is_jax_namespace(xp):
+        import jax.scipy.linalg
+
+        return jax.scipy.linalg.solve_triangular(S, B, lower=False)
+    return inv_upper_triangular(S, xp) @ B
+
+
+def gram_upper(V: Any, xp: Any) -> Any:
+    """VᵀV (..., L, L) for V (..., N, L); on a single NumPy matrix only the upper triangle is
+    computed (BLAS syrk, N·L² flops instead of 2·N·L²) and the strict lower part is zero.
+    Callers must read the upper triangle only."""
+    if aac.is_numpy_namespace(xp) and V.ndim == 2 and V.dtype.kind == "f":
+        import numpy as np
+        import scipy.linalg
+
+        (syrk,) = scipy.linalg.blas.get_blas_funcs(("syrk",), (V,))
+        # syrk on the Fortran view of Vᵀ (C-contiguous V is F-contiguous Vᵀ): no copy.
+        if V.flags.c_contiguous:
+            return np.asarray(syrk(1.0, V.T, trans=0, lower=0))
+        return np.asarray(syrk(1.0, V, trans=1, lower=0))
+    return mT(V) @ V
 
 
 def inv_upper_triangular_recursive(S: Any, xp: Any) -> Any:
