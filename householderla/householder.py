@@ -16,6 +16,7 @@ reach both components of O(N), and the number of nonzero vectors has the parity 
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 import array_api_compat as aac
@@ -30,9 +31,11 @@ from ._lib.linalg import eye_like
 from ._lib.namespace import accumulation_dtype_for, device_of, mT, resolve
 
 __all__ = [
+    "apply_sequential",
     "householder_apply",
     "householder_product",
     "householder_vectors",
+    "sequential_is_faster",
     "tcwy_vectors",
 ]
 
@@ -89,6 +92,29 @@ def _jax_jit(fn: Any) -> Any:
     return jax.jit(fn)
 
 
+# -- Numba dispatch ----------------------------------------------------------------------------
+
+
+@functools.cache
+def _load_numba_kernels() -> Any:
+    try:
+        from . import _numba_kernels
+    except ImportError:  # pragma: no cover - numba present but broken
+        return None
+    return _numba_kernels if _numba_kernels.HAVE_NUMBA else None
+
+
+def _numba_kernels_for(xp: Any, *arrays: Any) -> Any:
+    """The Numba kernel module when ``xp`` is NumPy, every array is a NumPy array (float32 or
+    float64 after :func:`resolve`), numba imports and ``HL_DISABLE_NUMBA`` is unset (or "0");
+    else None. The module (and numba) is imported on the first NumPy call only."""
+    if not aac.is_numpy_namespace(xp) or not all(aac.is_numpy_array(a) for a in arrays):
+        return None
+    if os.environ.get("HL_DISABLE_NUMBA", "0") not in ("", "0"):
+        return None
+    return _load_numba_kernels()
+
+
 def householder_apply(V: Any, h: Any, *, xp: Any = None) -> Any:
     """Apply H(v₁)…H(v_L) to ``h`` one reflection at a time.
 
@@ -109,7 +135,10 @@ def householder_apply(V: Any, h: Any, *, xp: Any = None) -> Any:
     Notes
     -----
     4·N·L·B flops in L sequential steps (seed 001 Algorithm 1, forward). Same result as
-    ``cwy(V) @ h``; cheaper than building CWY when L·B is small.
+    ``cwy(V) @ h``; cheaper than building CWY when L·B is small. NumPy float32/float64
+    inputs run the Numba kernel (:func:`householderla._numba_kernels.hprod`: τ = 2/‖v‖² from
+    the unnormalised columns, agreeing with the Array API loop to a few ulps per reflection)
+    when numba is installed and ``HL_DISABLE_NUMBA`` is unset.
 
     Examples
     --------
@@ -121,9 +150,88 @@ def householder_apply(V: Any, h: Any, *, xp: Any = None) -> Any:
     xp, _, _, (V, h) = resolve([("V", V), ("h", h)], xp)
     N, _ = _check_reflectors(V)
     hm, vector = as_matrix_operand(h, N)
+    nk = _numba_kernels_for(xp, V, h)
+    if nk is not None:
+        return nk.hprod(V, h)
     U, _ = normalize_columns(V, xp, check=True)
     y = _jit_for(xp, _reflect_all)(U, hm)
     return y[..., 0] if vector else y
+
+
+#: Crossover of the Numba sequential kernel against CWY, from two full runs of
+#: ``benchmarks/sequential.py`` (results/sequential{,-run1}.md) on the 2-core EPYC VM while other
+#: jobs kept the load at 8–10: best-of-7 times, then the better of the two runs. Grid
+#: N ∈ {32, 64, 128, 256, 512}, L ∈ {4, 16, 64, N}, B ∈ {1, 4, 16, 64}, float32 and float64
+#: (144 cells). Re-run on a quiet machine before trusting the second decimal.
+#:
+#: * Against ``cwy(V) @ h`` with the factors still to build (N·L² + L³/3 flops and several
+#:   BLAS calls, ≈ 70 µs fixed): sequential was faster in all 144 cells, median ratio 0.23
+#:   (e.g. N=128, L=16, B=1: 16 µs vs 80 µs); each run alone had 1–2 cells where CWY was
+#:   up to 1.67× faster (N=128, L=64, B=16; N=L=128, B=4 and 16, float64), contradicted by
+#:   the other run. Caveat: the CWY times at L ≥ 64 include this VM's OpenBLAS stalls between
+#:   back-to-back calls (12–50 ms, see benchmarks/README.md); on a quiet machine the flop
+#:   model (4·N·L·B at ≈ 4 GFLOP/s against N·L² + 4·N·L·B at ≈ 30 GFLOP/s plus 70 µs)
+#:   predicts CWY wins at large L·B, e.g. N = L = 512, B = 64: ≈ 5 ms vs the kernel's
+#:   8.5 ms. Beyond the grid (N > 512 or B > 64) CWY is assumed to win.
+#: * Against a built operator's ``Q @ h`` (two GEMMs and an L×L product): CWY was faster by
+#:   more than 25% in 78 cells, sequential in 6, each with a stalled CWY time (0.5–44 ms,
+#:   2–1000× the same shape in the other dtype or at a neighbouring L, B); at L·B ≤ 64,
+#:   where argument resolution (~15 µs) dominates both, the median ratio is 1.15.
+#:   Hence 0: with built factors, never sequential.
+SEQUENTIAL_MAX_N = 512
+SEQUENTIAL_MAX_B = 64
+SEQUENTIAL_MAX_LB_PRECOMPUTED = 0
+
+
+def sequential_is_faster(
+    N: int, L: int, B: int, dtype: Any = None, *, precomputed: bool = False
+) -> bool:
+    """Whether the Numba sequential kernel beats CWY for ``Q @ h`` with h of shape (N, B).
+
+    ``precomputed=False`` compares with ``cwy(V) @ h`` on an operator whose factors U, T are
+    not built yet (N·L² + L³/3 flops of setup); ``precomputed=True`` with the bare apply of
+    a built operator (4·N·L·B + L²·B). False whenever the kernels are unavailable (no numba,
+    or ``HL_DISABLE_NUMBA`` set). ``dtype`` is accepted for the CWY hook's signature; the
+    measured crossover is the same for float32 and float64 within the noise. The constants
+    and the figures behind them are ``SEQUENTIAL_MAX_N``, ``SEQUENTIAL_MAX_B`` and
+    ``SEQUENTIAL_MAX_LB_PRECOMPUTED`` in this module.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from householderla.householder import sequential_is_faster
+    >>> sequential_is_faster(128, 16, 1, np.float64, precomputed=True)
+    False
+    """
+    if _numba_kernels_for(_numpy_namespace()) is None:
+        return False
+    if precomputed:
+        return L * B <= SEQUENTIAL_MAX_LB_PRECOMPUTED
+    return N <= SEQUENTIAL_MAX_N and B <= SEQUENTIAL_MAX_B
+
+
+@functools.cache
+def _numpy_namespace() -> Any:
+    import numpy as np
+
+    return aac.array_namespace(np.empty(0))
+
+
+def apply_sequential(V: Any, h: Any, *, transpose: bool = False, xp: Any = None) -> Any:
+    """Q h (or Qᵀ h with ``transpose``) for Q = H(v₁)…H(v_L), one reflection at a time.
+
+    What the CWY operator's ``@`` calls when :func:`sequential_is_faster` says so: the Numba
+    kernel for NumPy float32/float64 inputs (no factors are built), otherwise
+    :func:`householder_apply` (with the columns reversed for Qᵀ = H(v_L)…H(v₁)). Shapes as in
+    :func:`householder_apply`; 4·N·L·B flops.
+    """
+    xp, _, _, (V, h) = resolve([("V", V), ("h", h)], xp)
+    N, _ = _check_reflectors(V)
+    as_matrix_operand(h, N)
+    nk = _numba_kernels_for(xp, V, h)
+    if nk is not None:
+        return nk.hprod(V, h, transpose=transpose)
+    return householder_apply(xp.flip(V, axis=-1) if transpose else V, h, xp=xp)
 
 
 def householder_product(V: Any, *, xp: Any = None) -> Any:
@@ -146,9 +254,16 @@ def householder_apply_vjp(V: Any, h: Any, g: Any, xp: Any) -> tuple[Any, Any]:
     y = H(u) x: x̄ = H(u) ȳ and ū = −2 (ȳ (uᵀx)ᵀ + x (uᵀȳ)ᵀ) summed over the B columns; the
     normalisation u = v/‖v‖ then gives the full gradient of seed 002 eq. 15
     (v̄ = (ū − u uᵀū)/‖v‖), not seed 001's fixed-norm version.
+
+    NumPy float32/float64 inputs run the Numba kernel
+    (:func:`householderla._numba_kernels.hgrad`, 15·N·L·B flops including the forward replay)
+    under the same conditions as :func:`householder_apply`; NaN/Inf propagate on both paths.
     """
     N, L = _check_reflectors(V)
     hm, vector = as_matrix_operand(h, N)
+    nk = _numba_kernels_for(xp, V, h, g)
+    if nk is not None:
+        return nk.hgrad(V, g, h=h)
     gm = g[..., None] if vector else g
     U, r = normalize_columns(V, xp)
     y = _reflect_sequence(U, hm, range(L - 1, -1, -1))

@@ -1,0 +1,322 @@
+"""The Numba kernels of the sequential Householder paths against the Array API (NumPy) path.
+
+Tolerances. Both paths apply the same L reflections one at a time, but the kernels use
+τ = 2/‖v‖² on the unnormalised columns (seed 002 Algorithm 2) and dot products with four
+partial sums, while the NumPy path normalises u = v/‖v‖ and applies y − 2u(uᵀy) with BLAS
+dot products. Each reflection then differs by a few ulps (the dot products' rounding grows
+only like √N·eps for random data), and the differences add over the L reflections. Measured
+on random data (N ≤ 512, both dtypes): max|Δy| ≤ 0.3·eps·L·‖h‖∞ and max|ΔV̄| ≤ 0.95·eps·L·
+max|V̄|; the bound is 5·eps·L·scale (5× the worst seen), while a wrong sign, a missing term
+or a skipped reflection is off by O(1). Where the two sides run
+the *same* operations in the same order (a column of a block vs that column alone,
+trapezoidal vs dense mode on a lower-trapezoidal V) the results are compared bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import get_backend
+from helpers import EPS, assert_vjp_matches_central_differences, product_of_reflections
+
+import householderla as hl
+from householderla import householder as hh
+
+nk = pytest.importorskip("householderla._numba_kernels")
+if not nk.HAVE_NUMBA:  # pragma: no cover - CI installs numba
+    pytest.skip("numba is not installed", allow_module_level=True)
+
+DTYPES = [np.float32, np.float64]
+
+
+@pytest.fixture
+def numpy_path(monkeypatch):
+    """Force householder_apply / householder_apply_vjp onto the pure NumPy path."""
+    monkeypatch.setenv("HL_DISABLE_NUMBA", "1")
+
+
+def _tol(dtype, N, L, scale):
+    return 5 * EPS[np.dtype(dtype).type] * max(L, 1) * max(scale, 1e-300)
+
+
+def _reference_apply(V, h, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setenv("HL_DISABLE_NUMBA", "1")
+        return hl.householder_apply(V, h)
+
+
+def _reference_vjp(V, h, g, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setenv("HL_DISABLE_NUMBA", "1")
+        return hl.vjp.householder_apply(V, h, g)
+
+
+CASES = [  # (V shape, h shape)
+    ((16, 5), (16,)),
+    ((16, 5), (16, 3)),
+    ((33, 33), (33, 4)),
+    ((3, 12, 4), (12, 2)),  # batched V, shared h
+    ((12, 4), (3, 12, 2)),  # shared V, batched h
+    ((2, 1, 9, 3), (1, 3, 9, 5)),  # genuine broadcasting of both
+    ((3, 9, 3), (9,)),  # batched V, one vector
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("vshape", "hshape"), CASES)
+def test_forward_matches_numpy_path(dtype, vshape, hshape, monkeypatch):
+    rng = np.random.default_rng(1)
+    V = rng.standard_normal(vshape).astype(dtype)
+    V[..., 1] = 0.0  # a zero column is the identity
+    h = rng.standard_normal(hshape).astype(dtype)
+    y = nk.hprod(V, h)
+    ref = _reference_apply(V, h, monkeypatch)
+    assert y.dtype == dtype and y.shape == ref.shape
+    N, L = vshape[-2:]
+    assert np.max(np.abs(y - ref)) <= _tol(dtype, N, L, np.max(np.abs(h)))
+    # the dispatch: householder_apply now runs the kernel, bit for bit
+    np.testing.assert_array_equal(hl.householder_apply(V, h), y)
+    # and it is the product of reflections (float64 oracle)
+    if dtype == np.float64 and len(vshape) == 2:
+        np.testing.assert_allclose(y, product_of_reflections(V) @ h, atol=1e-13)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("vshape", "hshape"), CASES)
+def test_vjp_matches_numpy_path(dtype, vshape, hshape, monkeypatch):
+    rng = np.random.default_rng(2)
+    V = rng.standard_normal(vshape).astype(dtype)
+    V[..., 1] = 0.0
+    h = rng.standard_normal(hshape).astype(dtype)
+    y = nk.hprod(V, h)
+    g = rng.standard_normal(y.shape).astype(dtype)
+    Vb, hb = nk.hgrad(V, g, h=h)
+    Vr, hr = _reference_vjp(V, h, g, monkeypatch)
+    assert Vb.shape == V.shape and hb.shape == h.shape
+    assert Vb.dtype == dtype and hb.dtype == dtype
+    N, L = vshape[-2:]
+    # V̄ sums over the batch entries V was broadcast along: scale the bound by their number
+    reps = y.size // (h.size if h.ndim > 1 else N) if len(vshape) == 2 else 1
+    assert np.max(np.abs(Vb - Vr)) <= reps * _tol(dtype, N, L, np.max(np.abs(Vr)))
+    assert np.max(np.abs(hb - hr)) <= reps * _tol(dtype, N, L, np.max(np.abs(hr)))
+    np.testing.assert_array_equal(Vb[..., 1], 0.0)  # zero column: zero gradient, never NaN
+    got = hl.vjp.householder_apply(V, h, g)  # the dispatch runs the kernel
+    np.testing.assert_array_equal(got[0], Vb)
+    np.testing.assert_array_equal(got[1], hb)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_vjp_from_output_equals_vjp_from_input(dtype):
+    """Seed 001 Algorithm 1's BP starts from the output C = y; recomputing y from h first
+    must give the same gradients (the forward replay is the same kernel)."""
+    rng = np.random.default_rng(3)
+    V = rng.standard_normal((20, 6)).astype(dtype)
+    h = rng.standard_normal((20, 3)).astype(dtype)
+    g = rng.standard_normal((20, 3)).astype(dtype)
+    a = nk.hgrad(V, g, h=h)
+    b = nk.hgrad(V, g, y=nk.hprod(V, h))
+    np.testing.assert_array_equal(a[0], b[0])
+    np.testing.assert_array_equal(a[1], b[1])
+    with pytest.raises(ValueError, match="exactly one of h"):
+        nk.hgrad(V, g)
+    with pytest.raises(ValueError, match="g must have the shape"):
+        nk.hgrad(V, g[:, :2], h=h)
+
+
+@pytest.mark.parametrize("batch", [(), (2,)])
+def test_vjp_dot_product_test(batch):
+    """The dispatched VJP (Numba kernel) against central differences, float64."""
+    bk = get_backend("numpy")
+    rng = np.random.default_rng(4)
+    V = rng.standard_normal((*batch, 7, 4))
+    V[..., 2] = 0.0
+    h = rng.standard_normal((7, 3))
+
+    def freeze(dirs):
+        dirs[0][..., 2] = 0.0
+
+    grads = assert_vjp_matches_central_differences(
+        bk, hl.householder_apply, hl.vjp.householder_apply, [V, h], rng, freeze
+    )
+    np.testing.assert_array_equal(grads[0][..., 2], 0.0)
+
+
+def test_trapezoidal_vjp_dot_product_test():
+    """Trapezoidal mode: the gradient with respect to the entries on and below the diagonal
+    (the only parameters in oRNN's layout), by central differences along such directions."""
+    rng = np.random.default_rng(5)
+    V = np.tril(rng.standard_normal((8, 5)))
+    h, g = rng.standard_normal(8), rng.standard_normal(8)
+    Vb, hb = nk.hgrad(V, g, h=h, trapezoidal=True)
+    np.testing.assert_array_equal(np.triu(Vb, 1), 0.0)
+    dV, dh, eps = np.tril(rng.standard_normal(V.shape)), rng.standard_normal(8), 1e-6
+
+    def f(V, h):
+        return g @ nk.hprod(V, h, trapezoidal=True)
+
+    fd = (f(V + eps * dV, h + eps * dh) - f(V - eps * dV, h - eps * dh)) / (2 * eps)
+    an = np.sum(Vb * dV) + hb @ dh
+    assert abs(fd - an) <= 1e-7 * (np.linalg.norm(Vb) * np.linalg.norm(dV) + 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("transpose", [False, True])
+def test_trapezoidal_equals_dense_and_columns_equal_blocks(dtype, transpose):
+    """Same operations in the same order, bit for bit: trapezoidal mode skips only exact
+    zeros, and every dot product groups rows by index mod 4 whatever the block width."""
+    rng = np.random.default_rng(6)
+    for n, L in [(9, 9), (13, 5), (17, 16)]:
+        V = np.tril(rng.standard_normal((n, L))).astype(dtype)
+        V[:, L // 2] = 0.0
+        H = rng.standard_normal((n, 4)).astype(dtype)
+        dense = nk.hprod(V, H, transpose=transpose)
+        np.testing.assert_array_equal(nk.hprod(V, H, trapezoidal=True, transpose=transpose), dense)
+        for j in range(4):
+            np.testing.assert_array_equal(nk.hprod(V, H[:, j], transpose=transpose), dense[:, j])
+        G = rng.standard_normal((n, 4)).astype(dtype)
+        Vb, hb = nk.hgrad(V, G, h=H, transpose=transpose)
+        Vt, ht = nk.hgrad(V, G, h=H, trapezoidal=True, transpose=transpose)
+        np.testing.assert_array_equal(Vt, np.tril(Vb))
+        np.testing.assert_array_equal(ht, hb)
+
+
+def test_trapezoidal_never_reads_above_the_diagonal():
+    """LAPACK-style packed storage: whatever sits above the diagonal (here NaN) is ignored."""
+    rng = np.random.default_rng(7)
+    V = np.tril(rng.standard_normal((10, 6)))
+    packed = V + np.triu(np.full(V.shape, np.nan), 1)
+    h = rng.standard_normal((10, 2))
+    np.testing.assert_array_equal(nk.hprod(packed, h, trapezoidal=True), nk.hprod(V, h))
+    Vb, hb = nk.hgrad(packed, h, h=h, trapezoidal=True)
+    assert np.all(np.isfinite(Vb)) and np.all(np.isfinite(hb))
+
+
+def test_transpose_is_the_inverse_and_apply_sequential():
+    rng = np.random.default_rng(8)
+    V = rng.standard_normal((11, 7))
+    h = rng.standard_normal((11, 2))
+    Q = product_of_reflections(V)
+    np.testing.assert_allclose(nk.hprod(V, h, transpose=True), Q.T @ h, atol=1e-13)
+    np.testing.assert_allclose(hh.apply_sequential(V, h), Q @ h, atol=1e-13)
+    np.testing.assert_allclose(hh.apply_sequential(V, h, transpose=True), Q.T @ h, atol=1e-13)
+
+
+def test_apply_sequential_without_numba_uses_numpy(monkeypatch):
+    rng = np.random.default_rng(9)
+    V, h = rng.standard_normal((6, 3)), rng.standard_normal(6)
+    fast = hh.apply_sequential(V, h, transpose=True)
+    monkeypatch.setenv("HL_DISABLE_NUMBA", "1")
+    assert not hh.sequential_is_faster(8, 2, 1, np.float64)
+    np.testing.assert_allclose(hh.apply_sequential(V, h, transpose=True), fast, atol=1e-14)
+
+
+def test_sequential_is_faster_rule():
+    """The crossover constants: tiny shapes go sequential, large ones to CWY."""
+    assert hh.sequential_is_faster(128, 16, 1, np.float64)
+    assert not hh.sequential_is_faster(1024, 256, 64, np.float64)
+    assert not hh.sequential_is_faster(512, 512, 64, np.float32, precomputed=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_readonly_noncontiguous_inputs_and_fresh_outputs(dtype):
+    rng = np.random.default_rng(10)
+    base = rng.standard_normal((6, 14)).astype(dtype)
+    V = base.T[:, ::2]  # (14, 3), transposed and strided
+    h = rng.standard_normal((3, 14)).astype(dtype).T  # (14, 3), F-ordered
+    g = rng.standard_normal((14, 3)).astype(dtype)[:, ::-1]
+    for a in (base, h, g):
+        a.flags.writeable = False
+    copies = [a.copy() for a in (V, h, g)]
+    y = nk.hprod(V, h)
+    Vb, hb = nk.hgrad(V, g, h=h)
+    for a, c in zip((V, h, g), copies, strict=True):
+        np.testing.assert_array_equal(a, c)  # inputs untouched
+    for out in (y, Vb, hb):  # freshly allocated (possibly a reshaped view of a new buffer)
+        assert out.flags.writeable
+        assert not any(np.shares_memory(out, a) for a in (base, h, g))
+    Vc, hc = np.ascontiguousarray(V), np.ascontiguousarray(h)
+    np.testing.assert_array_equal(y, nk.hprod(Vc, hc))  # layout does not change the result
+    y1 = hl.householder_apply(V, h[:, 0])
+    assert y1.flags.writeable and not np.shares_memory(y1, h)
+
+
+def test_mixed_dtypes_promote_like_numpy():
+    rng = np.random.default_rng(11)
+    V = rng.standard_normal((5, 2)).astype(np.float32)
+    h = rng.standard_normal(5)
+    y = hl.householder_apply(V, h)
+    assert y.dtype == np.float64
+    with pytest.raises(TypeError, match="float32 or float64"):
+        nk.hprod(V.astype(np.float16), h.astype(np.float16))
+
+
+def test_extreme_scales_are_rescaled_exactly():
+    """H(cv) = H(v): columns whose ‖v‖² would overflow or underflow are rescaled by powers of
+    two first; the gradient scales back as 1/c (H is homogeneous of degree 0)."""
+    rng = np.random.default_rng(12)
+    V, h = rng.standard_normal((9, 4)), rng.standard_normal((9, 2))
+    g = rng.standard_normal((9, 2))
+    y = nk.hprod(V, h)
+    Vb, hb = nk.hgrad(V, g, h=h)
+    for c in (1e-200, 1e-160, 1e160, 1e250):
+        np.testing.assert_allclose(nk.hprod(c * V, h), y, atol=1e-14)
+        Vc, hc = nk.hgrad(c * V, g, h=h)
+        np.testing.assert_allclose(c * Vc, Vb, atol=1e-13)
+        np.testing.assert_allclose(hc, hb, atol=1e-14)
+    V32 = V.astype(np.float32)
+    for c in (1e-25, 1e25):
+        np.testing.assert_allclose(
+            nk.hprod(np.float32(c) * V32, h.astype(np.float32)),
+            nk.hprod(V32, h.astype(np.float32)),
+            atol=1e-5,
+        )
+
+
+def test_nan_matches_numpy_path(monkeypatch):
+    """Forward: NaN/Inf in V raise the NumPy path's ValueError; NaN in h propagates. VJP: NaN
+    propagates (neither path checks there)."""
+    rng = np.random.default_rng(13)
+    V, h = rng.standard_normal((6, 3)), rng.standard_normal(6)
+    Vn = V.copy()
+    Vn[2, 1] = np.nan
+    with pytest.raises(ValueError, match=r"V contains NaN or Inf \(in column\(s\) \[1\]\)"):
+        hl.householder_apply(Vn, h)
+    with monkeypatch.context() as m:
+        m.setenv("HL_DISABLE_NUMBA", "1")
+        with pytest.raises(ValueError, match=r"V contains NaN or Inf \(in column\(s\) \[1\]\)"):
+            hl.householder_apply(Vn, h)
+    hn = h.copy()
+    hn[0] = np.nan
+    y = hl.householder_apply(V, hn)
+    assert np.array_equal(np.isnan(y), np.isnan(_reference_apply(V, hn, monkeypatch)))
+    Vb, hb = hl.vjp.householder_apply(Vn, h, h)
+    Vr, hr = _reference_vjp(Vn, h, h, monkeypatch)
+    assert np.isnan(Vb).any() and np.isnan(Vr).any()
+    assert np.isnan(hb).all() == np.isnan(hr).all()
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        nk.hgrad(Vn, h, h=h, check=True)
+
+
+def test_empty_and_identity_shapes():
+    V = np.zeros((4, 0))
+    h = np.arange(4.0)
+    np.testing.assert_array_equal(nk.hprod(V, h), h)
+    np.testing.assert_array_equal(nk.hprod(np.zeros((4, 2)), h), h)  # H(0) = I
+    Vb, hb = nk.hgrad(np.zeros((4, 2)), h, h=h)
+    np.testing.assert_array_equal(Vb, 0.0)
+    np.testing.assert_array_equal(hb, h)
+    assert nk.hprod(np.ones((0, 4, 2)), np.ones((4, 3))).shape == (0, 4, 3)
+    with pytest.raises(ValueError, match="L <= N"):
+        nk.hprod(np.ones((2, 3)), np.ones(2))
+    with pytest.raises(ValueError, match="h must have shape"):
+        nk.hprod(np.ones((3, 2)), np.ones(4))
+
+
+def test_disable_env_var_and_namespace_dispatch(monkeypatch):
+    assert hh._numba_kernels_for(hh._numpy_namespace(), np.ones(2)) is nk
+    monkeypatch.setenv("HL_DISABLE_NUMBA", "1")
+    assert hh._numba_kernels_for(hh._numpy_namespace(), np.ones(2)) is None
+    monkeypatch.setenv("HL_DISABLE_NUMBA", "0")
+    assert hh._numba_kernels_for(hh._numpy_namespace(), np.ones(2)) is nk
+    xps = pytest.importorskip("array_api_strict")
+    assert hh._numba_kernels_for(xps, xps.ones(2)) is None  # other namespaces: unchanged
