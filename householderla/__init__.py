@@ -1,8 +1,10 @@
 """householderla: orthogonal and Stiefel matrices by Householder reflections.
 
-Compact WY (CWY) and truncated CWY (T-CWY) operators, sequential Householder products,
-their constructive inverses, and explicit VJPs of every differentiable map, written once
-against the Python Array API standard (NumPy, torch, JAX, array-api-strict, CuPy, ...).
+Compact WY (CWY) and truncated CWY (T-CWY) operators, the oRNN structured parametrization
+and the SVD-Householder (svdRNN) map, sequential Householder products (Numba kernels on
+NumPy), their constructive inverses, retractions, momentum Stiefel optimizers, and explicit
+VJPs of every differentiable map, written once against the Python Array API standard (NumPy,
+torch, JAX, array-api-strict, CuPy, ...).
 
 The framework adapters ``householderla.torch`` and ``householderla.jax`` are imported on
 first access, never by ``import householderla``.
@@ -21,6 +23,7 @@ from .householder import (
     householder_vectors,
     tcwy_vectors,
 )
+from .ornn import ornn, ornn_params
 from .retractions import (
     cayley_retraction,
     polar,
@@ -28,23 +31,30 @@ from .retractions import (
     qr_retraction,
     riemannian_gradient,
 )
+from .svd import SVDHouseholder, bounded_sigma, svd_householder, svd_householder_params
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CWY",
     "TCWY",
+    "SVDHouseholder",
     "__version__",
+    "bounded_sigma",
     "cayley_retraction",
     "cwy",
     "householder_apply",
     "householder_product",
     "householder_vectors",
+    "ornn",
+    "ornn_params",
     "polar",
     "polar_retraction",
     "qr_retraction",
     "riemannian_gradient",
     "stiefel",
+    "svd_householder",
+    "svd_householder_params",
     "tcwy",
     "tcwy_vectors",
     "vjp",

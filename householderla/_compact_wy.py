@@ -232,19 +232,48 @@ def is_lower_trapezoidal(V: Any, xp: Any) -> bool:
     return is_eager(V) and bool(xp.all(xp.triu(V, k=1) == 0))
 
 
+def _s_from_gram(G: Any, d: Any, xp: Any) -> tuple[Any, Any]:
+    """(S, nonzero): S = striu(G) + ½ diag(G) with S_kk = 1 where d_k = G_kk = 0."""
+    L = G.shape[-1]
+    eye = eye_like(xp, L, G.dtype, device_of(G))
+    nonzero = d > 0
+    diag = xp.where(nonzero, 0.5 * d, xp.ones_like(d))
+    return xp.triu(G, k=1) + eye * diag[..., None, :], nonzero
+
+
+def _norm_range(dtype: Any, xp: Any) -> tuple[float, float]:
+    """Safe range of ‖v‖² for the unnormalised Gram: squares and their sums of up to 2^100
+    terms stay normal and finite (float64: 2^±900; float32: 2^±100)."""
+    e = 900.0 if dtype == xp.float64 else 100.0
+    return 2.0**-e, 2.0**e
+
+
 def _unnormalized_s(V: Any, xp: Any) -> tuple[Any, Any]:
     """(V, S) with H(v₁)…H(v_L) = I − V S⁻¹ Vᵀ, S = striu(VᵀV) + ½ diag(VᵀV) (seed 001
     Proposition 1): no normalisation, so no rounding of the given vectors. Zero columns get
-    S_kk = 1 and are zeroed, giving H(0) = I. N·L² flops (syrk on a single NumPy matrix)."""
+    S_kk = 1 and are zeroed, giving H(0) = I. N·L² flops (syrk on a single NumPy matrix).
+
+    ‖v_k‖² is read from the diagonal of the same Gram product as the off-diagonal entries:
+    consistent rounding of τ_k and of the v_iᵀv_j keeps Q orthogonal (a separate sum(V*V)
+    gave 1.07e-13 instead of 7.6e-14 at N = 1024). H(cv) = H(v) for c ≠ 0, so a column whose
+    ‖v‖² would under- or overflow (‖v‖ outside ~2^±450 in float64) is first multiplied by a
+    power of two, 2^−⌊log₂ max|v|⌋, which is exact; that costs one more pass and Gram, and
+    only happens for such columns. Eager arrays only (the check is data dependent).
+    """
     G = gram_upper(V, xp)
-    L = V.shape[-1]
-    eye = eye_like(xp, L, V.dtype, device_of(V))
-    # ‖v_k‖² from the same GEMM as the off-diagonal entries: consistent rounding of τ_k and
-    # of the v_iᵀv_j keeps Q orthogonal (a separate sum(V*V) gave 1.07e-13 instead of 7.6e-14)
-    d = xp.sum(G * eye, axis=-1)  # (..., L)
-    nonzero = d > 0
-    diag = xp.where(nonzero, 0.5 * d, xp.ones_like(d))
-    S = xp.triu(G, k=1) + eye * diag[..., None, :]
+    d = xp.linalg.diagonal(G)  # (..., L)
+    lo, hi = _norm_range(V.dtype, xp)
+    in_range = (d >= lo) & (d <= hi)
+    if not bool(xp.all(in_range)):
+        colmax = xp.max(xp.abs(V), axis=-2, keepdims=True)  # (..., 1, L)
+        bad = (colmax > 0) & ~in_range[..., None, :]
+        if bool(xp.any(bad)):
+            e = -xp.floor(xp.log2(xp.where(bad, colmax, xp.ones_like(colmax))))
+            half = xp.floor(e / 2)  # two exact steps: 2^1074 (subnormal columns) overflows
+            V = (V * 2.0**half) * 2.0 ** (e - half)
+            G = gram_upper(V, xp)
+            d = xp.linalg.diagonal(G)
+    S, nonzero = _s_from_gram(G, d, xp)
     return _where0(xp, nonzero[..., None, :], V), S
 
 

@@ -6,6 +6,10 @@ columns of H(v₁)…H(v_M) (seed 000 Theorem 3). Both are operators: the factor
 are computed once, on the operator's first product (N·L² + L³/3 flops), and every ``@``
 costs two GEMMs and one small L×L product; the N×N (or N×M) matrix is formed only by ``.matrix()``.
 
+Lower-trapezoidal V (column j zero above row j: LAPACK's and oRNN's layout, seed 001 eq. 9)
+is exploited by ``.matrix()`` (orgqr-style blocking) and by ``@`` (blocked products that skip
+the zeros, :mod:`householderla._structured`); ``structure=`` declares, detects or disables it.
+
 With torch tensors that require grad, and always with JAX arrays, building and applying the
 operator goes through :mod:`householderla.vjp`'s explicit backward passes (lazily imported
 adapters, never autodiff through our internals).
@@ -18,8 +22,15 @@ from typing import Any
 import array_api_compat as aac
 
 from . import _compact_wy as K
+from . import _structured as S
+from ._dask import dask_matmul, dask_rmatmul, is_dask_array
 from ._lib.namespace import device_of, is_eager, mT, resolve
-from .householder import _check_reflectors, as_matrix_operand
+from .householder import (
+    _check_reflectors,
+    apply_sequential,
+    as_matrix_operand,
+    sequential_is_faster,
+)
 
 __all__ = ["CWY", "TCWY", "cwy", "tcwy"]
 
@@ -51,7 +62,20 @@ def _factors(V: Any, xp: Any) -> tuple[Any, Any]:
     return U, T
 
 
-def _lowrank(U: Any, T: Any, h: Any, xp: Any, transpose: bool, mode: str) -> Any:
+STRUCTURES = ("auto", "trapezoidal", "dense")
+
+
+def _check_structure(structure: Any) -> str:
+    if not (isinstance(structure, str) and structure in STRUCTURES):
+        raise ValueError(
+            f"structure must be one of 'auto', 'trapezoidal', 'dense'; got {structure!r}"
+        )
+    return structure
+
+
+def _lowrank(
+    U: Any, T: Any, h: Any, xp: Any, transpose: bool, mode: str, structured: bool = False
+) -> Any:
     if aac.is_jax_namespace(xp):
         from ._autodiff_jax import lowrank_apply, lowrank_matrix
 
@@ -62,6 +86,8 @@ def _lowrank(U: Any, T: Any, h: Any, xp: Any, transpose: bool, mode: str) -> Any
         from ._autodiff_torch import LowRankApply
 
         return LowRankApply.apply(U, T, h, transpose, mode)
+    if structured and h is not None:
+        return S.lowrank_apply(U, T, h, xp, transpose=transpose, mode=mode)
     return K.lowrank_apply(U, T, h, xp, transpose=transpose, mode=mode)
 
 
@@ -70,13 +96,25 @@ class _Factors:
 
     ``cwy(V).matrix()`` for lower-trapezoidal V never needs them. With torch, factors cached
     without a graph (first used under ``no_grad``) are rebuilt when a later use needs one.
+    Also holds the ``structure`` of V and, for "auto", the result of detecting it (once).
     """
 
-    __slots__ = ("T", "U", "V", "xp")
+    __slots__ = ("T", "U", "V", "_trapezoidal", "sequential_used", "structure", "xp")
 
-    def __init__(self, V: Any, xp: Any) -> None:
-        self.V, self.xp = V, xp
+    def __init__(self, V: Any, xp: Any, structure: str = "auto") -> None:
+        self.V, self.xp, self.structure = V, xp, structure
         self.U = self.T = None
+        self._trapezoidal: bool | None = None
+        self.sequential_used = False
+
+    def trapezoidal(self) -> bool:
+        """Whether V is lower trapezoidal: declared ("trapezoidal"), excluded ("dense"), or
+        detected once on eager arrays ("auto": one N·L comparison; never on lazy arrays)."""
+        if self.structure != "auto":
+            return self.structure == "trapezoidal"
+        if self._trapezoidal is None:
+            self._trapezoidal = K.is_lower_trapezoidal(self.V, self.xp)
+        return self._trapezoidal
 
     def get(self) -> tuple[Any, Any]:
         stale = self.U is None or (
@@ -97,11 +135,18 @@ class _CompactWY:
     # make ``ndarray @ op`` defer to ``op.__rmatmul__`` instead of treating op as a scalar
     __array_ufunc__ = None
 
-    def __init__(self, V: Any, xp: Any, transposed: bool = False, factors: Any = None) -> None:
+    def __init__(
+        self,
+        V: Any,
+        xp: Any,
+        transposed: bool = False,
+        factors: Any = None,
+        structure: str = "auto",
+    ) -> None:
         self._V = V  # the given vectors, resolved but never copied or written
         self._xp = xp
         self._transposed = transposed
-        self._factors = _Factors(V, xp) if factors is None else factors
+        self._factors = _Factors(V, xp, structure) if factors is None else factors
 
     # -- array-like metadata -------------------------------------------------------------
     @property
@@ -179,18 +224,60 @@ class _CompactWY:
         return h
 
     def __matmul__(self, h: Any) -> Any:
-        """``self @ h`` with ``matmul`` semantics: h (K,) or (..., K, B), K = cols."""
+        """``self @ h`` with ``matmul`` semantics: h (K,) or (..., K, B), K = cols.
+
+        A Dask array ``h`` gives a lazy Dask array computed chunk by chunk
+        (:mod:`householderla._dask`). On NumPy, the first product of an operator whose
+        factors are not built yet may run the reflections one at a time (Numba kernel) when
+        :func:`~householderla.householder.sequential_is_faster` says so for its shape; later
+        products build and reuse U, T.
+        """
         xp = self._xp
+        if is_dask_array(h):
+            return dask_matmul(self, h)
         h = self._operand(h)
+        y = self._first_product_sequential(h)
+        if y is not None:
+            return y
         U, T = self._U, self._T
         if U.dtype != h.dtype:
             U, T = xp.astype(U, h.dtype), xp.astype(T, h.dtype)
         hm, vector = as_matrix_operand(h, self._n_rows_cols[1])
-        y = _lowrank(U, T, hm, xp, self._transposed, self._mode)
+        structured = self._use_structured(hm.shape[-1])
+        y = _lowrank(U, T, hm, xp, self._transposed, self._mode, structured)
         return y[..., 0] if vector else y
+
+    @property
+    def structure(self) -> str:
+        """The ``structure`` given to :func:`cwy` / :func:`tcwy`: auto, trapezoidal or dense."""
+        return self._factors.structure
+
+    def _use_structured(self, B: int) -> bool:
+        """Blocked trapezoidal products for ``@`` with B right-hand sides: V lower trapezoidal
+        and a shape where they were measured faster (``_structured.use_structured``)."""
+        N, L = self._V.shape[-2], self._V.shape[-1]
+        return S.use_structured(N, L, B) and self._factors.trapezoidal()
+
+    def _first_product_sequential(self, h: Any) -> Any:
+        """Q h by sequential reflections (Numba) for the operator's first NumPy product when
+        the measured crossover favours it over building U, T; None otherwise."""
+        f = self._factors
+        if f.U is not None or f.sequential_used or self._mode != "square":
+            return None
+        if not aac.is_numpy_namespace(self._xp):
+            return None
+        N, L = self._V.shape[-2], self._V.shape[-1]
+        B = 1 if h.ndim == 1 else h.shape[-1]
+        if not sequential_is_faster(N, L, B, h.dtype):
+            return None
+        f.sequential_used = True  # the next product builds the factors and reuses them
+        V = self._V if self._V.dtype == h.dtype else self._xp.astype(self._V, h.dtype)
+        return apply_sequential(V, h, transpose=self._transposed, xp=self._xp)
 
     def __rmatmul__(self, h: Any) -> Any:
         """``h @ self`` = (selfᵀ @ hᵀ)ᵀ; h (K,) or (..., B, K), K = rows."""
+        if is_dask_array(h):
+            return dask_rmatmul(self, h)
         h = self._operand(h)
         if h.ndim == 1:
             return self.T @ h
@@ -203,8 +290,9 @@ class _CompactWY:
             raise ValueError(f"h must have shape (..., {self._n_rows_cols[1]}); got a scalar")
         return (self @ h[..., None])[..., 0]
 
-    def _structured_dense(self) -> Any:
-        """orgqr-style dense matrix when V is lower trapezoidal and no autodiff follows."""
+    def _direct_dense(self) -> Any:
+        """The dense matrix straight from V when no autodiff follows (NumPy/CuPy/torch):
+        orgqr-style for lower-trapezoidal V, else the one-shot I − V S⁻¹ Vᵀ."""
         xp, V = self._xp, self._V
         if V is None or not (
             aac.is_numpy_namespace(xp)
@@ -212,10 +300,10 @@ class _CompactWY:
             or (aac.is_torch_namespace(xp) and not _torch_needs_grad(V))
         ):
             return None
-        if not K.is_lower_trapezoidal(V, xp):
-            return None
         ncols = None if self._mode_forward == "square" else V.shape[-1]
-        return K.structured_matrix(V, xp, ncols)
+        if self._factors.trapezoidal():
+            return K.structured_matrix(V, xp, ncols)
+        return K.dense_matrix(V, xp, ncols)
 
     def matrix(self) -> Any:
         """The dense matrix, shape ``self.shape``.
@@ -223,11 +311,14 @@ class _CompactWY:
         Lower-trapezoidal V (LAPACK's layout, and what :func:`householder_vectors` returns)
         on NumPy/torch/CuPy without autodiff: blocked like LAPACK orgqr on the trailing
         submatrices (:func:`~householderla._compact_wy.structured_matrix`, 4N³/3 flops for
-        L = N, float64 ‖QᵀQ − I‖ at orgqr's level). Otherwise the one-shot I − U (T Uᵀ)
-        (2·N²·L flops for CWY, 2·N·M² for T-CWY). float32 input is formed in float64 on CPU.
+        L = N, float64 ‖QᵀQ − I‖ at orgqr's level); any other V there: the one-shot
+        I − V S⁻¹ Vᵀ with unnormalised factors (:func:`~householderla._compact_wy.dense_matrix`:
+        syrk, one triangular solve, one GEMM). With autodiff or on other namespaces:
+        I − U (T Uᵀ) through the differentiable factors (2·N²·L flops for CWY, 2·N·M² for
+        T-CWY). float32 input is formed in float64 on CPU.
         """
         mode = self._mode_forward
-        dense = self._structured_dense()
+        dense = self._direct_dense()
         if dense is not None:
             return mT(dense) if self._transposed else dense
         out = _lowrank(self._U, self._T, None, self._xp, False, mode)
@@ -251,7 +342,7 @@ class TCWY(_CompactWY):
     _mode_transpose = "project"
 
 
-def cwy(V: Any, *, xp: Any = None) -> CWY:
+def cwy(V: Any, *, structure: str = "auto", xp: Any = None) -> CWY:
     """The orthogonal operator Q = H(v₁)…H(v_L) in compact WY form.
 
     Parameters
@@ -259,6 +350,13 @@ def cwy(V: Any, *, xp: Any = None) -> CWY:
     V : array, shape (..., N, L), L ≤ N
         Reflection vectors as columns; H(0) = I (seed 002 eq. 1). Integer input is promoted to
         the namespace's default float (float64 for NumPy, float32 for torch).
+    structure : {"auto", "trapezoidal", "dense"}, default "auto"
+        Whether V is lower trapezoidal (V[i, j] = 0 for i < j, seed 001 eq. 9), which
+        ``.matrix()`` and ``@`` exploit. "auto" detects it on eager arrays (one N·L
+        comparison, once per operator; never on JAX tracers or other lazy arrays, which are
+        then treated as dense). "trapezoidal" declares it without any check (jit-friendly):
+        the entries above the diagonal are *ignored*, i.e. the operator is built from
+        tril(V), whatever they hold (also NaN). "dense" never uses the structure.
     xp : namespace, optional
         Array namespace to use instead of the one inferred from ``V``.
 
@@ -276,6 +374,14 @@ def cwy(V: Any, *, xp: Any = None) -> CWY:
     bounded for any reflectors (diagonal 2, off-diagonal entries
     T_ij = −4 u_iᵀ H(u_{i+1})…H(u_{j−1}) u_j of modulus ≤ 4).
 
+    For lower-trapezoidal V, ``Q @ h`` skips the zeros by blocked GEMMs,
+    4·N·L·B − L²·B + 3·L²·B/k flops with k ≤ 8 column blocks (seed 001 Table 2: (4n − m)m
+    per vector), where measured faster (L ≥ 256 and L ≥ N/2; for B < 16 right-hand sides
+    L ≥ 3N/4 and L ≥ 512), on the paths without autodiff wiring (NumPy, array-api-strict,
+    CuPy, torch without grad); JAX and torch with grad use the dense products, with the same
+    values. ``.matrix()`` is blocked like LAPACK orgqr
+    (4N³/3 flops for L = N) on NumPy, CuPy and torch without grad.
+
     Examples
     --------
     >>> import numpy as np, householderla as hl
@@ -288,19 +394,36 @@ def cwy(V: Any, *, xp: Any = None) -> CWY:
     >>> bool(np.allclose(Q.T @ (Q @ h), h))
     True
     """
+    return CWY(*_prepare(V, structure, xp))
+
+
+def _prepare(V: Any, structure: Any, xp: Any) -> tuple[Any, Any, bool, None, str]:
+    """Resolved, validated V (tril(V) for "trapezoidal") and the operator's arguments."""
     xp, _, _, (V,) = resolve([("V", V)], xp)
     _check_reflectors(V)
+    structure = _check_structure(structure)
+    if structure == "trapezoidal":
+        V = xp.tril(V)
     _check_finite(V, xp)
-    return CWY(V, xp)
+    return V, xp, False, None, structure
 
 
-def tcwy(V: Any, *, xp: Any = None) -> TCWY:
+def tcwy(V: Any, *, structure: str = "auto", xp: Any = None) -> TCWY:
     """The Stiefel matrix Ω = γ_{N,M}(V) (truncated CWY) as an operator.
 
     Parameters
     ----------
     V : array, shape (..., N, M), M ≤ N
         Reflection vectors as columns.
+    structure : {"auto", "trapezoidal", "dense"}, default "auto"
+        Whether V is lower trapezoidal (V[i, j] = 0 for i < j, seed 001 eq. 9), which
+        ``.matrix()`` and ``@`` exploit. "auto" detects it on eager arrays (one N·L
+        comparison, once per operator; never on JAX tracers or other lazy arrays, which are
+        then treated as dense). "trapezoidal" declares it without any check (jit-friendly):
+        the entries above the diagonal are *ignored*, i.e. the operator is built from
+        tril(V), whatever they hold (also NaN). "dense" never uses the structure.
+    xp : namespace, optional
+        Array namespace to use instead of the one inferred from ``V``.
 
     Returns
     -------
@@ -313,6 +436,8 @@ def tcwy(V: Any, *, xp: Any = None) -> TCWY:
     Ω = [I_M; 0] − U S⁻¹ U₁ᵀ with U₁ the top M×M block of U: the first M columns of
     H(v₁)…H(v_M), a surjection onto St(N, M) (seed 000 Theorem 3). Building costs
     N·M² + M³/3 flops, ``Ω @ x`` 2·M²·B + 2·N·M·B + M²·B, ``.matrix()`` 2·N·M².
+    Lower-trapezoidal V (what :func:`tcwy_vectors` returns) uses the blocked products of
+    :func:`cwy` for ``@`` under the same conditions (U₁ is then lower triangular).
 
     Examples
     --------
@@ -321,7 +446,4 @@ def tcwy(V: Any, *, xp: Any = None) -> TCWY:
     >>> bool(np.allclose(Om.T @ Om, np.eye(2)))
     True
     """
-    xp, _, _, (V,) = resolve([("V", V)], xp)
-    _check_reflectors(V)
-    _check_finite(V, xp)
-    return TCWY(V, xp)
+    return TCWY(*_prepare(V, structure, xp))

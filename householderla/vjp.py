@@ -17,6 +17,11 @@ function                                   map
 ``householder_apply(V, h, g)``             (V, h) ↦ householder_apply(V, h)
 ``householder_product(V, G)``              V ↦ householder_product(V)
 ``cwy_factors(V, U_bar, T_bar)``           V ↦ (U, T = S⁻¹), the factors every operator holds
+``ornn_apply(U, sign, h, g)``              (U, h) ↦ ornn(U, sign) @ h (U: lower trapezoid)
+``ornn_matrix(U, sign, G)``                U ↦ ornn(U, sign).matrix()
+``svd_householder_apply(Uv, s, Vv, x, g)`` (Uv, s, Vv, x) ↦ svd_householder(Uv, s, Vv) @ x
+``svd_householder_matrix(Uv, s, Vv, G)``   (Uv, s, Vv) ↦ svd_householder(Uv, s, Vv).matrix()
+``bounded_sigma(s_hat, c, r, g)``          ŝ ↦ 2r(sigmoid(ŝ) − ½) + c
 ``polar(X, G)``                            X ↦ polar(X) = X (XᵀX)^{-1/2}
 ``polar_retraction(X, Z, step, Ybar)``     (X, Z, step) ↦ polar(X + step·Z)
 ``cayley_retraction(X, G, step, Ybar)``    (X, G, step) ↦ Cayley(step·A) X (SMW; ``metric=``)
@@ -38,8 +43,14 @@ from ._lib.linalg import eye_like
 from ._lib.namespace import accumulation_dtype_for, is_eager, resolve
 from ._newton_schulz import jit_for
 from .householder import _check_reflectors, as_matrix_operand, householder_apply_vjp
+from .ornn import ornn_apply_vjp as ornn_apply
+from .ornn import ornn_matrix_vjp as ornn_matrix
+from .svd import bounded_sigma_vjp as bounded_sigma
+from .svd import svd_householder_apply_vjp as svd_householder_apply
+from .svd import svd_householder_matrix_vjp as svd_householder_matrix
 
 __all__ = [
+    "bounded_sigma",
     "cayley_retraction",
     "cwy_apply",
     "cwy_factors",
@@ -47,9 +58,13 @@ __all__ = [
     "cwy_transpose_apply",
     "householder_apply",
     "householder_product",
+    "ornn_apply",
+    "ornn_matrix",
     "polar",
     "polar_retraction",
     "qr_retraction",
+    "svd_householder_apply",
+    "svd_householder_matrix",
     "tcwy_apply",
     "tcwy_matrix",
     "tcwy_transpose_apply",

@@ -117,3 +117,31 @@ def test_device_mismatch_is_reported(bk_eager):
     bk = bk_eager
     Q = hl.cwy(bk.asarray(np.ones((3, 2))))
     assert to_numpy(Q @ bk.asarray(np.ones(3))).shape == (3,)
+
+
+def test_zero_reflectors_is_the_identity(bk):
+    """L = 0 reflectors: Q = I (the empty product) on every backend; LAPACK's trtri rejects
+    n = 0 and the recursive inverse must not recurse forever."""
+    h = np.arange(6.0).reshape(3, 2)
+    y, Q = bk.call(
+        lambda V, h: (hl.cwy(V) @ h, hl.cwy(V).matrix()),
+        bk.asarray(np.zeros((3, 0))),
+        bk.asarray(h),
+    )
+    np.testing.assert_array_equal(to_numpy(y), h)
+    np.testing.assert_array_equal(to_numpy(Q), np.eye(3))
+
+
+def test_jax_grad_mixing_tracers_and_concrete_arrays():
+    """jax.grad over V only: h stays a concrete array on a device while V is a tracer (device
+    unknown); resolve must not call that a device mismatch."""
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)  # as the bk fixture does: float64 tolerances
+    jnp = jax.numpy
+    rng = np.random.default_rng(0)
+    V, h = jnp.asarray(rng.standard_normal((5, 3))), jnp.asarray(rng.standard_normal((5, 2)))
+    g = jax.grad(lambda V, h: jnp.sum(hl.householder_apply(V, h) ** 2))(V, h)
+    # ‖Q h‖ = ‖h‖ for every V: the gradient with respect to V is zero (to rounding)
+    assert float(jnp.max(jnp.abs(g))) <= 1e-12
+    g2 = jax.grad(lambda V, h: jnp.sum(hl.cwy(V) @ h))(V, h)
+    assert g2.shape == V.shape and bool(jnp.all(jnp.isfinite(g2)))

@@ -42,6 +42,8 @@ def inv_upper_triangular(S: Any, xp: Any) -> Any:
     :func:`inv_upper_triangular_recursive`.
     """
     n = S.shape[-1]
+    if n == 0:  # no reflectors: the empty inverse (LAPACK rejects n = 0)
+        return S
     eye = eye_like(xp, n, S.dtype, device_of(S), tuple(S.shape[:-2]))
     if aac.is_numpy_namespace(xp):
         import numpy as np
@@ -120,6 +122,8 @@ def inv_upper_triangular_recursive(S: Any, xp: Any) -> Any:
     The nilpotent power series is avoided: its terms overflow for large L.
     """
     n = S.shape[-1]
+    if n == 0:
+        return S
     if n == 1:
         return 1.0 / S
     k = n // 2

@@ -101,12 +101,14 @@ def resolve(arrays: Sequence[tuple[str, Any]], xp: Any = None) -> tuple[Any, Any
         import numpy as np
 
         xp = aac.array_namespace(np.empty(0))
-    device = device_of(real[0][1]) if real else None
-    for n, a in real[1:]:
-        if device_of(a) != device:
+    # None (JAX tracers and literals) means "placed by the framework": it never conflicts
+    devices = [(n, device_of(a)) for n, a in real]
+    known = [(n, d) for n, d in devices if d is not None]
+    device = known[0][1] if known else None
+    for n, d in known[1:]:
+        if d != device:
             raise ValueError(
-                f"{n} is on device {aac.device(a)} but {real[0][0]} is on {device}; "
-                "move them to one device"
+                f"{n} is on device {d} but {known[0][0]} is on {device}; move them to one device"
             )
     values = []
     for n, a in arrays:

@@ -1,0 +1,165 @@
+"""Compact WY kernels for lower-trapezoidal reflectors (oRNN / LAPACK layout), by blocked GEMMs.
+
+When column j of U (..., N, L) is zero in rows < j (seed 001 eq. 9), U = [U₁; U₂] with U₁ the
+L × L lower-triangular top block, and T = S⁻¹ is upper triangular. The apply
+y = R(h) − U_out M U_inᵀ h of :func:`householderla._compact_wy.lowrank_apply` then needs
+
+    Uᵀh   2·(N·L − L²/2)·B,    M·a   L²·B,    U·b   2·(N·L − L²/2)·B,
+
+4·N·L·B − L²·B flops in all: seed 001 Table 2's forward count (4n − m + 2)·m per vector, up
+to the 2m of its divisions by ‖u_k‖², against 4·N·L·B + 2·L²·B for the dense products.
+
+The zeros are skipped by splitting the L columns into k blocks [s, e) and running one GEMM
+per block on the rows where that block can be nonzero (columns) or on the columns that can
+be nonzero in a row segment (rows): k GEMMs instead of one, the pure Array API, batched and
+jit-friendly (all shapes static), on every namespace. Each product then wastes the
+triangle inside its diagonal blocks, (1/k) of the saving: 4·N·L·B − L²·B + 3·L²·B/k flops.
+
+Why blocked GEMMs and not BLAS ``trmm``: torch and JAX have no triangular product, the
+blocked products run on every namespace (and under jit), and on NumPy they were as fast as
+``scipy.linalg.blas.?trmm`` for the triangles where the structure pays off and much faster at
+B = 1 (``benchmarks/structured.py``, float64, one BLAS thread, 2-core VM under load;
+n = 1024, m = 1023: B = 64 dense 25.4 ms, blocked 13.9 ms, trmm 10.6 ms; B = 1 dense
+0.77 ms, blocked 0.43 ms, trmm 0.83 ms; float32 B = 64: 12.9 / 7.1 / 9.0 ms). With
+threaded BLAS, alternating NumPy's OpenBLAS (GEMMs) and SciPy's separate OpenBLAS (trmm)
+stalled for 20–80 ms per call on the shared 2-core machine.
+
+Every function takes ``xp`` explicitly; ``bounds`` are the (start, stop) column blocks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._compact_wy import normalize_columns_vjp, sum_to_shape
+from ._lib.namespace import device_of, mT
+
+#: Target column-block width of the blocked products and the most blocks used: the number of
+#: blocks is ⌊L / 128⌋ clipped to [1, 8]. At N = 1024, L = 1023, B = 64 (float64, one BLAS
+#: thread, 2-core CPU) 2 / 4 / 8 blocks took 11.0 / 9.8 / 9.4 ms (dense 17.1 ms); at
+#: N = L + 1 = 512, 4 and 8 blocks 1.36 / 1.29 ms (dense 2.13 ms). Narrower blocks lose GEMM
+#: efficiency and add per-call overhead that shows at B = 1.
+BLOCK = 128
+MAX_BLOCKS = 8
+
+#: When the blocked products are used (``benchmarks/structured.py``, one BLAS thread, 2-core
+#: VM shared with other jobs; speed-up of blocked over dense NumPy products, float64 /
+#: float32): at least two blocks (L ≥ 256) and L ≥ N/2 — n = 1024, m = 1023, B = 64:
+#: 1.83× / 1.83×; n = 1024, m = 512, B = 64: 1.07× / 1.28×; n = 512, m = 511, B = 64:
+#: 3.8× (noisy) / 1.44× —, and for few right-hand sides (B < 16) only L ≥ 3N/4 with
+#: L ≥ 512: at B = 1, m = 1023: 1.81× / 1.20×, but m = n/2: 0.73–0.99×, m = 511: 1.02× /
+#: 0.94×. Below L = 256 (one block) or L < N/2 nothing is saved: n = 1024, m = 256: 0.73–1.0×
+#: at B = 1, 1.05× at B = 64 (float32); n = 256, m = 255: 0.70–0.97×.
+MIN_COLUMNS = 2 * BLOCK
+FEW_RHS = 16
+
+
+def use_structured(N: int, L: int, B: int) -> bool:
+    """Whether the blocked products beat the dense ones for an apply with V (N, L), h (N, B)."""
+    if L < MIN_COLUMNS or 2 * L < N:
+        return False
+    return B >= FEW_RHS or (4 * L >= 3 * N and L >= 2 * MIN_COLUMNS)
+
+
+def use_structured_vjp(N: int, L: int) -> bool:
+    """Whether :func:`apply_vjp` beats the dense backward: L ≥ 256 and L ≥ N/2 (measured as
+    above, float64: n = 1024, m = 1023: 1.50× (B = 1) / 1.48× (B = 64); m = 512: 1.25× /
+    1.10×; n = 512, m = 511: 1.21× / 1.36×, m = 256: 1.46× / 0.96×; n = 1024, m = 256, B = 1:
+    0.61×)."""
+    return L >= MIN_COLUMNS and 2 * L >= N
+
+
+def column_blocks(L: int) -> list[tuple[int, int]]:
+    """k = clip(⌊L / BLOCK⌋, 1, MAX_BLOCKS) contiguous column ranges of nearly equal width
+    (module constants read at call time, so tests can shrink them)."""
+    k = max(1, min(MAX_BLOCKS, L // BLOCK))
+    edges = [(i * L) // k for i in range(k + 1)]
+    return [(edges[i], edges[i + 1]) for i in range(k) if edges[i + 1] > edges[i]]
+
+
+def trapezoid_t_matmul(U: Any, h: Any, xp: Any, bounds: list[tuple[int, int]]) -> Any:
+    """Uᵀh for lower-trapezoidal U (..., K, L) and h (..., K, B): block [s, e) of the result
+    is U[s:, s:e]ᵀ h[s:] (rows < s of those columns are zero)."""
+    return xp.concat([mT(U[..., s:, s:e]) @ h[..., s:, :] for s, e in bounds], axis=-2)
+
+
+def trapezoid_matmul(U: Any, b: Any, xp: Any, bounds: list[tuple[int, int]]) -> Any:
+    """U b for lower-trapezoidal U (..., K, L) and b (..., L, B): rows [s, e) of the result
+    are U[s:e, :e] b[:e] (columns ≥ e are zero there); rows ≥ L are a full GEMM."""
+    K, L = U.shape[-2], U.shape[-1]
+    parts = [U[..., s:e, :e] @ b[..., :e, :] for s, e in bounds]
+    if K > L:
+        parts.append(U[..., L:, :] @ b)
+    return xp.concat(parts, axis=-2)
+
+
+def triu_matmul(T: Any, a: Any, xp: Any, bounds: list[tuple[int, int]], transpose: bool) -> Any:
+    """T a (or Tᵀ a) for upper-triangular T (..., L, L) and a (..., L, B), blockwise:
+    (T a)[s:e] = T[s:e, s:] a[s:],  (Tᵀ a)[s:e] = T[:e, s:e]ᵀ a[:e]."""
+    if transpose:
+        parts = [mT(T[..., :e, s:e]) @ a[..., :e, :] for s, e in bounds]
+    else:
+        parts = [T[..., s:e, s:] @ a[..., s:, :] for s, e in bounds]
+    return xp.concat(parts, axis=-2)
+
+
+def lowrank_apply(U: Any, T: Any, h: Any, xp: Any, *, transpose: bool, mode: str) -> Any:
+    """:func:`householderla._compact_wy.lowrank_apply` for lower-trapezoidal U and h given
+    (not the identity): the same three maps and roles, 4·N·L·B − L²·B + 3·L²·B/k flops
+    (square mode). U's entries above the diagonal are never read."""
+    L = U.shape[-1]
+    bounds = column_blocks(L)
+    U_in = U[..., :L, :] if mode == "embed" else U
+    U_out = U[..., :L, :] if mode == "project" else U
+    a = trapezoid_t_matmul(U_in, h, xp, bounds)
+    b = triu_matmul(T, a, xp, bounds, transpose)
+    ub = trapezoid_matmul(U_out, b, xp, bounds)
+    if mode == "square":
+        return h - ub
+    if mode == "embed":  # [h; 0] − U b
+        return xp.concat([h - ub[..., :L, :], -ub[..., L:, :]], axis=-2)
+    return h[..., :L, :] - ub  # project
+
+
+def apply_vjp(U: Any, T: Any, r: Any, h: Any, g: Any, xp: Any) -> tuple[Any, Any]:
+    """Backward of y = h − U T Uᵀ h through the factors, for lower-trapezoidal unit columns U
+    (..., N, L) with norms r (..., 1, L): returns (V̄, h̄) with V̄ lower trapezoidal (exactly
+    zero above the diagonal) and of U's shape, h̄ of h's shape.
+
+    The formulas of :func:`~householderla._compact_wy.lowrank_vjp` and
+    :func:`~householderla._compact_wy.factors_vjp` (docs/theory/vjp.rst), each product
+    restricted to the blocks that can be nonzero: a = Uᵀh, b = Ta, c = Uᵀg, d = Tᵀc
+    (trapezoidal and triangular), h̄ = g − U d, Ū = −g bᵀ − h dᵀ on the lower trapezoid only
+    (one GEMM per column block with inner dimension 2B), Ū += U (P + Pᵀ), P = striu(d bᵀ), on
+    the lower trapezoid only, then v̄ = (ū − u uᵀū)/‖v‖ and the mask. Flops
+    10·N·L·B − 3·L²·B + 2·N·L² − L³ (+ O(L²·B/k)), against 10·N·L·B + 4·L²·B + 2·N·L²
+    for the dense products.
+    """
+    N, L = U.shape[-2], U.shape[-1]
+    bounds = column_blocks(L)
+    a = trapezoid_t_matmul(U, h, xp, bounds)
+    b = triu_matmul(T, a, xp, bounds, False)
+    c = trapezoid_t_matmul(U, g, xp, bounds)
+    d = triu_matmul(T, c, xp, bounds, True)
+    h_bar = g - trapezoid_matmul(U, d, xp, bounds)
+    # −[g h] [b d]ᵀ on the lower trapezoid: column block [s, e) from rows s on
+    gh = xp.concat([g, xp.broadcast_to(h, tuple(g.shape))], axis=-1)
+    bd = xp.concat([xp.broadcast_to(b, tuple(d.shape)), d], axis=-1)
+    P = xp.triu(d @ mT(b), k=1)
+    # broadcasting may add batch axes (h, g batched against one U): sum them out first
+    P = sum_to_shape(P, tuple(U.shape[:-2]) + (L, L), xp)
+    W = P + mT(P)
+    blocks = []
+    for s, e in bounds:
+        shape = tuple(U.shape[:-2]) + (N - s, e - s)
+        out = -sum_to_shape(gh[..., s:, :] @ mT(bd[..., s:e, :]), shape, xp)
+        # + U (P + Pᵀ) on the same block: U[s:, :] is zero in columns > its row, and rows
+        # s..e−1 only reach column e−1; rows ≥ e need every column up to L
+        top = U[..., s:e, :e] @ W[..., :e, s:e]
+        rest = U[..., e:, :] @ W[..., :, s:e]
+        out = out + xp.concat([top, rest], axis=-2)
+        pad = xp.zeros(tuple(out.shape[:-2]) + (s, e - s), dtype=out.dtype, device=device_of(U))
+        blocks.append(xp.concat([pad, out], axis=-2) if s else out)
+    U_bar = xp.concat(blocks, axis=-1)
+    V_bar = xp.tril(normalize_columns_vjp(U, r, U_bar, xp))
+    return V_bar, sum_to_shape(h_bar, tuple(h.shape), xp)

@@ -1,0 +1,626 @@
+"""The svdRNN parametrization W = Q_U Σ Q_Vᵀ (seed 002): theorems as property tests, the
+operator against a dense oracle, the constructive inverse, bounded singular values, and every
+explicit VJP by the dot-product test — on every backend of ``bk``.
+
+Tolerances: the oracle is the definition in float64 NumPy (dense products of reflections).
+Each CWY side is accurate to ~eps·(N + k)·‖T‖ per entry (tests/test_cwy.py), and Σ scales
+the error by max|σ|, so results are compared with 10·eps·(m + n + k₁ + k₂)·max(1, ‖T‖)·
+max(1, max|σ|) (:func:`helpers.tol`). The constructive inverse adds a backward-stable SVD and
+two Householder QRs, each ~eps·size·‖W‖₂. A wrong formula (Σ on the wrong side, Q_V instead
+of Q_Vᵀ, a missing sign flip in the inverse) is off by O(‖W‖).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import to_numpy
+from helpers import (
+    EPS,
+    assert_vjp_matches_central_differences,
+    growth,
+    haar_orthogonal,
+    product_of_reflections,
+    tol,
+)
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import householderla as hl
+from householderla._compact_wy import sum_to_shape
+from householderla.svd import (
+    SVDHouseholder,
+    bounded_sigma,
+    bounded_sigma_vjp,
+    svd_householder,
+    svd_householder_apply_vjp,
+    svd_householder_matrix_vjp,
+    svd_householder_params,
+)
+
+#: Fewer examples than the profile's 25 for the operator properties: on JAX every new shape
+#: compiles a few XLA programs (~1 s each on a loaded 2-core machine).
+FEW = settings(max_examples=10)
+
+# -- oracles --------------------------------------------------------------------------------------
+
+
+def dense_W(U, s, V):
+    """Q_U Σ Q_Vᵀ from the definition, float64, broadcast over batch axes."""
+    m, n = U.shape[-2], V.shape[-2]
+    r = min(m, n)
+    s = np.asarray(s, dtype=np.float64)
+    Sig = np.zeros(s.shape[:-1] + (m, n))
+    Sig[..., np.arange(r), np.arange(r)] = s
+    QU, QV = product_of_reflections(U), product_of_reflections(V)
+    return QU @ Sig @ np.swapaxes(QV, -1, -2)
+
+
+def bound(dtype, U, s, V):
+    g = max([growth(a) for a in (U, V) if a.shape[-1] > 0] + [1.0])
+    size = U.shape[-2] + V.shape[-2] + U.shape[-1] + V.shape[-1]
+    return tol(dtype, size, g) * max(1.0, float(np.max(np.abs(s), initial=0.0)))
+
+
+def _cmp(actual, expected, b):
+    a = to_numpy(actual).astype(np.float64)
+    assert a.shape == np.shape(expected), (a.shape, np.shape(expected))
+    err = float(np.max(np.abs(a - expected))) if a.size else 0.0
+    assert err <= b, f"max error {err:.3e} > {b:.3e}"
+
+
+@st.composite
+def svd_specs(draw, max_n=4):
+    """(m, n, k₁, k₂), batch shapes of U_vecs, sigma, V_vecs (broadcasting), zero columns."""
+    m, n = draw(st.integers(1, max_n)), draw(st.integers(1, max_n))
+    k1, k2 = draw(st.integers(0, m)), draw(st.integers(0, n))
+    b = draw(st.sampled_from([(), (2,)]))
+    bu, bs, bv = (draw(st.sampled_from([(), b])) for _ in range(3))
+    return {
+        "m": m,
+        "n": n,
+        "k1": k1,
+        "k2": k2,
+        "bu": bu,
+        "bs": bs,
+        "bv": bv,
+        "seed": draw(st.integers(0, 2**31 - 1)),
+        "zeros": draw(st.lists(st.booleans(), min_size=k1 + k2, max_size=k1 + k2)),
+    }
+
+
+def make_params(spec):
+    rng = np.random.default_rng(spec["seed"])
+    m, n, k1, k2 = spec["m"], spec["n"], spec["k1"], spec["k2"]
+    U = rng.standard_normal(spec["bu"] + (m, k1))
+    V = rng.standard_normal(spec["bv"] + (n, k2))
+    z = np.asarray(spec["zeros"], dtype=bool)
+    U[..., z[:k1]] = 0.0
+    V[..., z[k1:]] = 0.0
+    s = rng.uniform(-3.0, 3.0, spec["bs"] + (min(m, n),))
+    return U, s, V
+
+
+def _matrix(U, s, V):
+    return svd_householder(U, s, V).matrix()
+
+
+# -- the operator ---------------------------------------------------------------------------------
+
+
+@FEW
+@given(spec=svd_specs(), dtype=st.sampled_from([np.float64, np.float32]))
+def test_matrix_is_the_definition_and_singular_values_are_abs_sigma(bk, spec, dtype):
+    """W = Q_U Σ Q_Vᵀ (seed 002 eq. 3/17), and its singular values are |σ| — square, m > n
+    and m < n, batched with broadcasting, zero reflectors and k = 0 included."""
+    U, s, V = make_params(spec)
+    W = bk.call(_matrix, *(bk.asarray(a, dtype) for a in (U, s, V)))
+    assert to_numpy(W).dtype == dtype
+    ref = dense_W(U, s, V)
+    b = bound(dtype, U, s, V)
+    _cmp(W, ref, b)
+    sv = np.linalg.svd(to_numpy(W).astype(np.float64), compute_uv=False)
+    want = np.sort(np.abs(np.broadcast_to(s, sv.shape)), axis=-1)[..., ::-1]
+    # singular values are perturbed by at most ‖ΔW‖₂ ≤ √(mn)·max|ΔW| (Weyl)
+    assert np.max(np.abs(sv - want)) <= b * np.sqrt(spec["m"] * spec["n"])
+
+
+@FEW
+@given(spec=svd_specs(), B=st.sampled_from([None, 1, 3]))
+def test_apply_transpose_and_matrix_agree(bk, spec, B):
+    """W @ x = W.matrix() @ x = oracle; W.T @ y and W.T.matrix() are the transpose."""
+    U, s, V = make_params(spec)
+    m, n = spec["m"], spec["n"]
+    rng = np.random.default_rng(spec["seed"] + 1)
+    x = rng.standard_normal((n,) if B is None else (n, B))
+    y = rng.standard_normal((m,) if B is None else (m, B))
+    Wx, WTy, WT = bk.call(
+        lambda U, s, V, x, y: (
+            svd_householder(U, s, V) @ x,
+            svd_householder(U, s, V).T @ y,
+            svd_householder(U, s, V).T.matrix(),
+        ),
+        *(bk.asarray(a) for a in (U, s, V, x, y)),
+    )
+    ref = dense_W(U, s, V)
+    b = bound(np.float64, U, s, V) * max(1.0, float(np.max(np.abs(x))), float(np.max(np.abs(y))))
+    _cmp(Wx, ref @ x, b * n)
+    _cmp(WTy, np.swapaxes(ref, -1, -2) @ y, b * m)
+    _cmp(WT, np.swapaxes(ref, -1, -2), b)
+
+
+def test_batched_equals_loop(bk):
+    rng = np.random.default_rng(1)
+    U = rng.standard_normal((3, 1, 6, 4))
+    s = rng.standard_normal((2, 4))
+    V = rng.standard_normal((3, 2, 4, 3))
+    x = rng.standard_normal((2, 4, 5))
+    f = lambda U, s, V, x: svd_householder(U, s, V) @ x  # noqa: E731
+    y = to_numpy(bk.call(f, *(bk.asarray(a) for a in (U, s, V, x))))
+    assert y.shape == (3, 2, 6, 5)
+    for i in range(3):
+        for j in range(2):
+            args = (U[i, 0], s[j], V[i, j], x[j])
+            yi = to_numpy(bk.call(f, *(bk.asarray(a) for a in args)))
+            np.testing.assert_allclose(y[i, j], yi, atol=1e-13)
+
+
+def test_matmul_semantics_and_metadata(bk):
+    rng = np.random.default_rng(2)
+    U, s, V = rng.standard_normal((2, 5, 5)), rng.standard_normal(3), rng.standard_normal((3, 2))
+    args = [bk.asarray(a) for a in (U, s, V)]
+    W = svd_householder(*args)
+    assert isinstance(W, SVDHouseholder) and isinstance(W.T, SVDHouseholder)
+    assert W.shape == (2, 5, 3) and W.T.shape == (2, 3, 5) and W.ndim == 3
+    assert W.dtype == args[0].dtype and W.T.T.shape == W.shape
+    assert "SVDHouseholder" in repr(W) and "(2, 5, 3)" in repr(W)
+    assert isinstance(W.Q_U, hl.CWY) and W.Q_U.shape == (2, 5, 5) and W.Q_V.shape == (3, 3)
+    if bk.eager:
+        import array_api_compat as aac
+
+        assert W.device == aac.device(args[0])
+    ref = dense_W(U, s, V)
+    for x in (rng.standard_normal(3), rng.standard_normal((3, 4)), rng.standard_normal((1, 3, 2))):
+        out = W @ bk.asarray(x)
+        assert type(out) is type(args[0])
+        np.testing.assert_allclose(to_numpy(out), ref @ x, atol=1e-13)
+    r = rng.standard_normal((2, 4, 5))
+    if bk.name == "array_api_strict":  # its __matmul__ raises instead of deferring
+        with pytest.raises(TypeError):
+            bk.asarray(r) @ W
+    else:
+        np.testing.assert_allclose(to_numpy(bk.asarray(r) @ W), r @ ref, atol=1e-13)
+    np.testing.assert_allclose(to_numpy(W.__rmatmul__(bk.asarray(r))), r @ ref, atol=1e-13)
+    rv = rng.standard_normal(5)
+    np.testing.assert_allclose(to_numpy(W.__rmatmul__(bk.asarray(rv))), rv @ ref, atol=1e-13)
+    xv = rng.standard_normal((2, 3))
+    np.testing.assert_allclose(
+        to_numpy(W.mv(bk.asarray(xv))), np.einsum("bij,bj->bi", ref, xv), atol=1e-13
+    )
+    np.testing.assert_allclose(to_numpy(W.sigma), s)
+
+
+def test_numpy_array_on_the_left_defers_to_the_operator():
+    rng = np.random.default_rng(3)
+    U, s, V = rng.standard_normal((4, 4)), rng.standard_normal(4), rng.standard_normal((4, 4))
+    r = rng.standard_normal((2, 4))
+    np.testing.assert_allclose(r @ svd_householder(U, s, V), r @ dense_W(U, s, V), atol=1e-13)
+
+
+# -- Theorems 1–4 through the constructive inverse ------------------------------------------------
+
+
+def _random_W(kind, m, n, batch, rng):
+    if kind == "gaussian":
+        return rng.standard_normal(batch + (m, n))
+    if kind == "rank_deficient":  # rank ≤ min(m, n) − 1, so at least one σ = 0
+        k = min(m, n) - 1
+        return rng.standard_normal(batch + (m, k)) @ rng.standard_normal(batch + (k, n))
+    if kind == "zero":
+        return np.zeros(batch + (m, n))
+    det = {"orthogonal+": 1, "orthogonal-": -1}[kind]
+    Q = [haar_orthogonal(rng, n, det) for _ in range(int(np.prod(batch)))]
+    return np.reshape(np.stack(Q), batch + (n, n))
+
+
+@FEW
+@given(
+    m=st.integers(1, 5),
+    n=st.integers(1, 5),
+    kind=st.sampled_from(["gaussian", "rank_deficient", "zero", "orthogonal+", "orthogonal-"]),
+    batch=st.sampled_from([(), (3,)]),
+    seed=st.integers(0, 2**31 - 1),
+    dtype=st.sampled_from([np.float64, np.float32]),
+)
+def test_constructive_inverse_reproduces_any_W(bk, m, n, kind, batch, seed, dtype):
+    """Theorems 2 and 4 of seed 002 (Theorem 1 for the orthogonal W of both determinants):
+    every real W — square, rectangular, rank deficient, zero, orthogonal — is reached, with
+    2·min(m, n) − 1 ≤ 2·min(m, n) reflectors in total."""
+    if kind.startswith("orthogonal"):
+        m = n
+    rng = np.random.default_rng(seed)
+    W = _random_W(kind, m, n, batch, rng)
+    Wb = bk.asarray(W, dtype)
+    (Uv, s, Vv), Wr = bk.call(
+        lambda W: (lambda p: (p, svd_householder(*p).matrix()))(svd_householder_params(W)), Wb
+    )
+    Uv, s, Vv = to_numpy(Uv), to_numpy(s), to_numpy(Vv)
+    r = min(m, n)
+    assert Uv.dtype == s.dtype == Vv.dtype == dtype
+    assert Uv.shape[-2] == m and Vv.shape[-2] == n and s.shape == batch + (r,)
+    k1, k2 = Uv.shape[-1], Vv.shape[-1]
+    assert k1 + k2 == 2 * r - 1 <= 2 * r
+    assert (k1, k2) == ((r - 1, r) if m <= n else (r, r - 1))
+    # σ as the SVD gives it: ≥ 0, descending, and equal to W's singular values
+    assert np.all(s >= 0) and np.all(np.diff(s, axis=-1) <= 0)
+    sv = np.linalg.svd(W, compute_uv=False)
+    nrm = max(1.0, float(np.max(sv, initial=0.0)))
+    b = tol(dtype, m + n, 1.0) * nrm * 4  # SVD + two Householder QRs, each ~eps·size·‖W‖₂
+    assert np.max(np.abs(s - sv)) <= b
+    # lower-trapezoidal vectors (the paper's û_i = [0; u_i] layout)
+    assert np.all(np.triu(Uv, 1) == 0) and np.all(np.triu(Vv, 1) == 0)
+    _cmp(Wr, W, b)
+
+
+@FEW
+@given(
+    n=st.integers(1, 5),
+    det=st.sampled_from([1, -1]),
+    split=st.integers(0, 5),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_theorem3_orthogonal_with_sigma_one(bk, n, det, split, seed):
+    """Theorem 3 of seed 002: with σ = 1, k₁ + k₂ ≥ n reflectors reach all of O(n). From
+    Q = H(a₁)…H(a_n): Q_U = H(a₁)…H(a_{k₁}), Q_V = H(a_n)…H(a_{k₁+1}) (padded with zeros)."""
+    rng = np.random.default_rng(seed)
+    Q = haar_orthogonal(rng, n, det)
+    a = to_numpy(hl.householder_vectors(Q))
+    k1 = min(split, n)
+    k2 = n - k1 + int(rng.integers(0, 2))  # k₁ + k₂ ≥ n, one zero column sometimes
+    k2 = min(k2, n)
+    U = a[:, :k1]
+    V = np.zeros((n, k2))
+    V[:, : n - k1] = a[:, k1:][:, ::-1]
+    W = to_numpy(bk.call(_matrix, bk.asarray(U), bk.asarray(np.ones(n)), bk.asarray(V)))
+    _cmp(W, Q, tol(np.float64, 2 * n))
+
+
+def test_rank_deficient_w_documented_behaviour(bk_eager):
+    """σ = 0 for a rank-1 W: the singular vectors of the null spaces are not unique, but
+    the parameters are finite and reproduce W."""
+    bk = bk_eager
+    rng = np.random.default_rng(4)
+    W = np.outer(rng.standard_normal(5), rng.standard_normal(4))
+    Uv, s, Vv = svd_householder_params(bk.asarray(W))
+    sn = to_numpy(s)
+    assert np.all(sn[1:] <= 1e-14 * sn[0]) and sn[0] > 0
+    assert all(np.all(np.isfinite(to_numpy(a))) for a in (Uv, Vv))
+    np.testing.assert_allclose(to_numpy(svd_householder(Uv, s, Vv).matrix()), W, atol=1e-13)
+
+
+# -- explicit VJPs --------------------------------------------------------------------------------
+
+#: (m, n, k₁, k₂) covering every way a side is applied: square (r = N), T-CWY (k = r < N),
+#: padded (k ≠ r < N, including k = N) and identity (k = 0)
+VJP_SHAPES = [
+    (4, 4, 4, 4),
+    (4, 4, 3, 0),
+    (5, 3, 3, 2),
+    (5, 3, 2, 3),
+    (5, 3, 5, 3),
+    (3, 5, 3, 3),
+    (3, 5, 2, 4),
+    (3, 5, 0, 0),
+]
+VJP_CASES = [(s, f) for s in VJP_SHAPES for f in ("apply", "matrix")] + [
+    ((5, 3, 3, 2), "apply_vector"),
+    ((3, 5, 2, 4), "apply_vector"),
+]
+
+
+def _vjp_inputs(m, n, k1, k2, rng):
+    U = rng.standard_normal((2, m, k1))
+    V = rng.standard_normal((2, n, k2))
+    if k1 > 1:
+        U[..., 1] = 0.0  # a zero reflector: zero gradient, held fixed by freeze
+    if k2 > 0:
+        V[..., 0] = 0.0
+    s = rng.standard_normal(min(m, n))  # broadcast against the batch of U and V
+    return U, s, V
+
+
+def _freeze(k1, k2):
+    def freeze(dirs):
+        if k1 > 1:
+            dirs[0][..., 1] = 0.0
+        if k2 > 0:
+            dirs[2][..., 0] = 0.0
+
+    return freeze
+
+
+@pytest.mark.parametrize(
+    ("shape", "form"), VJP_CASES, ids=["x".join(map(str, s)) + "-" + f for s, f in VJP_CASES]
+)
+def test_vjp_dot_product_against_central_differences(bk, shape, form):
+    m, n, k1, k2 = shape
+    rng = np.random.default_rng(abs(hash((shape, form))) % 2**32)
+    U, s, V = _vjp_inputs(m, n, k1, k2, rng)
+    if form == "matrix":
+        f, vjp, others = _matrix, svd_householder_matrix_vjp, []
+    else:
+        x = rng.standard_normal((n,) if form == "apply_vector" else (n, 3))
+        f = lambda U, s, V, x: svd_householder(U, s, V) @ x  # noqa: E731
+        vjp, others = svd_householder_apply_vjp, [x]
+    grads = assert_vjp_matches_central_differences(
+        bk, f, vjp, [U, s, V, *others], rng, _freeze(k1, k2)
+    )
+    if k1 > 1:
+        np.testing.assert_array_equal(grads[0][..., 1], 0.0)
+    if k2 > 0:
+        np.testing.assert_array_equal(grads[2][..., 0], 0.0)
+
+
+def test_vjp_is_the_full_gradient_of_unnormalised_vectors():
+    """svdRNN eq. 15: the gradient w.r.t. v has no radial component (W is invariant to the
+    scale of v), unlike oRNN eq. 14 which omits the term that removes it."""
+    rng = np.random.default_rng(5)
+    U, s, V = rng.standard_normal((5, 5)), rng.standard_normal(4), rng.standard_normal((4, 4))
+    x, g = rng.standard_normal((4, 3)), rng.standard_normal((5, 3))
+    Ub, _, Vb, _ = svd_householder_apply_vjp(U, s, V, x, g)
+    assert np.max(np.abs(np.sum(U * Ub, axis=0))) <= 1e-12 * np.max(np.abs(Ub))
+    assert np.max(np.abs(np.sum(V * Vb, axis=0))) <= 1e-12 * np.max(np.abs(Vb))
+    assert np.max(np.abs(Ub)) > 1e-3  # not trivially zero
+
+
+def test_vjp_rejects_wrong_cotangent_shape():
+    U, s, V, x = np.ones((4, 2)), np.ones(3), np.ones((3, 3)), np.ones((3, 2))
+    with pytest.raises(ValueError, match="g must have the shape"):
+        svd_householder_apply_vjp(U, s, V, x, np.ones((3, 2)))
+    with pytest.raises(ValueError, match="G must have the shape"):
+        svd_householder_matrix_vjp(U, s, V, np.ones((3, 4)))
+
+
+# -- autodiff through the operator agrees with the explicit VJPs ----------------------------------
+
+AUTODIFF_SHAPES = [(4, 4, 3, 4), (5, 3, 3, 2), (3, 5, 2, 4)]
+
+
+@pytest.mark.parametrize("shape", AUTODIFF_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_torch_autograd_matches_explicit_vjps(shape):
+    torch = pytest.importorskip("torch")
+    m, n, k1, k2 = shape
+    rng = np.random.default_rng(6)
+    U0, s0, V0 = _vjp_inputs(m, n, k1, k2, rng)
+    x0, g0, G0 = (rng.standard_normal(sh) for sh in ((n, 3), (2, m, 3), (2, m, n)))
+    U, s, V, x = (torch.asarray(a, requires_grad=True) for a in (U0, s0, V0, x0))
+    W = svd_householder(U, s, V)
+    ((W @ x) * torch.asarray(g0)).sum().backward()
+    want = svd_householder_apply_vjp(U0, s0, V0, x0, g0)
+    for got, ref in zip((U.grad, s.grad, V.grad, x.grad), want, strict=True):
+        np.testing.assert_allclose(got.numpy(), ref, atol=1e-12)
+    assert torch.all(U.grad[..., 1] == 0) and torch.all(V.grad[..., 0] == 0)
+    for t in (U, s, V):
+        t.grad = None
+    (svd_householder(U, s, V).matrix() * torch.asarray(G0)).sum().backward()
+    want = svd_householder_matrix_vjp(U0, s0, V0, G0)
+    for got, ref in zip((U.grad, s.grad, V.grad), want, strict=True):
+        np.testing.assert_allclose(got.numpy(), ref, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape", AUTODIFF_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_jax_grad_matches_explicit_vjps(shape):
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+    jnp = jax.numpy
+    m, n, k1, k2 = shape
+    rng = np.random.default_rng(7)
+    U0, s0, V0 = _vjp_inputs(m, n, k1, k2, rng)
+    x0, g0, G0 = (rng.standard_normal(sh) for sh in ((n, 3), (2, m, 3), (2, m, n)))
+
+    def loss_apply(U, s, V, x):
+        return jnp.sum(g0 * (svd_householder(U, s, V) @ x))
+
+    def loss_matrix(U, s, V):
+        return jnp.sum(G0 * svd_householder(U, s, V).matrix())
+
+    args = [jnp.asarray(a) for a in (U0, s0, V0, x0)]
+    want = svd_householder_apply_vjp(U0, s0, V0, x0, g0)
+    got = jax.jit(jax.grad(loss_apply, argnums=(0, 1, 2, 3)))(*args)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(a), b, atol=1e-12)
+    want = svd_householder_matrix_vjp(U0, s0, V0, G0)
+    got = jax.jit(jax.grad(loss_matrix, argnums=(0, 1, 2)))(*args[:3])
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(a), b, atol=1e-12)
+    # jax.grad(f)(U, σ, V) traces U only: concrete JAX (and NumPy) arrays mix with the tracer
+    for s_, V_ in ((args[1], args[2]), (s0, V0)):
+        for tf in (lambda f: f, jax.jit):
+            gU = tf(jax.grad(lambda U, s_=s_, V_=V_: loss_matrix(U, s_, V_)))(args[0])
+            np.testing.assert_allclose(np.asarray(gU), want[0], atol=1e-12)
+
+
+# -- bounded singular values (seed 002 eq. 8) -----------------------------------------------------
+
+
+@given(
+    s_hat=st.lists(st.floats(-1e3, 1e3), min_size=1, max_size=6),
+    center=st.floats(0.0, 2.0),
+    radius=st.one_of(st.just(0.0), st.floats(1e-3, 1.0)),
+)
+def test_bounded_sigma_range_and_exact_formula(bk, s_hat, center, radius):
+    sh = np.asarray(s_hat)
+    sig = to_numpy(bk.call(lambda s: bounded_sigma(s, center, radius), bk.asarray(sh)))
+    # closed interval in floating point (tanh saturates to ±1 exactly); 2 ulps of slack for
+    # the rounding of r·t + σ*
+    slack = 2 * EPS[np.float64] * (center + radius)
+    assert np.all(sig >= center - radius - slack) and np.all(sig <= center + radius + slack)
+    # eq. 8 as printed, evaluated stably: 2r(sigmoid(ŝ) − ½) + σ*
+    f = np.where(
+        sh >= 0, 1 / (1 + np.exp(-np.abs(sh))), np.exp(-np.abs(sh)) / (1 + np.exp(-np.abs(sh)))
+    )
+    ref = 2 * radius * (f - 0.5) + center
+    np.testing.assert_allclose(sig, ref, rtol=0, atol=8 * EPS[np.float64] * (center + radius + 1))
+    # strictly inside for moderate ŝ, where r·(1 − tanh(|ŝ|/2)) ≥ 1e-3·4e-9 is far above an ulp
+    mod = np.abs(sh) < 20
+    if radius > 0:
+        assert np.all(sig[mod] > center - radius) and np.all(sig[mod] < center + radius)
+
+
+def test_bounded_sigma_vjp_dot_product(bk):
+    rng = np.random.default_rng(8)
+    s_hat = rng.standard_normal((2, 4)) * 3
+    assert_vjp_matches_central_differences(
+        bk,
+        lambda s: bounded_sigma(s, 1.0, 0.2),
+        lambda s, g: bounded_sigma_vjp(s, 1.0, 0.2, g),
+        [s_hat],
+        rng,
+    )
+
+
+def test_bounded_sigma_vjp_with_array_center_and_radius(bk):
+    """Per-entry σ*, r broadcast against ŝ; the VJP treats them as constants, and the
+    cotangents documented for them (Σ g and Σ g·tanh(ŝ/2)) pass the same test."""
+    rng = np.random.default_rng(9)
+    s_hat = rng.standard_normal((2, 4)) * 3
+    c, r = rng.uniform(0.5, 1.5, (4,)), rng.uniform(0.1, 0.5, (1, 4))
+
+    def vjp(s, c, r, g):
+        t = bk.xp.tanh(0.5 * s)
+        return (
+            bounded_sigma_vjp(s, c, r, g),
+            sum_to_shape(g, tuple(c.shape), bk.xp),
+            sum_to_shape(g * t, tuple(r.shape), bk.xp),
+        )
+
+    grads = assert_vjp_matches_central_differences(bk, bounded_sigma, vjp, [s_hat, c, r], rng)
+    assert grads[0].shape == s_hat.shape
+
+
+def test_bounded_sigma_saturation_is_finite_and_dtype_preserving(bk_eager):
+    bk = bk_eager
+    s = bk.asarray([-1e4, -40.0, 0.0, 40.0, 1e4], dtype=np.float32)
+    out = bounded_sigma(s, 1.0, 0.1)
+    assert out.dtype == s.dtype
+    np.testing.assert_allclose(to_numpy(out), [0.9, 0.9, 1.0, 1.1, 1.1], rtol=1e-6)
+    gbar = to_numpy(bounded_sigma_vjp(s, 1.0, 0.1, bk.xp.ones_like(s)))
+    assert np.all(np.isfinite(gbar)) and gbar[0] == 0 and gbar[-1] == 0
+    assert gbar[2] == pytest.approx(0.05)  # r/2 at ŝ = 0
+
+
+def test_bounded_sigma_autodiff_matches_vjp():
+    torch = pytest.importorskip("torch")
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+    rng = np.random.default_rng(9)
+    s0, g0 = rng.standard_normal(5) * 4, rng.standard_normal(5)
+    want = bounded_sigma_vjp(s0, 1.0, 0.3, g0)
+    s = torch.asarray(s0, requires_grad=True)
+    (bounded_sigma(s, 1.0, 0.3) * torch.asarray(g0)).sum().backward()
+    np.testing.assert_allclose(s.grad.numpy(), want, atol=1e-14)
+    gj = jax.grad(lambda s: jax.numpy.sum(g0 * bounded_sigma(s, 1.0, 0.3)))(jax.numpy.asarray(s0))
+    np.testing.assert_allclose(np.asarray(gj), want, atol=1e-14)
+
+
+def test_bounded_sigma_bad_input():
+    with pytest.raises(ValueError, match="radius"):
+        bounded_sigma(np.zeros(3), 1.0, -0.1)
+    with pytest.raises(ValueError, match="radius"):
+        bounded_sigma(np.zeros(3), 1.0, np.array([0.1, -0.1, 0.1]))
+    with pytest.raises(ValueError, match="radius"):
+        bounded_sigma(np.zeros(3), 1.0, float("nan"))
+    with pytest.raises(TypeError, match="radius"):
+        bounded_sigma(np.zeros(3), 1.0, True)
+    with pytest.raises(ValueError, match="g must have the shape"):
+        bounded_sigma_vjp(np.zeros(3), 1.0, 0.1, np.zeros(4))
+
+
+# -- bad input ------------------------------------------------------------------------------------
+
+
+def test_bad_shapes_name_the_argument():
+    U, s, V = np.ones((4, 3)), np.ones(3), np.ones((3, 2))
+    with pytest.raises(ValueError, match="sigma"):
+        svd_householder(U, np.ones(4), V)
+    with pytest.raises(ValueError, match="sigma"):
+        svd_householder(U, np.float64(1.0), V)
+    with pytest.raises(ValueError, match="U_vecs"):
+        svd_householder(np.ones((4, 5)), s, V)  # k₁ > m
+    with pytest.raises(ValueError, match="V_vecs"):
+        svd_householder(U, s, np.ones((3, 4)))  # k₂ > n
+    with pytest.raises(ValueError, match="U_vecs"):
+        svd_householder(np.ones(4), s, V)
+    with pytest.raises(ValueError, match="sigma"):  # m of U_vecs does not match sigma
+        svd_householder(np.ones((2, 2)), s, V)
+    with pytest.raises(ValueError, match="batch shapes"):
+        svd_householder(np.ones((2, 4, 3)), np.ones((3, 3)), V)
+    with pytest.raises(ValueError, match="m, n >= 1"):
+        svd_householder(np.ones((0, 0)), np.ones(0), V)
+    W = svd_householder(U, s, V)
+    with pytest.raises(ValueError, match="x"):
+        W @ np.ones(4)  # x must have n = 3 rows
+    with pytest.raises(ValueError, match="x"):
+        W @ np.ones((4, 2))
+    with pytest.raises(ValueError, match="x"):
+        svd_householder_apply_vjp(U, s, V, np.ones((4, 2)), np.ones((4, 2)))
+    with pytest.raises(ValueError, match="W"):
+        svd_householder_params(np.ones(3))
+    with pytest.raises(ValueError, match="W"):
+        svd_householder_params(np.ones((3, 0)))
+
+
+def test_nan_and_dtypes(bk_eager):
+    bk = bk_eager
+    U, s, V = np.ones((4, 3)), np.ones(3), np.ones((3, 2))
+    for i, name in enumerate(("U_vecs", "sigma", "V_vecs")):
+        args = [U.copy(), s.copy(), V.copy()]
+        args[i].flat[0] = np.nan
+        with pytest.raises(ValueError, match=name):
+            svd_householder(*(bk.asarray(a) for a in args))
+    Wn = np.ones((3, 3))
+    Wn[1, 1] = np.inf
+    with pytest.raises(ValueError, match="W contains NaN or Inf"):
+        svd_householder_params(bk.asarray(Wn))
+    with pytest.raises(TypeError, match="sigma"):
+        svd_householder(bk.asarray(U), bk.asarray(s, np.complex128), bk.asarray(V))
+    # integers are promoted to the namespace's default float, as resolve does
+    Ui, si, Vi = (bk.asarray(a, np.int64) for a in ([[1, 0], [1, 1], [0, 2]], [3, 1], [[1], [2]]))
+    W = svd_householder(Ui, si, Vi)
+    default = bk.xp.__array_namespace_info__().default_dtypes()["real floating"]
+    assert W.dtype == default and W.matrix().dtype == default
+    ref = dense_W(*(np.asarray(a, float) for a in ([[1, 0], [1, 1], [0, 2]], [3, 1], [[1], [2]])))
+    np.testing.assert_allclose(to_numpy(W.matrix()), ref, atol=1e-5)
+    p = svd_householder_params(bk.asarray([[2, 0], [0, 1]], np.int64))
+    assert all(a.dtype == default for a in p)
+    # float32 parameters with a float64 operand promote like matmul
+    W32 = svd_householder(*(bk.asarray(a, np.float32) for a in (U, s, V)))
+    assert (W32 @ bk.asarray(np.ones(3))).dtype == bk.asarray(np.ones(1)).dtype
+
+
+def test_inputs_are_not_mutated(bk_eager):
+    """With numpy_readonly every input is a read-only array, so any write raises."""
+    bk = bk_eager
+    rng = np.random.default_rng(10)
+    arrays = [rng.standard_normal(sh) for sh in ((5, 5), (4,), (4, 3), (4, 2), (5, 2), (5, 4))]
+    U, s, V, x, g, G = (bk.asarray(a) for a in arrays)
+    W = svd_householder(U, s, V)
+    W @ x
+    W.T @ g
+    W.matrix()
+    svd_householder_params(G)
+    svd_householder_apply_vjp(U, s, V, x, g)
+    svd_householder_matrix_vjp(U, s, V, G)
+    bounded_sigma_vjp(s, 1.0, 0.1, bounded_sigma(s, 1.0, 0.1))
+    for a, a0 in zip((U, s, V, x, g, G), arrays, strict=True):
+        np.testing.assert_array_equal(to_numpy(a), a0)
+
+
+def test_zero_reflectors_have_zero_gradient_never_nan():
+    rng = np.random.default_rng(11)
+    U, V = np.zeros((4, 3)), np.zeros((4, 4))
+    s, x, g = rng.standard_normal(4), rng.standard_normal((4, 2)), rng.standard_normal((4, 2))
+    Ub, sb, Vb, xb = svd_householder_apply_vjp(U, s, V, x, g)
+    assert np.all(Ub == 0) and np.all(Vb == 0)
+    np.testing.assert_allclose(sb, np.sum(g * x, axis=-1))  # W = diag(σ)
+    np.testing.assert_allclose(xb, s[:, None] * g)
