@@ -1,13 +1,26 @@
-"""JAX ``custom_vjp`` wiring of the explicit CWY backward passes (imported only for JAX input).
+"""JAX ``custom_vjp`` wiring of the explicit backward passes (imported only for JAX input).
 
-The same two primitives as the torch wiring: V ↦ (U, T, r) and (U, T, h) ↦ R(h) − U_out M
-U_inᵀ h, whose backward passes are the hand-derived ones in
-:mod:`householderla._compact_wy`. Static arguments (``transpose``, ``mode``) are Python
-values in ``nondiff_argnums``; arrays never are.
+The same primitives as the torch wiring (:mod:`householderla._autodiff_torch`):
+
+- ``cwy_factors``: V ↦ (U, T = S⁻¹, r); backward ``factors_vjp``.
+- ``lowrank_apply`` / ``lowrank_matrix``: (U, T, h) ↦ R(h) − U_out M U_inᵀ h (h = I for the
+  matrix); backward ``lowrank_vjp``.
+- ``householder_apply``: (V, h) ↦ H(v₁)…H(v_L) h; backward ``householder_apply_vjp``.
+- ``polar``: X ↦ X (XᵀX)^{-1/2} (Newton–Schulz); backward ``retractions.polar_backward``.
+- ``cayley_smw``: (X, G, η) ↦ Cayley(ηA) X (SMW); backward ``cayley_vjp``.
+- ``qr_q``: Y ↦ qf(Y), diag(R) ≥ 0; backward (Q̄ − QF) R⁻ᵀ.
+
+Static arguments (``transpose``, ``mode``, ``euclidean``, iteration counts, an info holder)
+are Python values in ``nondiff_argnums``; arrays never are. The backward rules are written in
+``jax.numpy``, so they are differentiable again (``jax.grad`` of ``jax.grad``, ``check_grads``
+of order 2). Every primal, forward and backward body runs under
+``jax.default_matmul_precision("highest")``: on GPU, JAX's default float32 matmul is
+TF32/bf16-pass, which would cost the orthogonality these maps exist for (no effect on CPU).
 """
 
 from __future__ import annotations
 
+import functools
 from functools import partial
 from typing import Any
 
@@ -15,6 +28,22 @@ import jax
 import jax.numpy as jnp
 
 from . import _compact_wy as K
+from . import _retraction_kernels as RK
+from .householder import _reflect_all, householder_apply_vjp
+
+#: Matmul precision every rule is traced with (``jax.default_matmul_precision`` name).
+PRECISION = "highest"
+
+
+def _highest(fn: Any) -> Any:
+    """``fn`` traced/run under full-precision matmuls (see the module docstring)."""
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        with jax.default_matmul_precision(PRECISION):
+            return fn(*args, **kwargs)
+
+    return wrapped
 
 
 def _j(*arrays: Any) -> Any:
@@ -22,17 +51,23 @@ def _j(*arrays: Any) -> Any:
     return tuple(None if a is None else jnp.asarray(a) for a in arrays)
 
 
+# -- compact WY ---------------------------------------------------------------------------
+
+
 @jax.custom_vjp
+@_highest
 def cwy_factors(V: Any) -> tuple[Any, Any, Any]:
     """V ↦ (U, T, r): unit columns, T = S⁻¹ and the column norms (∂‖v‖/∂v = u)."""
     return K.cwy_factors(*_j(V), jnp, check=False)
 
 
+@_highest
 def _factors_fwd(V: Any) -> tuple[tuple[Any, Any, Any], tuple[Any, Any, Any]]:
     U, T, r = K.cwy_factors(*_j(V), jnp, check=False)
     return (U, T, r), (U, T, r)
 
 
+@_highest
 def _factors_bwd(res: tuple[Any, Any, Any], cts: tuple[Any, Any, Any]) -> tuple[Any]:
     U, T, r = res
     U_bar, T_bar, r_bar = _j(*cts)
@@ -44,17 +79,20 @@ cwy_factors.defvjp(_factors_fwd, _factors_bwd)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+@_highest
 def lowrank_apply(U: Any, T: Any, h: Any, transpose: bool, mode: str) -> Any:
     """R(h) − U_out M U_inᵀ h."""
     U, T, h = _j(U, T, h)
     return K.lowrank_apply(U, T, h, jnp, transpose=transpose, mode=mode)
 
 
+@_highest
 def _apply_fwd(U: Any, T: Any, h: Any, transpose: bool, mode: str) -> tuple[Any, Any]:
     U, T, h = _j(U, T, h)
     return K.lowrank_apply(U, T, h, jnp, transpose=transpose, mode=mode), (U, T, h)
 
 
+@_highest
 def _apply_bwd(transpose: bool, mode: str, res: Any, g: Any) -> tuple[Any, Any, Any]:
     U, T, h, g = _j(*res, g)
     U_bar, h_bar, T_bar, _ = K.lowrank_vjp(U, T, h, g, jnp, transpose=transpose, mode=mode)
@@ -65,17 +103,20 @@ lowrank_apply.defvjp(_apply_fwd, _apply_bwd)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+@_highest
 def lowrank_matrix(U: Any, T: Any, transpose: bool, mode: str) -> Any:
     """The dense matrix R(I) − U_out M U_inᵀ."""
     U, T = _j(U, T)
     return K.lowrank_apply(U, T, None, jnp, transpose=transpose, mode=mode)
 
 
+@_highest
 def _matrix_fwd(U: Any, T: Any, transpose: bool, mode: str) -> tuple[Any, Any]:
     U, T = _j(U, T)
     return K.lowrank_apply(U, T, None, jnp, transpose=transpose, mode=mode), (U, T)
 
 
+@_highest
 def _matrix_bwd(transpose: bool, mode: str, res: Any, G: Any) -> tuple[Any, Any]:
     U, T, G = _j(*res, G)
     U_bar, _, T_bar, _ = K.lowrank_vjp(U, T, None, G, jnp, transpose=transpose, mode=mode)
@@ -84,8 +125,125 @@ def _matrix_bwd(transpose: bool, mode: str, res: Any, G: Any) -> tuple[Any, Any]
 
 lowrank_matrix.defvjp(_matrix_fwd, _matrix_bwd)
 
+
+# -- sequential Householder products -----------------------------------------------------------
+
+
+@jax.custom_vjp
+@_highest
+def householder_apply(V: Any, h: Any) -> Any:
+    """H(v₁)(H(v₂)(…H(v_L) h)) for h (..., N, B)."""
+    V, h = _j(V, h)
+    return _reflect_all(K.normalize_columns(V, jnp)[0], h)
+
+
+@_highest
+def _householder_fwd(V: Any, h: Any) -> tuple[Any, Any]:
+    V, h = _j(V, h)
+    return _reflect_all(K.normalize_columns(V, jnp)[0], h), (V, h)
+
+
+@_highest
+def _householder_bwd(res: Any, g: Any) -> tuple[Any, Any]:
+    V, h, g = _j(*res, g)
+    return householder_apply_vjp(V, h, g, jnp)
+
+
+householder_apply.defvjp(_householder_fwd, _householder_bwd)
+
+
+# -- retractions -------------------------------------------------------------------------
+
+
+class InfoBox:
+    """Receives :func:`polar`'s Python-valued diagnostics (hashable by identity, so it can be
+    a ``nondiff_argnums`` value); the traced ``certified`` flag is an output instead."""
+
+    def __init__(self) -> None:
+        self.info: dict[str, Any] = {}
+
+
+@_highest
+def _polar(X: Any, num_iters: Any, restart: Any, box: Any) -> tuple[Any, Any]:
+    """(polar(X), certified) by Newton–Schulz (eager path for concrete X)."""
+    from .retractions import polar_forward
+
+    Q, info = polar_forward(*_j(X), jnp, num_iters, restart)
+    certified = info.pop("certified", True)
+    if box is not None:
+        box.info.update(info)
+    return Q, jnp.asarray(certified, dtype=bool)
+
+
+@_highest
+def _polar_fwd(X: Any, num_iters: Any, restart: Any, box: Any) -> tuple[Any, Any]:
+    return _polar(X, num_iters, restart, box), _j(X)[0]
+
+
+@_highest
+def _polar_bwd(num_iters: Any, restart: Any, box: Any, X: Any, cts: tuple) -> tuple[Any]:
+    from .retractions import polar_backward
+
+    return (polar_backward(X, _j(cts[0])[0], jnp),)
+
+
+polar = jax.custom_vjp(_polar, nondiff_argnums=(1, 2, 3))
+polar.defvjp(_polar_fwd, _polar_bwd)
+
+
+@_highest
+def _cayley(X: Any, G: Any, step: Any, euclidean: bool) -> tuple[Any, Any]:
+    """(Cayley(ηA) X by SMW, max ‖XᵀX − I‖_F); ``step`` 0-d or (..., 1, 1)."""
+    X, G, step = _j(X, G, step)
+    Y, P = RK.cayley_forward(X, G, step, euclidean, jnp)
+    E = P - jnp.eye(P.shape[-1], dtype=P.dtype)
+    return Y, jnp.max(jnp.sqrt(jnp.sum(E * E, axis=(-2, -1))))
+
+
+@_highest
+def _cayley_fwd(X: Any, G: Any, step: Any, euclidean: bool) -> tuple[Any, Any]:
+    return _cayley(X, G, step, euclidean), _j(X, G, step)
+
+
+@_highest
+def _cayley_bwd(euclidean: bool, res: Any, cts: tuple) -> tuple[Any, Any, Any]:
+    X, G, step = res
+    Xbar, Gbar, sb = RK.cayley_vjp(X, G, step, _j(cts[0])[0], euclidean, jnp)
+    batch = tuple(step.shape[:-2]) if step.ndim >= 2 else ()
+    step_bar = jnp.reshape(K.sum_to_shape(sb, batch, jnp), step.shape)
+    return Xbar, Gbar, step_bar
+
+
+cayley_smw = jax.custom_vjp(_cayley, nondiff_argnums=(3,))
+cayley_smw.defvjp(_cayley_fwd, _cayley_bwd)
+
+
+@jax.custom_vjp
+@_highest
+def qr_q(Y: Any) -> Any:
+    """qf(Y): Q of the thin QR with diag(R) ≥ 0."""
+    return RK.qr_positive(*_j(Y), jnp)[0]
+
+
+@_highest
+def _qr_fwd(Y: Any) -> tuple[Any, Any]:
+    (Y,) = _j(Y)
+    return RK.qr_positive(Y, jnp)[0], Y
+
+
+@_highest
+def _qr_bwd(Y: Any, Qbar: Any) -> tuple[Any]:
+    return (RK.qr_vjp(Y, *_j(Qbar), jnp),)
+
+
+qr_q.defvjp(_qr_fwd, _qr_bwd)
+
 # Compiled once per shape: eager calls then run one XLA executable instead of dispatching
-# (and compiling) every operation; under an outer ``jax.jit`` these are inlined.
+# (and compiling) every operation; under an outer ``jax.jit`` these are inlined. ``polar`` is
+# not wrapped: on concrete input it picks its iteration count from the values (eager path).
 cwy_factors = jax.jit(cwy_factors)
 lowrank_apply = jax.jit(lowrank_apply, static_argnums=(3, 4))
 lowrank_matrix = jax.jit(lowrank_matrix, static_argnums=(2, 3))
+householder_apply = jax.jit(householder_apply)
+cayley_smw = jax.jit(cayley_smw, static_argnums=(3,))
+qr_q = jax.jit(qr_q)

@@ -1,10 +1,26 @@
-"""torch.autograd wiring of the explicit CWY backward passes (imported only for torch input).
+"""torch.autograd wiring of the explicit backward passes (imported only for torch input).
 
-Two ``Function``s in the ``forward`` + ``setup_context`` + ``backward`` style: the factor map
-V ↦ (U, T) and the low-rank apply (U, T, h) ↦ R(h) − U_out M U_inᵀ h. Their backward passes are
-:func:`householderla._compact_wy.factors_vjp` and :func:`~householderla._compact_wy.lowrank_vjp`,
-written in array operations, so double backward works. The full adapter
-(``householderla.torch``: parametrizations, every map) builds on these.
+One ``torch.autograd.Function`` per differentiable primitive, in the ``forward`` +
+``setup_context`` + ``backward`` style that ``torch.func`` requires:
+
+- ``CWYFactors``: V ↦ (U, T = S⁻¹, r); backward ``_compact_wy.factors_vjp``.
+- ``LowRankApply``: (U, T, h) ↦ R(h) − U_out M U_inᵀ h; backward ``_compact_wy.lowrank_vjp``.
+- ``HouseholderApply``: (V, h) ↦ H(v₁)…H(v_L) h; backward ``householder_apply_vjp``.
+- ``HouseholderApplyNumba``: the same map by the Numba kernels through DLPack (CPU);
+  backward ``_numba_kernels.hgrad``, ``once_differentiable``.
+- ``Polar``: X ↦ X (XᵀX)^{-1/2} (Newton–Schulz); backward: the Sylvester equation solved
+  in the eigenbasis of XᵀX (``retractions.polar_backward``).
+- ``CayleySMW``: (X, G, η) ↦ Cayley(ηA) X (SMW); backward ``cayley_vjp`` (22·N·M² flops).
+- ``QRPositive``: Y ↦ qf(Y), diag(R) ≥ 0; backward (Q̄ − QF) R⁻ᵀ.
+
+Every backward is written in torch operations on saved inputs (or on outputs whose graph
+leads back through the same Function), so double backward works (``gradgradcheck``) and
+``torch.func.grad`` / ``jacrev`` / ``vmap`` compose with them. ``vmap`` is supported by
+``generate_vmap_rule = True`` where the forward is plain tensor algebra, and by an explicit
+``vmap`` staticmethod for ``Polar``, whose forward inspects values (it chooses its iteration
+count from spectral bounds): the rule moves the vmapped axis to the front and runs the batched
+forward on the real tensor. Only ``HouseholderApplyNumba``, whose backward is an opaque
+Numba kernel, is ``once_differentiable`` (first derivatives only, no ``torch.func``).
 """
 
 from __future__ import annotations
@@ -13,14 +29,48 @@ from typing import Any
 
 import array_api_compat
 import torch
+from torch._C import _functorch
+from torch.autograd.function import once_differentiable
 
 from . import _compact_wy as K
+from . import _retraction_kernels as RK
+from .householder import _reflect_all, householder_apply_vjp
 
 _xp = array_api_compat.array_namespace(torch.empty(0))
 
 
+def is_transformed(x: Any) -> bool:
+    """True for a tensor wrapped by a ``torch.func`` transform (grad, vmap, jvp levels)."""
+    return isinstance(x, torch.Tensor) and _functorch.is_functorch_wrapped_tensor(x)
+
+
+def is_vmapped(x: Any) -> bool:
+    """True for a tensor that is batched by ``torch.func.vmap`` at some level (its values
+    cannot be inspected: ``bool(x)`` raises)."""
+    while is_transformed(x):
+        if _functorch.is_batchedtensor(x):
+            return True
+        x = _functorch.get_unwrapped(x)
+    return False
+
+
+def needs_function(*tensors: Any) -> bool:
+    """Whether a call must go through the ``Function``s: autograd will follow (grad enabled
+    and an input requires grad) or a ``torch.func`` transform wraps an input."""
+    grad = torch.is_grad_enabled()
+    return any(
+        isinstance(t, torch.Tensor) and ((grad and t.requires_grad) or is_transformed(t))
+        for t in tensors
+    )
+
+
+# -- compact WY ---------------------------------------------------------------------------
+
+
 class CWYFactors(torch.autograd.Function):
     """V ↦ (U, T, r): unit columns, T = S⁻¹ and the column norms."""
+
+    generate_vmap_rule = True
 
     @staticmethod
     def forward(V: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -43,6 +93,8 @@ class CWYFactors(torch.autograd.Function):
 class LowRankApply(torch.autograd.Function):
     """(U, T, h) ↦ R(h) − U_out M U_inᵀ h (``h=None``: the dense matrix)."""
 
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(U: Any, T: Any, h: Any, transpose: bool, mode: str) -> torch.Tensor:
         return K.lowrank_apply(U, T, h, _xp, transpose=transpose, mode=mode)
@@ -60,3 +112,147 @@ class LowRankApply(torch.autograd.Function):
             U, T, h, g, _xp, transpose=ctx.transpose, mode=ctx.mode
         )
         return U_bar, T_bar, h_bar, None, None
+
+
+# -- sequential Householder products -----------------------------------------------------------
+
+
+class HouseholderApply(torch.autograd.Function):
+    """(V, h) ↦ H(v₁)(H(v₂)(…H(v_L) h)) for h (..., N, B), one reflection at a time."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(V: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        U, _ = K.normalize_columns(V, _xp)
+        return _reflect_all(U, h)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> Any:
+        V, h = ctx.saved_tensors
+        return householder_apply_vjp(V, h, g, _xp)
+
+
+class HouseholderApplyNumba(torch.autograd.Function):
+    """(V, h) ↦ H(v₁)…H(v_L) h on CPU by the Numba kernels (``_numba_kernels.hprod`` /
+    ``hgrad``), the tensors handed over by DLPack without copies.
+
+    The backward is an opaque kernel, so it is ``once_differentiable``: first derivatives
+    only (a second differentiation raises), and no ``torch.func`` transforms (use
+    ``HouseholderApply`` for those)."""
+
+    @staticmethod
+    def forward(V: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        from . import _numba_kernels as NK
+        from ._dlpack import from_numpy, to_numpy
+
+        return from_numpy(NK.hprod(to_numpy(V, name="V"), to_numpy(h, name="h")), like=V)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, g: torch.Tensor) -> Any:
+        from . import _numba_kernels as NK
+        from ._dlpack import from_numpy, to_numpy
+
+        V, h = ctx.saved_tensors
+        V_bar, h_bar = NK.hgrad(to_numpy(V), to_numpy(g, name="g"), h=to_numpy(h))
+        return from_numpy(V_bar, like=V), from_numpy(h_bar, like=h)
+
+
+# -- retractions -------------------------------------------------------------------------
+
+
+class Polar(torch.autograd.Function):
+    """X ↦ polar(X) by Newton–Schulz; ``box`` (a dict or None) receives the forward's info."""
+
+    @staticmethod
+    def forward(X: torch.Tensor, num_iters: Any, restart: Any, box: Any) -> torch.Tensor:
+        from .retractions import polar_forward
+
+        Q, info = polar_forward(X, _xp, num_iters, restart)
+        if box is not None:
+            box.update(info)
+        return Q
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
+        ctx.save_for_backward(inputs[0])
+
+    @staticmethod
+    def backward(ctx: Any, G: torch.Tensor) -> Any:
+        from .retractions import polar_backward
+
+        (X,) = ctx.saved_tensors
+        return polar_backward(X, G, _xp), None, None, None
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple, X: torch.Tensor, num_iters: Any, restart: Any, box: Any):
+        # polar is batched over leading axes: run it once on the real (unbatched) tensor
+        return Polar.apply(X.movedim(in_dims[0], 0), num_iters, restart, box), 0
+
+
+class CayleySMW(torch.autograd.Function):
+    """(X, G, η) ↦ (Cayley(ηA) X by SMW, max ‖XᵀX − I‖_F); the drift is not differentiable.
+
+    ``step`` is a Python float or a tensor of shape (..., 1, 1)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(X: Any, G: Any, step: Any, euclidean: bool) -> tuple[Any, Any]:
+        Y, P = RK.cayley_forward(X, G, step, euclidean, _xp)
+        E = P - torch.eye(P.shape[-1], dtype=P.dtype, device=P.device)
+        return Y, torch.amax(torch.sqrt(torch.sum(E * E, dim=(-2, -1))))
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+        X, G, step, euclidean = inputs
+        ctx.mark_non_differentiable(output[1])
+        ctx.euclidean = euclidean
+        ctx.step_is_tensor = isinstance(step, torch.Tensor)
+        if ctx.step_is_tensor:
+            ctx.save_for_backward(X, G, step)
+        else:
+            ctx.save_for_backward(X, G)
+            ctx.step = step
+
+    @staticmethod
+    def backward(ctx: Any, Ybar: torch.Tensor, _drift_bar: Any) -> Any:
+        if ctx.step_is_tensor:
+            X, G, step = ctx.saved_tensors
+        else:
+            (X, G), step = ctx.saved_tensors, ctx.step
+        Xbar, Gbar, sb = RK.cayley_vjp(X, G, step, Ybar, ctx.euclidean, _xp)
+        step_bar = None
+        if ctx.step_is_tensor:
+            step_bar = torch.reshape(K.sum_to_shape(sb, tuple(step.shape[:-2]), _xp), step.shape)
+        return Xbar, Gbar, step_bar, None
+
+
+class QRPositive(torch.autograd.Function):
+    """Y ↦ qf(Y), the Q factor of the thin QR with diag(R) ≥ 0."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(Y: torch.Tensor) -> torch.Tensor:
+        return RK.qr_positive(Y, _xp)[0]
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
+        # the backward recomputes Q, R from Y (one more QR) so that double backward sees
+        # R's dependence on Y through torch.linalg.qr's own derivative
+        ctx.save_for_backward(inputs[0])
+
+    @staticmethod
+    def backward(ctx: Any, Qbar: torch.Tensor) -> Any:
+        (Y,) = ctx.saved_tensors
+        return RK.qr_vjp(Y, Qbar, _xp)

@@ -153,9 +153,28 @@ def householder_apply(V: Any, h: Any, *, xp: Any = None) -> Any:
     nk = _numba_kernels_for(xp, V, h)
     if nk is not None:
         return nk.hprod(V, h)
+    rule = _autodiff_rule(xp, V, hm)
+    if rule is not None:  # torch autograd / torch.func, and JAX: through the explicit VJP
+        check_finite_norms(xp.max(xp.abs(V), axis=-2, keepdims=True), xp)
+        y = rule(V, hm)
+        return y[..., 0] if vector else y
     U, _ = normalize_columns(V, xp, check=True)
     y = _jit_for(xp, _reflect_all)(U, hm)
     return y[..., 0] if vector else y
+
+
+def _autodiff_rule(xp: Any, V: Any, hm: Any) -> Any:
+    """The framework rule wired to :func:`householder_apply_vjp`: JAX always (custom_vjp);
+    torch when autograd or a ``torch.func`` transform will follow; None otherwise."""
+    if aac.is_jax_namespace(xp):
+        from ._autodiff_jax import householder_apply as rule
+
+        return rule
+    if aac.is_torch_namespace(xp):
+        from ._autodiff_torch import HouseholderApply, needs_function
+
+        return HouseholderApply.apply if needs_function(V, hm) else None
+    return None
 
 
 #: Crossover of the Numba sequential kernel against CWY, from two full runs of

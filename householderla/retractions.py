@@ -6,6 +6,13 @@ Sherman–Morrison–Woodbury, seed 000 App. B Lemma 1), ``qr_retraction`` (qf(X
 ``riemannian_gradient`` (A X, seed 000 §2.2.2). All batched over leading dimensions, float32
 and float64, on every Array API namespace; float32 input is computed in float64 on CPU
 backends and rounded once. The mathematics is in ``docs/theory/retractions.rst``.
+
+Autodiff: with torch tensors that need a graph (or are wrapped by ``torch.func``) and always
+with JAX arrays, ``polar`` (hence ``polar_retraction`` and Cayley's drift guard), the SMW
+Cayley map and the QR factor go through the hand-derived backward passes
+(:mod:`householderla._autodiff_torch` / :mod:`householderla._autodiff_jax`), never through
+the Newton–Schulz iterations; the step ``X + tZ`` and dtype casts around them are plain
+array operations.
 """
 
 from __future__ import annotations
@@ -88,6 +95,72 @@ def _check_finite(X: Any, xp: Any, name: str) -> None:
         check_finite_norms(xp.max(xp.abs(X), axis=-2, keepdims=True), xp, name)
 
 
+def _eager(x: Any) -> bool:
+    """Values can be inspected: not a JAX tracer, not a tensor batched by ``torch.func.vmap``."""
+    if not is_eager(x):
+        return False
+    if aac.is_torch_array(x):
+        from ._autodiff_torch import is_vmapped
+
+        return not is_vmapped(x)
+    return True
+
+
+def _route(xp: Any, *arrays: Any) -> str | None:
+    """Which autodiff wiring a call goes through: "jax" (always: custom_vjp costs nothing
+    when nothing differentiates), "torch" (a graph will be recorded, or a ``torch.func``
+    transform wraps an input) or None (plain kernels)."""
+    if aac.is_jax_namespace(xp):
+        return "jax"
+    if aac.is_torch_namespace(xp):
+        from ._autodiff_torch import needs_function
+
+        if needs_function(*arrays):
+            return "torch"
+    return None
+
+
+def polar_forward(X: Any, xp: Any, num_iters: Any, restart: Any) -> tuple[Any, dict[str, Any]]:
+    """Validated :func:`~householderla._newton_schulz.polar_impl` (the primal of the torch
+    ``Polar`` Function and the JAX ``polar`` rule): NaN/Inf raise on eager input."""
+    if _eager(X):
+        _check_finite(X, xp, "X")
+    return polar_impl(X, xp, num_iters=num_iters, restart=restart)
+
+
+def _polar_vjp_kernel(xp: Any, X: Any, G: Any) -> Any:
+    return RK.polar_vjp(X, G, xp)[0]
+
+
+def polar_backward(X: Any, G: Any, xp: Any) -> Any:
+    """X̄ of polar at X for the cotangent G, computed in the accumulation dtype (float64 for
+    float32 on CPU) and returned in X's dtype; array operations only, so differentiable again.
+    The forward already rejected rank-deficient eager X."""
+    xp = kernel_namespace(xp)
+    work = accumulation_dtype_for(xp, X)
+    Xw, Gw = (a if a.dtype == work else xp.astype(a, work) for a in (X, G))
+    Xbar = jit_for(xp, _polar_vjp_kernel)(xp, Xw, Gw)
+    return Xbar if Xbar.dtype == X.dtype else xp.astype(Xbar, X.dtype)
+
+
+def _polar_routed(X: Any, xp: Any, num_iters: Any, restart: Any) -> tuple[Any, dict[str, Any]]:
+    """polar through the autodiff wiring the input calls for."""
+    route = _route(xp, X)
+    if route == "torch":
+        from ._autodiff_torch import Polar
+
+        box: dict[str, Any] = {}
+        return Polar.apply(X, num_iters, restart, box), box
+    if route == "jax":
+        from ._autodiff_jax import InfoBox
+        from ._autodiff_jax import polar as polar_jax
+
+        jbox = InfoBox()
+        Q, certified = polar_jax(X, num_iters, restart, jbox)
+        return Q, {**jbox.info, "certified": bool(certified) if is_eager(certified) else certified}
+    return polar_forward(X, xp, num_iters, restart)
+
+
 def polar(
     X: Any,
     *,
@@ -154,9 +227,7 @@ def polar(
     if X.shape[-1] == 0:
         Q, info = X, {"method": "empty", "iterations": 0, "restart_iterations": 0}
     else:
-        if is_eager(X):
-            _check_finite(X, xp, "X")
-        Q, info = polar_impl(X, xp, num_iters=num_iters, restart=restart)
+        Q, info = _polar_routed(X, xp, num_iters, restart)
     return (Q, info) if return_info else Q
 
 
@@ -194,6 +265,20 @@ def _cayley_forward(xp: Any, X: Any, G: Any, t: Any, euclidean: bool) -> tuple[A
     Y, P = RK.cayley_forward(X, G, t, euclidean, xp)
     E = P - eye_like(xp, P.shape[-1], P.dtype, device_of(P))
     return Y, xp.max(xp.sqrt(xp.sum(E * E, axis=(-2, -1))))
+
+
+def _cayley_routed(xp: Any, X: Any, G: Any, t: Any, euclidean: bool, route: Any) -> Any:
+    """(Y, drift) of the SMW map through the autodiff wiring ``route`` asks for."""
+    if route == "torch":
+        from ._autodiff_torch import CayleySMW
+
+        return CayleySMW.apply(X, G, t, euclidean)
+    if route == "jax":
+        from ._autodiff_jax import cayley_smw
+
+        step = xp.asarray(t, dtype=X.dtype) if isinstance(t, float) else t
+        return cayley_smw(X, G, step, euclidean)
+    return jit_for(xp, _cayley_forward, (0, 4))(xp, X, G, t, euclidean)
 
 
 def cayley_retraction(
@@ -252,17 +337,20 @@ def cayley_retraction(
     t = as_step(step, xp, dtype, device, tuple(X.shape[:-2]))
     if X.shape[-1] == 0:
         return X
-    eager = is_eager(X)
-    if eager:
-        _check_finite(X, xp, "X")
-        _check_finite(G, xp, "G")
+    for a, name in ((X, "X"), (G, "G")):
+        if _eager(a):
+            _check_finite(a, xp, name)
+    route = _route(xp, X, G, t)
     xp = kernel_namespace(xp)
     work, (Xw, Gw) = _work(xp, X, G)
     tw = t if isinstance(t, float) or t.dtype == work else xp.astype(t, work)
-    Y, drift = jit_for(xp, _cayley_forward, (0, 4))(xp, Xw, Gw, tw, euclidean)
+    Y, drift = _cayley_routed(xp, Xw, Gw, tw, euclidean, route)
     if drift_tol is None:
         drift_tol = DRIFT_FACTOR * X.shape[-1] ** 0.5 * float(xp.finfo(dtype).eps)
-    Y = select(xp, eager, drift > drift_tol, lambda: polar_impl(Y, xp)[0], lambda: Y)
+    # a Python branch when the drift is concrete; lax.cond / where when any input is traced
+    # or vmapped (a traced step alone makes it a tracer)
+    guard = drift > drift_tol
+    Y = select(xp, _eager(drift), guard, lambda: _polar_routed(Y, xp, None, None)[0], lambda: Y)
     return Y if Y.dtype == dtype else xp.astype(Y, dtype)
 
 
@@ -292,13 +380,23 @@ def qr_retraction(X: Any, Z: Any, step: Any = 1.0, *, xp: Any = None) -> Any:
     check_like(Z, X, "Z")
     t = as_step(step, xp, dtype, device, tuple(X.shape[:-2]))
     Y = X + t * Z
-    if is_eager(Y):
+    if _eager(Y):
         _check_finite(Y, xp, "X + step*Z")
     if X.shape[-1] == 0:
         return Y
+    route = _route(xp, Y)
     xp = kernel_namespace(xp)
     _, (Yw,) = _work(xp, Y)
-    Q = jit_for(xp, _qr_q)(xp, Yw)
+    if route == "torch":
+        from ._autodiff_torch import QRPositive
+
+        Q = QRPositive.apply(Yw)
+    elif route == "jax":
+        from ._autodiff_jax import qr_q
+
+        Q = qr_q(Yw)
+    else:
+        Q = jit_for(xp, _qr_q)(xp, Yw)
     return Q if Q.dtype == dtype else xp.astype(Q, dtype)
 
 

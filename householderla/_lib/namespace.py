@@ -141,6 +141,11 @@ def is_eager(x: Any) -> bool:
         return jax is None or not isinstance(x, jax.core.Tracer)
     if aac.is_dask_array(x):
         return False
+    if aac.is_torch_array(x):
+        # a tensor batched by torch.func.vmap cannot be inspected (bool(x) raises)
+        from .._autodiff_torch import is_vmapped
+
+        return not is_vmapped(x)
     return not aac.is_lazy_array(x)
 
 

@@ -1,0 +1,89 @@
+"""householderla for JAX: every map differentiable through ``jax.custom_vjp`` rules.
+
+Called with JAX arrays, the maps of :mod:`householderla` go through hand-derived backward
+passes (:mod:`householderla._autodiff_jax`), never through autodiff of their internals, and
+compose with ``jax.grad``, ``jax.jit``, ``jax.vmap`` in any order (e.g.
+``jax.jit(jax.vmap(jax.grad(loss)))``); the backward rules are themselves differentiable, so
+second derivatives work. Arrays are never ``nondiff_argnums``. Every rule is traced with
+``jax.default_matmul_precision("highest")`` (full float32 matmuls on GPU instead of TF32).
+
+==========================================  ============================================
+map                                         custom_vjp rule(s)
+==========================================  ============================================
+``cwy(V) @ h``, ``.T @``, ``.matrix()``     ``cwy_factors`` + ``lowrank_apply`` / ``_matrix``
+``tcwy(V) @ x``, ``.T @ y``, ``.matrix()``  ``cwy_factors`` + ``lowrank_apply`` / ``_matrix``
+``householder_apply``, ``_product``         ``householder_apply`` (sequential reflections)
+``polar``, ``polar_retraction``             ``polar`` (X + tZ by JAX's autodiff)
+``cayley_retraction``                       ``cayley_smw`` (+ ``polar`` for the drift guard)
+``qr_retraction``                           ``qr_q`` (X + tZ by JAX's autodiff)
+==========================================  ============================================
+
+float32 and float64 (``jax_enable_x64``) inputs keep their dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+
+from ._autodiff_jax import PRECISION
+from ._autodiff_jax import householder_apply as _householder_apply_rule
+from ._compact_wy import check_finite_norms
+from ._lib.namespace import is_eager, resolve
+from .cwy import CWY, TCWY, cwy, tcwy
+from .householder import _check_reflectors, as_matrix_operand
+from .retractions import cayley_retraction, polar, polar_retraction, qr_retraction
+
+# -- optax wrapper (written elsewhere) ---------------------------------------------------------
+# The lead adds the optax GradientTransformation wrapper of hl.stiefel here:
+#     from ._optax import stiefel_adam, stiefel_sgd
+# (and the names to __all__ below).
+
+__all__ = [
+    "CWY",
+    "PRECISION",
+    "TCWY",
+    "cayley_retraction",
+    "cwy",
+    "householder_apply",
+    "householder_product",
+    "polar",
+    "polar_retraction",
+    "qr_retraction",
+    "tcwy",
+]
+
+
+def householder_apply(V: Any, h: Any) -> Any:
+    """H(v₁)(H(v₂)(…H(v_L) h)) by sequential reflections, through the ``householder_apply``
+    custom_vjp rule.
+
+    Parameters
+    ----------
+    V : array, shape (..., N, L)
+        Reflection vectors as columns (L ≤ N); H(0) = I.
+    h : array, shape (N,) or (..., N, B)
+
+    Returns
+    -------
+    array, shape (..., N) or (..., N, B)
+        As :func:`householderla.householder_apply`: 4·N·L·B flops forward; the backward
+        replays the reflections in forward order (18·N·L·B flops, O(N·B) extra memory).
+    """
+    xp, _, _, (V, h) = resolve([("V", V), ("h", h)], jnp)
+    N, _ = _check_reflectors(V)
+    hm, vector = as_matrix_operand(h, N)
+    if is_eager(V):
+        check_finite_norms(xp.max(xp.abs(V), axis=-2, keepdims=True), xp)
+    y = _householder_apply_rule(V, hm)
+    return y[..., 0] if vector else y
+
+
+def householder_product(V: Any) -> Any:
+    """Dense H(v₁)…H(v_L), shape (..., N, N), by sequential reflections (4·N²·L flops)."""
+    xp, _, _, (V,) = resolve([("V", V)], jnp)
+    N, _ = _check_reflectors(V)
+    if is_eager(V):
+        check_finite_norms(xp.max(xp.abs(V), axis=-2, keepdims=True), xp)
+    return _householder_apply_rule(V, jnp.eye(N, dtype=V.dtype))
