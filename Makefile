@@ -23,8 +23,8 @@ $(STAMP): pyproject.toml Makefile
 install: $(STAMP)
 
 lint: $(STAMP)
-	$(PY) -m ruff check householderla tests benchmarks docs/conf.py
-	$(PY) -m ruff format --check householderla tests benchmarks
+	$(PY) -m ruff check householderla tests benchmarks examples docs/conf.py
+	$(PY) -m ruff format --check householderla tests benchmarks examples
 
 unit: $(STAMP)
 	HL_TEST_BACKENDS=$(HL_TEST_BACKENDS) $(PY) -m pytest -n $(PYTEST_WORKERS) -q
@@ -33,7 +33,7 @@ docs: $(STAMP)
 	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
 
 # every benchmark script, tiny sizes: a smoke test that they run (timings are not checked)
-BENCH_SCRIPTS := run retractions sequential structured svd training_step
+BENCH_SCRIPTS := run retractions sequential structured svd training_step stiefel
 
 bench-quick: $(STAMP)
 	for s in $(BENCH_SCRIPTS); do $(PY) -m benchmarks.$$s --quick --out $(VENV)/bench-quick || exit 1; done

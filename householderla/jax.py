@@ -31,19 +31,18 @@ from ._autodiff_jax import PRECISION
 from ._autodiff_jax import householder_apply as _householder_apply_rule
 from ._compact_wy import check_finite_norms
 from ._lib.namespace import is_eager, resolve
+
+# -- optax-style wrapper of hl.stiefel (householderla/_optax.py) ------------------------------
+from ._optax import apply_updates, stiefel_adam, stiefel_sgd, update_params
 from .cwy import CWY, TCWY, cwy, tcwy
 from .householder import _check_reflectors, as_matrix_operand
 from .retractions import cayley_retraction, polar, polar_retraction, qr_retraction
-
-# -- optax wrapper (written elsewhere) ---------------------------------------------------------
-# The lead adds the optax GradientTransformation wrapper of hl.stiefel here:
-#     from ._optax import stiefel_adam, stiefel_sgd
-# (and the names to __all__ below).
 
 __all__ = [
     "CWY",
     "PRECISION",
     "TCWY",
+    "apply_updates",
     "cayley_retraction",
     "cwy",
     "householder_apply",
@@ -51,7 +50,10 @@ __all__ = [
     "polar",
     "polar_retraction",
     "qr_retraction",
+    "stiefel_adam",
+    "stiefel_sgd",
     "tcwy",
+    "update_params",
 ]
 
 

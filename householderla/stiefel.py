@@ -7,9 +7,11 @@ dtype (a JAX pytree, so ``update`` runs under ``jax.jit``). Everything is batche
 dimensions: one manifold St(N, M) per matrix, every moment per matrix.
 
 Notation (seed 004 §2, App. M.4–M.5): a < 1 is the metric parameter of Definition 1
-(a = ½ canonical, a = 0 Euclidean), b = a/(a − 1), so (1 − b)/2 = 1/(2(1 − a)); η is ``lr``,
-μ ``momentum``. The momentum Q = XY + V (eq. 8) is stored rescaled as Z (M×M, skew) and
-U (N×M, XᵀU = 0). The mathematics is in ``docs/theory/stiefel.rst``.
+(a = ½ canonical, a = 0 Euclidean), b = a/(a − 1), c = (1 − b)/2 = 1/(2(1 − a)),
+d = (3a − 2)/2; η is ``lr``, μ ``momentum``. The momentum Q = XY + V (eq. 8) is stored
+rescaled as Z (M×M, skew) and U (N×M, XᵀU = 0). float32 input is computed in the library's
+accumulation dtype (float64 on CPU backends) and rounded once per step. The mathematics, the
+product count and the large-step analysis are in ``docs/theory/stiefel.rst``.
 """
 
 from __future__ import annotations
@@ -17,20 +19,37 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-from ._lib.namespace import is_eager, mT, resolve
+from ._lib.linalg import eye_like
+from ._lib.namespace import accumulation_dtype_for, device_of, is_eager, mT, resolve
 from ._newton_schulz import select
 from .retractions import check_stiefel_shape, polar
 
-__all__ = ["AdamState", "MomentumState", "StiefelOptimizer", "adam", "momentum_sgd"]
+__all__ = [
+    "AdamState",
+    "EuclideanAdamState",
+    "EuclideanMomentumState",
+    "MomentumState",
+    "StiefelOptimizer",
+    "adam",
+    "euclidean_adam",
+    "euclidean_sgd",
+    "momentum_sgd",
+]
 
 _NAMED_METRICS = {"canonical": 0.5, "euclidean": 0.0}
+#: Approximations of the M×M matrix exponentials of φ̄₁ and φ̄₂ (seed 004 App. M.2).
+EXPM_METHODS = ("euler", "cayley", "expm")
+#: U-update of φ̄₃: "energy" rescales forward Euler to keep ‖U‖_F (the default), "euler" is
+#: the printed forward Euler step (diverges at large steps; docs/theory/stiefel.rst).
+TRANSPORTS = ("energy", "euler")
 
 
 class StiefelOptimizer(NamedTuple):
     """A pair of pure functions, like optax's ``GradientTransformation``.
 
     ``init(X) -> state`` and ``update(X, G, state) -> (X_next, state_next)``; note that
-    ``update`` returns the next *point*, not an increment (a retraction is not additive).
+    ``update`` returns the next *point*, not an increment (a retraction is not additive;
+    :func:`householderla._optax.stiefel_sgd` gives the optax convention).
     """
 
     init: Any
@@ -86,6 +105,12 @@ def _check_real(name: str, value: Any, lo: float, hi: float, lo_open: bool = Fal
     return v
 
 
+def _check_choice(name: str, value: Any, options: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in options:
+        raise ValueError(f"{name} must be one of {options}; got {value!r}")
+    return value
+
+
 def _prepare(X: Any, G: Any, state: Any, xp: Any) -> tuple[Any, Any, Any, Any]:
     """X and G in X's namespace and dtype (G never promotes X), shapes checked."""
     xp, _, dtype, (X,) = resolve([("X", X)], xp)
@@ -122,12 +147,12 @@ def _project_first(X: Any, count: Any, xp: Any) -> Any:
     )
 
 
-def _gradients(X: Any, G: Any, c: float, square: bool) -> tuple[Any, Any]:
-    """f = (1 − b)/2 (XᵀG − GᵀX) (exactly skew) and g = (I − XXᵀ)G (Algorithm 1 line 2)."""
-    A = mT(X) @ G
-    f = c * (A - mT(A))
-    g = None if square else G - X @ A
-    return f, g
+def _to(xp: Any, dtype: Any, *arrays: Any) -> list[Any]:
+    return [a if a.dtype == dtype else xp.astype(a, dtype) for a in arrays]
+
+
+def _sym(A: Any) -> Any:
+    return 0.5 * (A + mT(A))
 
 
 def _zeros(xp: Any, shape: tuple[int, ...], dtype: Any, device: Any) -> Any:
@@ -148,17 +173,82 @@ def _init_arrays(X: Any, xp: Any, adam: bool) -> Any:
     return AdamState(count, U, Z, p, q)
 
 
-def _retract(X_half: Any, U_half: Any, Ut: Any, lr: float, xp: Any) -> tuple[Any, Any]:
-    """φ̄₃ (eq. 13, rescaled as App. M.4): X† = X½ + η Ũ X½ᵀX½, X⁺ = X†(X†ᵀX†)^{-1/2} by
-    :func:`~householderla.polar`, U⁺ = U½ − η X½ ŨᵀU½ (Ũ = U½ for Algorithm 1)."""
-    S = mT(X_half) @ X_half
-    X_dag = X_half + lr * (Ut @ S)
-    U_next = U_half - lr * (X_half @ (mT(Ut) @ U_half))
-    return polar(X_dag, xp=xp), U_next
+# -- the M×M exponentials of App. M.2 (O(M³), never an N-sized product) -----------------------
+
+
+def expm_skew(W: Any, method: str, xp: Any) -> Any:
+    """An approximation of expm(W) for skew W (..., M, M) (seed 004 App. M.2).
+
+    ``"euler"``: I + W (first order, not orthogonal: (I + W)ᵀ(I + W) = I − W²);
+    ``"cayley"``: (I − W/2)⁻¹(I + W/2) (eq. 32, orthogonal, second order);
+    ``"expm"``: the exponential itself, cos(Θ) + W·sinc(Θ) with Θ = (WᵀW)^{1/2} (for skew W,
+    W² = −WᵀW commutes with W), from one symmetric eigendecomposition. O(M³).
+    """
+    eye = eye_like(xp, W.shape[-1], W.dtype, device_of(W))
+    if method == "euler":
+        return eye + W
+    if method == "cayley":
+        return xp.linalg.solve(eye - 0.5 * W, eye + 0.5 * W)
+    lam, Q = xp.linalg.eigh(_sym(mT(W) @ W))
+    th = xp.sqrt(xp.maximum(lam, xp.zeros_like(lam)))
+    small = th < 1e-4  # sinc(θ) = 1 − θ²/6 + O(θ⁴): exact to rounding below 1e-4
+    one = xp.ones_like(th)
+    sinc = xp.where(small, one - th * th / 6.0, xp.sin(th) / xp.where(small, one, th))
+    cos_part = (Q * xp.cos(th)[..., None, :]) @ mT(Q)
+    sinc_part = (Q * sinc[..., None, :]) @ mT(Q)
+    return cos_part + W @ sinc_part
+
+
+def _momentum_rotation(Z: Any, damping: float, d_lr: float, method: str, xp: Any) -> Any:
+    """L with U½ = U L − (gradient term): φ̄₂ without the gradient, i.e. the flow of
+    V̇ = −γV + dVY over one step (eq. 30, rescaled): μI + dηZ (eq. 34, ``"euler"``) or
+    μ·R(dηZ) with R the orthogonal Cayley / exponential (eq. 33, ``"cayley"`` / ``"expm"``)."""
+    if method == "euler":
+        eye = eye_like(xp, Z.shape[-1], Z.dtype, device_of(Z))
+        return damping * eye + d_lr * Z
+    return damping * expm_skew(d_lr * Z, method, xp)
+
+
+def _phi3(
+    X: Any,
+    R: Any,
+    U_half: Any,
+    U_step: Any,
+    B: Any,
+    lr: float,
+    transport: str,
+    xp: Any,
+) -> tuple[Any, Any]:
+    """φ̄₃ after φ̃₁ (X½ = XR) for X ∈ St: (X⁺, U⁺).
+
+    X† = XR + ηŨ, X⁺ = polar(X†); U⁺ = k (U½ − X R S⁻¹(ηB)) with S = RᵀR (= X½ᵀX½ for
+    XᵀX = I: the Gram shortcut), B = ŨᵀU½, Ũ = ``U_step`` (U½ for Algorithm 1). Then
+    X†ᵀ(U½ − X½S⁻¹ηB) = X½ᵀU½ = 0 exactly. k = 1 (``"euler"``) or k = ‖U½‖_F/‖U½ − …‖_F
+    (``"energy"``): the exact flow of eq. 11 keeps VᵀV, forward Euler adds η²BᵀS⁻¹B to it.
+    N×M×M products: X R, X·(R S⁻¹ηB), and the two of ``polar``.
+    """
+    S = _sym(mT(R) @ R)
+    SiB = xp.linalg.solve(S, lr * B)
+    X_next = polar(X @ R + lr * U_step, xp=xp)
+    U_next = U_half - X @ (R @ SiB)
+    if transport == "energy":
+        e0 = xp.sum(U_half * U_half, axis=(-2, -1))
+        e1 = e0 + xp.sum((lr * B) * SiB, axis=(-2, -1))  # ‖U½ − X R S⁻¹ηB‖² for XᵀU½ = 0
+        pos = e1 > 0
+        one = xp.ones_like(e0)
+        k = xp.sqrt(xp.where(pos, e0, one) / xp.where(pos, e1, one))
+        U_next = k[..., None, None] * U_next
+    return X_next, U_next
 
 
 def momentum_sgd(
-    lr: float = 0.1, momentum: float = 0.9, metric: Any = 0.5, *, xp: Any = None
+    lr: float = 0.1,
+    momentum: float = 0.9,
+    metric: Any = 0.5,
+    *,
+    expm_method: str = "euler",
+    transport: str = "energy",
+    xp: Any = None,
 ) -> StiefelOptimizer:
     """Momentum (S)GD on St(N, M) by the splitting integrator φ̄₃ ∘ φ̃₁ ∘ φ̄₂ (seed 004
     Algorithm 1; Algorithm 4 for M = N).
@@ -166,12 +256,20 @@ def momentum_sgd(
     Parameters
     ----------
     lr : float
-        η > 0.
+        η > 0 (the paper's rescaled learning rate, App. M.4: η = h(1 − e^{−γh})/γ).
     momentum : float
-        μ ∈ [0, 1).
+        μ = e^{−γh} ∈ [0, 1).
     metric : float or str
         a < 1 of the canonical-type metric (Definition 1): 0.5 (``"canonical"``, default) or
         0 (``"euclidean"``) or any other a < 1.
+    expm_method : {"euler", "cayley", "expm"}
+        How the M×M exponentials of φ̄₁ (expm(ηZ)) and φ̄₂ (the VY rotation) are
+        approximated (App. M.2): forward Euler (default, Theorem 6), the Cayley transform
+        (eq. 32–33) or the exponential itself. All three cost the same N×M×M products.
+    transport : {"energy", "euler"}
+        U-update of φ̄₃. ``"energy"`` (default) rescales the forward-Euler update so that
+        ‖U⁺‖_F = ‖U½‖_F, as the exact flow of eq. 11 does; ``"euler"`` is the printed update,
+        which diverges at large steps (lr ≳ 0.2 on App. Q; see Notes).
     xp : namespace, optional
         Force this array namespace in ``init`` and ``update``.
 
@@ -183,20 +281,32 @@ def momentum_sgd(
 
     Notes
     -----
-    One step from (X, U, Z), G = ∂f/∂X, c = (1 − b)/2 = 1/(2(1 − a)):
+    One step from (X, U, Z), G = ∂f/∂X, c = (1 − b)/2 = 1/(2(1 − a)), d = (3a − 2)/2:
 
     0. First step only (count = 0): X ← polar(X), so any full-rank start works (App. P.1).
-    1. f = c(XᵀG − GᵀX), g = (I − XXᵀ)G (line 2).
-    2. φ̄₂ (eq. 14 / eq. 34): U½ = μU + ((3a − 2)/2) η U Z − g (line 3).
-    3. φ̃₁ (Theorem 6, forward Euler for expm of eq. 12): Z⁺ = μZ − f, X½ = X + η X Z⁺ (line 4).
-    4. φ̄₃ (eq. 13): X† = X½ + η U½ X½ᵀX½, X⁺ = polar(X†), U⁺ = U½ − η X½ U½ᵀU½ (line 5).
+    1. A = XᵀG, f = c(A − Aᵀ), g = G − XA (line 2).
+    2. φ̄₂ (eq. 34): U½ = U L − g, L = μI + dηZ (``"euler"``; μ·cayley/expm(dηZ) else).
+    3. φ̃₁ (Theorem 6): Z⁺ = μZ − f, X½ = XR with R = I + ηZ⁺ (or its Cayley/expm).
+    4. φ̄₃ (eq. 13): X⁺ = polar(XR + ηU½), U⁺ = k(U½ − ηX R S⁻¹C), S = RᵀR, C = U½ᵀU½.
 
-    Two printed-algorithm details are taken from the equations instead (docs/theory/stiefel):
-    the sign of the UZ term is + as in eq. 8, 14, 34 and App. M.4 (Algorithm 1 prints −), and
-    X½ uses the updated Z⁺ as in Theorem 6, App. M.4, Algorithms 2 and 4 (Algorithm 1 prints
-    Zᵢ). For M = N the normal part g, U vanish (Algorithm 4 with forward Euler for expm): the
-    point stays in the connected component of O(N) of its (projected) start. Structure
-    (Theorems 4–6): XᵀX = I, Z skew, XᵀU = 0 after every step, up to rounding.
+    Step 4 puts the factor X½ᵀX½ = S of eq. 13 on the U-update instead of X† (X† = X½ +
+    ηU½S in the paper): equal for S = I (Cayley/expm, or Z = 0), the same first order
+    otherwise (S = I − η²Z⁺²), and X⁺ᵀU⁺ = 0 by the same one-line proof; it saves one
+    N×M×M product. Two printed-algorithm details follow the equations (docs/theory/stiefel):
+    the sign of the UZ term is + (eq. 8, 14, 34, M.4), and X½ uses Z⁺ (Theorem 6, M.4,
+    Algorithms 2 and 4).
+
+    **Cost:** 8 N×M×M products per step — XᵀG, XA, UL, U½ᵀU½, XR, X·(RS⁻¹ηC) and the Gram
+    and final product of :func:`~householderla.polar` — plus O(M³); the polar step adds 2
+    (its restart) when κ(X†ᵀX†) ≳ 7 (large steps) or in float32 on accelerators. The
+    paper's reference code takes 10 plus 24 M×M products (App. C). For M = N: XᵀG, XR and
+    the polar step, whose Newton–Schulz iterations are then N×N products too.
+
+    **Large steps.** With ``transport="energy"`` φ̄₃ keeps ‖U‖_F, so ‖U⁺‖_F ≤ ‖L‖₂‖U‖_F +
+    ‖g‖_F: with ``expm_method`` "cayley"/"expm" ‖L‖₂ = μ and U stays bounded by
+    sup‖g‖_F/(1 − μ) at every lr; with "euler" ‖L‖₂ = (μ² + d²η²‖Z‖₂²)^{1/2} (= μ when
+    XᵀG is symmetric, as on App. Q). Structure (Theorems 4–6): XᵀX = I, Z skew, XᵀU = 0 after
+    every step, up to rounding.
 
     Examples
     --------
@@ -213,6 +323,8 @@ def momentum_sgd(
     lr = _check_real("lr", lr, 0.0, math.inf, lo_open=True)
     mu = _check_real("momentum", momentum, 0.0, 1.0)
     a = _metric_a(metric)
+    method = _check_choice("expm_method", expm_method, EXPM_METHODS)
+    transport = _check_choice("transport", transport, TRANSPORTS)
     c, d = 0.5 / (1.0 - a), 0.5 * (3.0 * a - 2.0)
     fixed_xp = xp
 
@@ -220,18 +332,21 @@ def momentum_sgd(
         return _init_arrays(X, fixed_xp, adam=False)
 
     def update(X: Any, G: Any, state: MomentumState) -> tuple[Any, MomentumState]:
-        xp, X, G, _ = _prepare(X, G, state, fixed_xp)
-        square = X.shape[-1] == X.shape[-2]
+        xp, X, G, dtype = _prepare(X, G, state, fixed_xp)
         X = _project_first(X, state.count, xp)
-        f, g = _gradients(X, G, c, square)
-        Z = mu * state.Z - f
-        X_half = X + lr * (X @ Z)
-        if square:
-            X_next, U_next = polar(X_half, xp=xp), state.U
+        work = accumulation_dtype_for(xp, X)
+        X, G, U, Z = _to(xp, work, X, G, state.U, state.Z)
+        A = mT(X) @ G
+        Z_next = mu * Z - c * (A - mT(A))
+        R = expm_skew(lr * Z_next, method, xp)
+        if X.shape[-1] == X.shape[-2]:  # SO(n): g = 0, no U (Algorithm 4)
+            X_next, U_next = polar(X @ R, xp=xp), U
         else:
-            U_half = mu * state.U + (d * lr) * (state.U @ state.Z) - g
-            X_next, U_next = _retract(X_half, U_half, U_half, lr, xp)
-        return X_next, MomentumState(state.count + 1, U_next, Z)
+            U_half = U @ _momentum_rotation(Z, mu, d * lr, method, xp) - (G - X @ A)
+            C = _sym(mT(U_half) @ U_half)
+            X_next, U_next = _phi3(X, R, U_half, U_half, C, lr, transport, xp)
+        X_next, U_next, Z_next = _to(xp, dtype, X_next, U_next, Z_next)
+        return X_next, MomentumState(state.count + 1, U_next, Z_next)
 
     return StiefelOptimizer(init, update)
 
@@ -243,6 +358,8 @@ def adam(
     eps: float = 1e-8,
     metric: Any = 0.5,
     *,
+    expm_method: str = "euler",
+    transport: str = "energy",
     xp: Any = None,
 ) -> StiefelOptimizer:
     """Adam on St(N, M) by the splitting φ̂₃ ∘ φ̂₁ ∘ φ̂₂ (seed 004 Algorithm 2, App. M.5;
@@ -258,6 +375,8 @@ def adam(
         ε > 0, added to the square roots of the second moments.
     metric : float or str
         a < 1 of Definition 1, as in :func:`momentum_sgd`.
+    expm_method, transport : str
+        As in :func:`momentum_sgd`.
     xp : namespace, optional
 
     Returns
@@ -267,28 +386,32 @@ def adam(
 
     Notes
     -----
-    One step i → i + 1 from (X, U, Z, p, q), with f, g, c, d = (3a − 2)/2 as in
-    :func:`momentum_sgd` and κ = √(1 − β₂^{i+1}) (the paper's bias correction; there is none
-    for β₁):
+    One step i → i + 1 from (X, U, Z, p, q), with A, f, g, c, d as in :func:`momentum_sgd`
+    and κ = √(1 − β₂^{i+1}) (the paper's bias correction; there is none for β₁):
 
     0. First step only: X ← polar(X) (App. P.1).
     1. p⁺ = β₂p + (1 − β₂) f∘f, q⁺ = β₂q + (1 − β₂) g∘g (line 3).
-    2. φ̂₂: U½ = β₁U + d η U Z − (1 − β₁) g (line 4; sign of the UZ term as in eq. 8).
-    3. φ̂₁: Z⁺ = β₁Z − (1 − β₁) f, X½ = X + ηκ X (Z⁺ ⊘ (p⁺^{∘½} + ε)) (line 5).
-    4. φ̂₃: Ũ = κ (I − XXᵀ)(U½ ⊘ (q⁺^{∘½} + ε)), X† = X½ + η Ũ X½ᵀX½, X⁺ = polar(X†),
-       U⁺ = U½ − η X½ ŨᵀU½ (line 6).
+    2. φ̂₂: U½ = U L − (1 − β₁) g, L = β₁I + dηZ (line 4; sign of the UZ term as in eq. 8).
+    3. φ̂₁: Z⁺ = β₁Z − (1 − β₁) f, X½ = XR, R = I + ηκ Z⁺ ⊘ (p⁺^{∘½} + ε) (line 5).
+    4. φ̂₃: W = U½ ⊘ (q⁺^{∘½} + ε), Ũ = κ(W − X(XᵀW)), X⁺ = polar(XR + ηŨ),
+       U⁺ = k(U½ − ηX R S⁻¹ŨᵀU½) with S = RᵀR (line 6; S moved as in :func:`momentum_sgd`).
 
     ⊘ is element-wise division: Algorithm 2 prints ∘ (a product) where §2.3 and Algorithm 5
     mean ⊘. The paper's projection I − X½(X½ᵀX½)⁻¹X½ᵀ equals I − XXᵀ exactly, because
-    X½ = X(I + ηκ Z⁺⊘(…)) and I + (skew) is invertible, so no M×M solve is needed. Z⁺ ⊘ (…)
-    is exactly skew because p⁺ is exactly symmetric (f is exactly skew); Ũ ⟂ X½ gives
-    X⁺ᵀU⁺ = 0 (Theorem 7).
+    X½ = XR with R invertible, so no M×M solve is needed. Z⁺ ⊘ (…) is exactly skew because p⁺
+    is exactly symmetric (f is exactly skew); Ũ ⟂ X½ gives X⁺ᵀU⁺ = 0 (Theorem 7).
+    ``transport="energy"`` rescales U⁺ to ‖U½‖_F (k as in :func:`momentum_sgd`).
+
+    **Cost:** 10 N×M×M products per step (XᵀG, XA, UL, XᵀW, X(XᵀW), XR, ŨᵀU½, X·(…), and
+    the two of ``polar``) plus O(M³); for M = N as in :func:`momentum_sgd`.
     """
     lr = _check_real("lr", lr, 0.0, math.inf, lo_open=True)
     b1 = _check_real("b1", b1, 0.0, 1.0)
     b2 = _check_real("b2", b2, 0.0, 1.0)
     eps = _check_real("eps", eps, 0.0, math.inf, lo_open=True)
     a = _metric_a(metric)
+    method = _check_choice("expm_method", expm_method, EXPM_METHODS)
+    transport = _check_choice("transport", transport, TRANSPORTS)
     c, d = 0.5 / (1.0 - a), 0.5 * (3.0 * a - 2.0)
     log_b2 = math.log(b2) if b2 > 0 else None
     fixed_xp = xp
@@ -298,26 +421,113 @@ def adam(
 
     def update(X: Any, G: Any, state: AdamState) -> tuple[Any, AdamState]:
         xp, X, G, dtype = _prepare(X, G, state, fixed_xp)
-        square = X.shape[-1] == X.shape[-2]
         X = _project_first(X, state.count, xp)
-        f, g = _gradients(X, G, c, square)
+        work = accumulation_dtype_for(xp, X)
+        X, G, U, Z, p, q = _to(xp, work, X, G, state.U, state.Z, state.p, state.q)
         count = state.count + 1
         if log_b2 is None:
             kappa = 1.0
         else:
-            t = xp.astype(count, dtype)
+            t = xp.astype(count, work)
             kappa = xp.sqrt(-xp.expm1(t * log_b2))
-        p = b2 * state.p + (1.0 - b2) * (f * f)
-        Z = b1 * state.Z - (1.0 - b1) * f
-        X_half = X + (lr * kappa) * (X @ (Z / (xp.sqrt(p) + eps)))
-        if square:
-            X_next, U_next, q = polar(X_half, xp=xp), state.U, state.q
+        A = mT(X) @ G
+        f = c * (A - mT(A))
+        p = b2 * p + (1.0 - b2) * (f * f)
+        Z_next = b1 * Z - (1.0 - b1) * f
+        R = expm_skew((lr * kappa) * (Z_next / (xp.sqrt(p) + eps)), method, xp)
+        if X.shape[-1] == X.shape[-2]:  # SO(n) (Algorithm 5)
+            X_next, U_next = polar(X @ R, xp=xp), U
         else:
-            q = b2 * state.q + (1.0 - b2) * (g * g)
-            U_half = b1 * state.U + (d * lr) * (state.U @ state.Z) - (1.0 - b1) * g
+            g = G - X @ A
+            q = b2 * q + (1.0 - b2) * (g * g)
+            U_half = U @ _momentum_rotation(Z, b1, d * lr, method, xp) - (1.0 - b1) * g
             W = U_half / (xp.sqrt(q) + eps)
             Ut = kappa * (W - X @ (mT(X) @ W))
-            X_next, U_next = _retract(X_half, U_half, Ut, lr, xp)
-        return X_next, AdamState(count, U_next, Z, p, q)
+            B = mT(Ut) @ U_half
+            X_next, U_next = _phi3(X, R, U_half, Ut, B, lr, transport, xp)
+        X_next, U_next, Z_next, p, q = _to(xp, dtype, X_next, U_next, Z_next, p, q)
+        return X_next, AdamState(count, U_next, Z_next, p, q)
+
+    return StiefelOptimizer(init, update)
+
+
+# -- the Euclidean counterparts (seed 004 App. P: one set of hyperparameters for both) ---------
+
+
+class EuclideanMomentumState(NamedTuple):
+    """State of :func:`euclidean_sgd`: ``count`` (int32) and the velocity ``v`` (shape of x)."""
+
+    count: Any
+    v: Any
+
+
+class EuclideanAdamState(NamedTuple):
+    """State of :func:`euclidean_adam`: ``count``, first moment ``m``, second moment ``s``."""
+
+    count: Any
+    m: Any
+    s: Any
+
+
+def _euclidean_prepare(x: Any, g: Any, xp: Any) -> tuple[Any, Any, Any, Any]:
+    xp, _, dtype, (x,) = resolve([("x", x)], xp)
+    _, _, _, (g,) = resolve([("G", g)], xp)
+    if tuple(g.shape) != tuple(x.shape):
+        raise ValueError(f"G must have the shape of x {tuple(x.shape)}; got {tuple(g.shape)}")
+    return xp, x, (g if g.dtype == dtype else xp.astype(g, dtype)), dtype
+
+
+def euclidean_sgd(lr: float = 0.1, momentum: float = 0.9, *, xp: Any = None) -> StiefelOptimizer:
+    """Heavy-ball momentum SGD on ℝ^{shape}: the Euclidean limit of :func:`momentum_sgd`.
+
+    ``v⁺ = μv − g``, ``x⁺ = x + ηv⁺`` — Algorithm 1 with X unconstrained (only the U part,
+    no projection, no φ̄₃), i.e. ``torch.optim.SGD(lr=η, momentum=μ)`` with v = −buffer.
+    Seed 004 App. P: Stiefel and Euclidean parameters share lr and momentum. Any shape.
+    """
+    lr = _check_real("lr", lr, 0.0, math.inf, lo_open=True)
+    mu = _check_real("momentum", momentum, 0.0, 1.0)
+    fixed_xp = xp
+
+    def init(x: Any) -> EuclideanMomentumState:
+        xp, device, dtype, (x,) = resolve([("x", x)], fixed_xp)
+        count = xp.asarray(0, dtype=xp.int32, device=device)
+        return EuclideanMomentumState(count, _zeros(xp, tuple(x.shape), dtype, device))
+
+    def update(x: Any, g: Any, state: EuclideanMomentumState) -> tuple[Any, Any]:
+        _, x, g, _ = _euclidean_prepare(x, g, fixed_xp)
+        v = mu * state.v - g
+        return x + lr * v, EuclideanMomentumState(state.count + 1, v)
+
+    return StiefelOptimizer(init, update)
+
+
+def euclidean_adam(
+    lr: float = 1e-3, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, *, xp: Any = None
+) -> StiefelOptimizer:
+    """Adam on ℝ^{shape} in the convention of :func:`adam` (seed 004 Algorithm 2 without the
+    manifold): ``m⁺ = β₁m − (1 − β₁)g``, ``s⁺ = β₂s + (1 − β₂)g∘g``,
+    ``x⁺ = x + ηκ m⁺ ⊘ (s⁺^{∘½} + ε)``, κ = √(1 − β₂^{t}). Unlike ``torch.optim.Adam`` there
+    is no β₁ bias correction (the paper has none) and ε is not rescaled by κ.
+    """
+    lr = _check_real("lr", lr, 0.0, math.inf, lo_open=True)
+    b1 = _check_real("b1", b1, 0.0, 1.0)
+    b2 = _check_real("b2", b2, 0.0, 1.0)
+    eps = _check_real("eps", eps, 0.0, math.inf, lo_open=True)
+    log_b2 = math.log(b2) if b2 > 0 else None
+    fixed_xp = xp
+
+    def init(x: Any) -> EuclideanAdamState:
+        xp, device, dtype, (x,) = resolve([("x", x)], fixed_xp)
+        count = xp.asarray(0, dtype=xp.int32, device=device)
+        zeros = _zeros(xp, tuple(x.shape), dtype, device)
+        return EuclideanAdamState(count, zeros, xp.zeros_like(zeros))
+
+    def update(x: Any, g: Any, state: EuclideanAdamState) -> tuple[Any, Any]:
+        xp, x, g, dtype = _euclidean_prepare(x, g, fixed_xp)
+        count = state.count + 1
+        kappa = 1.0 if log_b2 is None else xp.sqrt(-xp.expm1(xp.astype(count, dtype) * log_b2))
+        m = b1 * state.m - (1.0 - b1) * g
+        s = b2 * state.s + (1.0 - b2) * (g * g)
+        return x + (lr * kappa) * (m / (xp.sqrt(s) + eps)), EuclideanAdamState(count, m, s)
 
     return StiefelOptimizer(init, update)

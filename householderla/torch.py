@@ -41,6 +41,9 @@ from ._autodiff_torch import (
 )
 from ._compact_wy import check_finite_norms, normalize_columns
 from ._lib.namespace import resolve
+
+# -- optimizers: StiefelSGD / StiefelAdam (householderla/_torch_optim.py) ----------------------
+from ._torch_optim import StiefelAdam, StiefelSGD
 from .cwy import CWY, TCWY, cwy, tcwy
 from .householder import (
     _check_reflectors,
@@ -50,10 +53,6 @@ from .householder import (
     tcwy_vectors,
 )
 from .retractions import cayley_retraction, polar, polar_retraction, qr_retraction
-
-# -- optimizers: StiefelSGD / StiefelAdam (householderla/_torch_optim.py) ----------------------
-# The lead adds here:  from ._torch_optim import StiefelAdam, StiefelSGD
-# (and the two names to __all__ below).
 
 __all__ = [
     "CWY",
@@ -66,6 +65,8 @@ __all__ = [
     "Orthogonal",
     "Polar",
     "QRPositive",
+    "StiefelAdam",
+    "StiefelSGD",
     "cayley_retraction",
     "cwy",
     "householder_apply",

@@ -1,0 +1,209 @@
+"""optax-style front end of the momentum Stiefel optimizers (seed 004 Algorithms 1, 2, 4, 5).
+
+:func:`stiefel_sgd` and :func:`stiefel_adam` return a ``GradientTransformation`` — the real
+``optax.GradientTransformation`` when optax is importable, otherwise a NamedTuple with the
+same two fields — so they drop into optax code and run under ``jax.jit`` without optax
+installed. Re-exported from ``householderla.jax``.
+
+optax's convention is ``updates, state = tx.update(grads, state, params)`` followed by
+``params = optax.apply_updates(params, updates)`` (an addition). A manifold step is not an
+addition, so for a Stiefel leaf the update is the difference X⁺ − X of the new and the old
+point; ``apply_updates`` then returns fl(X + fl(X⁺ − X)), which differs from X⁺ by at most
+one rounding per entry (≤ eps·(|X⁺| + |X⁺ − X|)): ‖XᵀX − I‖_F stays at the rounding level of
+the polar step. :func:`update_params` returns X⁺ itself (no extra rounding).
+
+Leaves: every leaf is a Stiefel matrix (..., N, M) by default; ``stiefel`` may be a bool, a
+pytree of bools (a prefix of the params' structure, like ``optax.masked``), or a function
+params → such a pytree. Other leaves get the Euclidean update with the same hyperparameters
+(App. P). A wide leaf (N < M) is optimised through its transpose (orthonormal rows), as in
+:mod:`householderla._torch_optim`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+
+from . import stiefel as S
+
+__all__ = [
+    "GradientTransformation",
+    "apply_updates",
+    "stiefel_adam",
+    "stiefel_sgd",
+    "update_params",
+]
+
+
+class _GradientTransformation(NamedTuple):
+    """Stand-in for ``optax.GradientTransformation`` (same fields) when optax is absent."""
+
+    init: Any
+    update: Any
+
+
+try:  # a real optax transformation when optax is there, never a hard dependency
+    from optax import GradientTransformation
+except ImportError:  # pragma: no cover - depends on the environment
+    GradientTransformation = _GradientTransformation
+
+
+def _mT(x: Any) -> Any:
+    return x.mT if hasattr(x, "mT") else jax.numpy.swapaxes(x, -1, -2)
+
+
+class _Update:
+    """``update(grads, state, params)`` of the transformation; ``.step`` gives new params."""
+
+    def __init__(self, manifold: S.StiefelOptimizer, euclid: S.StiefelOptimizer, mask: Any):
+        self.manifold, self.euclid, self.mask = manifold, euclid, mask
+
+    def leaves(self, params: Any) -> tuple[list[Any], Any, list[bool]]:
+        leaves, treedef = jax.tree_util.tree_flatten(params)
+        mask = self.mask(params) if callable(self.mask) else self.mask
+        if isinstance(mask, bool):
+            flags = [mask] * len(leaves)
+        else:  # a prefix of the params' structure, broadcast over each subtree
+            tm = jax.tree_util.tree_map
+            flags = treedef.flatten_up_to(tm(lambda m, sub: tm(lambda _: m, sub), mask, params))
+        for i, (leaf, flag) in enumerate(zip(leaves, flags, strict=True)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"stiefel must give a Python bool per leaf; leaf {i}: {flag!r}")
+            if flag and leaf.ndim < 2:
+                raise ValueError(
+                    f"leaf {i} has shape {tuple(leaf.shape)} but is marked stiefel; Stiefel "
+                    "leaves need (..., N, M) — mark it False (stiefel= mask or function)"
+                )
+        return leaves, treedef, flags
+
+    def init(self, params: Any) -> Any:
+        leaves, treedef, flags = self.leaves(params)
+        states = [
+            self.manifold.init(_orient(x)) if flag else self.euclid.init(x)
+            for x, flag in zip(leaves, flags, strict=True)
+        ]
+        return treedef.unflatten(states)
+
+    def step(self, grads: Any, state: Any, params: Any) -> tuple[Any, Any]:
+        """(new params, new state): X⁺ exactly, without the rounding of X + (X⁺ − X)."""
+        if params is None:
+            raise ValueError("params are required: a Stiefel step depends on the point X")
+        leaves, treedef, flags = self.leaves(params)
+        g_leaves = treedef.flatten_up_to(grads)
+        s_leaves = treedef.flatten_up_to(state)
+        new_params, new_states = [], []
+        for x, g, s, flag in zip(leaves, g_leaves, s_leaves, flags, strict=True):
+            if flag:
+                wide = x.shape[-2] < x.shape[-1]
+                x_new, s_new = self.manifold.update(_orient(x), _orient(g), s)
+                x_new = _mT(x_new) if wide else x_new
+            else:
+                x_new, s_new = self.euclid.update(x, g, s)
+            new_params.append(x_new)
+            new_states.append(s_new)
+        return treedef.unflatten(new_params), treedef.unflatten(new_states)
+
+    def __call__(self, updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+        new_params, new_state = self.step(updates, state, params)
+        return jax.tree_util.tree_map(lambda a, b: a - b, new_params, params), new_state
+
+
+def _orient(x: Any) -> Any:
+    """The tall view of a leaf: xᵀ for a wide one (N < M)."""
+    return _mT(x) if x.shape[-2] < x.shape[-1] else x
+
+
+def _transformation(update: _Update) -> Any:
+    return GradientTransformation(update.init, update)
+
+
+def stiefel_sgd(
+    lr: float = 0.1,
+    momentum: float = 0.9,
+    metric: Any = 0.5,
+    *,
+    expm_method: str = "euler",
+    transport: str = "energy",
+    stiefel: bool | Any | Callable[[Any], Any] = True,
+) -> Any:
+    """Momentum SGD on Stiefel leaves (seed 004 Algorithm 1) as an optax transformation.
+
+    Parameters
+    ----------
+    lr, momentum, metric, expm_method, transport
+        As in :func:`householderla.stiefel.momentum_sgd`.
+    stiefel : bool, pytree of bools, or callable
+        Which leaves are Stiefel matrices (default: all); the others get
+        :func:`~householderla.stiefel.euclidean_sgd` with the same lr and momentum.
+
+    Returns
+    -------
+    GradientTransformation
+        ``init(params)`` and ``update(grads, state, params) -> (updates, state)`` with
+        ``updates = X⁺ − X`` (add them with ``optax.apply_updates`` or :func:`apply_updates`;
+        :func:`update_params` returns X⁺ directly). Usable inside ``jax.jit``.
+
+    Examples
+    --------
+    >>> import jax, jax.numpy as jnp, numpy as np
+    >>> from householderla._optax import stiefel_sgd, apply_updates
+    >>> X = jnp.asarray(np.linalg.qr(np.random.default_rng(0).standard_normal((6, 2)))[0])
+    >>> params = {"W": X, "b": jnp.zeros(2)}
+    >>> tx = stiefel_sgd(0.1, stiefel={"W": True, "b": False})
+    >>> state = tx.init(params)
+    >>> grads = {"W": jnp.ones((6, 2)), "b": jnp.ones(2)}
+    >>> updates, state = jax.jit(tx.update)(grads, state, params)
+    >>> params = apply_updates(params, updates)
+    >>> bool(jnp.allclose(params["W"].T @ params["W"], jnp.eye(2)))
+    True
+    """
+    manifold = S.momentum_sgd(lr, momentum, metric, expm_method=expm_method, transport=transport)
+    return _transformation(_Update(manifold, S.euclidean_sgd(lr, momentum), stiefel))
+
+
+def stiefel_adam(
+    lr: float = 1e-3,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    metric: Any = 0.5,
+    *,
+    expm_method: str = "euler",
+    transport: str = "energy",
+    stiefel: bool | Any | Callable[[Any], Any] = True,
+) -> Any:
+    """Adam on Stiefel leaves (seed 004 Algorithm 2) as an optax transformation.
+
+    Parameters
+    ----------
+    lr, b1, b2, eps, metric, expm_method, transport
+        As in :func:`householderla.stiefel.adam`.
+    stiefel : bool, pytree of bools, or callable
+        As in :func:`stiefel_sgd`; non-Stiefel leaves get
+        :func:`~householderla.stiefel.euclidean_adam` (Algorithm 2's bias correction, which
+        is not ``optax.adam``'s).
+
+    Returns
+    -------
+    GradientTransformation
+        As in :func:`stiefel_sgd`.
+    """
+    manifold = S.adam(lr, b1, b2, eps, metric, expm_method=expm_method, transport=transport)
+    return _transformation(_Update(manifold, S.euclidean_adam(lr, b1, b2, eps), stiefel))
+
+
+def update_params(tx: Any, grads: Any, state: Any, params: Any) -> tuple[Any, Any]:
+    """``(new_params, new_state)`` for a transformation made by :func:`stiefel_sgd` or
+    :func:`stiefel_adam`: the new points themselves, without the one rounding that
+    ``apply_updates(params, updates)`` adds. Usable inside ``jax.jit``."""
+    if not isinstance(tx.update, _Update):
+        raise TypeError("update_params needs a transformation made by stiefel_sgd/stiefel_adam")
+    return tx.update.step(grads, state, params)
+
+
+def apply_updates(params: Any, updates: Any) -> Any:
+    """``params + updates`` leaf by leaf, as ``optax.apply_updates``: for a Stiefel leaf the
+    result is X⁺ up to one rounding per entry (updates have the leaves' dtypes)."""
+    return jax.tree_util.tree_map(lambda p, u: p + u, params, updates)

@@ -1,0 +1,260 @@
+"""``torch.optim`` front end of the momentum Stiefel optimizers (seed 004 Algorithms 1, 2, 4, 5).
+
+:class:`StiefelSGD` and :class:`StiefelAdam` are ``torch.optim.Optimizer`` subclasses that run
+:func:`householderla.stiefel.momentum_sgd` / :func:`~householderla.stiefel.adam` on every
+parameter of a group with ``stiefel=True`` (the default) and the matching Euclidean update
+(:func:`~householderla.stiefel.euclidean_sgd` / :func:`~householderla.stiefel.euclidean_adam`)
+on groups with ``stiefel=False`` — same hyperparameters for both, as seed 004 App. P
+recommends. Re-exported as ``householderla.torch.StiefelSGD`` / ``StiefelAdam``.
+
+Conventions:
+
+* A Stiefel parameter is a tensor (..., N, M): one St(N, M) per trailing matrix. A *wide*
+  parameter (N < M) is optimised through its transpose, so its **rows** are orthonormal
+  (W Wᵀ = I) — the convention of ``torch.nn.init.orthogonal_`` for wide matrices and of the
+  paper's reference code. A parameter with fewer than two dimensions in a Stiefel group is a
+  ``ValueError``.
+* The first step projects a parameter onto the manifold (polar factor), so a Gaussian or
+  any full-rank initialisation works (App. P.1).
+* The per-parameter state is ``{"step", "U", "Z"}`` (+ ``"p", "q"`` for Adam) for Stiefel
+  parameters and ``{"step", "v"}`` / ``{"step", "m", "s"}`` for Euclidean ones; all tensors,
+  so ``state_dict`` / ``load_state_dict`` resume bit-identically. Hyperparameters are read
+  from the group at every step (learning-rate schedulers work).
+* ``step`` runs under ``torch.no_grad`` like the built-in optimizers; ``closure`` is
+  re-evaluated with gradients enabled. Sparse gradients raise ``TypeError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from . import stiefel as S
+
+__all__ = ["StiefelAdam", "StiefelSGD"]
+
+_STATE_KEYS = {
+    (True, "sgd"): ("step", "U", "Z"),
+    (True, "adam"): ("step", "U", "Z", "p", "q"),
+    (False, "sgd"): ("step", "v"),
+    (False, "adam"): ("step", "m", "s"),
+}
+
+
+class _StiefelOptimizer(torch.optim.Optimizer):
+    """Shared loop: one functional optimizer per group, built from the group's values."""
+
+    _kind = ""
+
+    def _functional(self, group: dict[str, Any]) -> S.StiefelOptimizer:
+        raise NotImplementedError
+
+    def _check_group(self, group: dict[str, Any]) -> None:
+        self._functional(group)  # validates the hyperparameters (ValueError naming them)
+        if not isinstance(group.get("stiefel", True), bool):
+            raise ValueError(f"stiefel must be True or False; got {group['stiefel']!r}")
+        if group["stiefel"]:
+            for i, p in enumerate(group["params"]):
+                if p.ndim < 2:
+                    raise ValueError(
+                        f"parameter {i} of a stiefel=True group has shape {tuple(p.shape)}; "
+                        "Stiefel parameters need (..., N, M) — put vectors and scalars in a "
+                        "group with stiefel=False"
+                    )
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        super().add_param_group(param_group)
+        self._check_group(self.param_groups[-1])
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One optimisation step for every parameter with a gradient.
+
+        Parameters
+        ----------
+        closure : callable, optional
+            Re-evaluates the model and returns the loss (called with gradients enabled).
+
+        Returns
+        -------
+        The closure's loss, or None.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for gi, group in enumerate(self.param_groups):
+            manifold = group["stiefel"]
+            opt = self._functional(group)
+            keys = _STATE_KEYS[(manifold, self._kind)]
+            for pi, p in enumerate(group["params"]):
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise TypeError(
+                        f"{type(self).__name__} does not support sparse gradients "
+                        f"(parameter {pi} of group {gi}); use dense gradients"
+                    )
+                wide = manifold and p.shape[-2] < p.shape[-1]
+                X = p.detach().mT if wide else p.detach()
+                G = p.grad.detach().mT if wide else p.grad.detach()
+                state = self.state[p]
+                if not state:
+                    state.update(zip(keys, opt.init(X), strict=True))
+                tup_type = _state_type(manifold, self._kind)
+                X_next, new = opt.update(X, G, tup_type(*(state[k] for k in keys)))
+                state.update(zip(keys, new, strict=True))
+                p.copy_(X_next.mT if wide else X_next)
+        return loss
+
+
+def _state_type(manifold: bool, kind: str) -> Any:
+    if manifold:
+        return S.MomentumState if kind == "sgd" else S.AdamState
+    return S.EuclideanMomentumState if kind == "sgd" else S.EuclideanAdamState
+
+
+class StiefelSGD(_StiefelOptimizer):
+    """Momentum SGD on Stiefel manifolds (seed 004 Algorithm 1; Algorithm 4 for square
+    parameters) as a ``torch.optim.Optimizer``.
+
+    Parameters
+    ----------
+    params : iterable
+        Tensors or parameter-group dicts. Groups may set ``stiefel=False`` (heavy-ball SGD
+        with the same lr and momentum, App. P) and override any hyperparameter.
+    lr : float
+        η > 0 (default 0.1).
+    momentum : float
+        μ ∈ [0, 1) (default 0.9).
+    metric : float or str
+        a < 1 of Definition 1 (default 0.5, canonical).
+    expm_method : {"euler", "cayley", "expm"}
+        App. M.2 option (default forward Euler).
+    transport : {"energy", "euler"}
+        φ̄₃ U-update (default "energy", stable at large steps; see
+        :func:`householderla.stiefel.momentum_sgd`).
+    stiefel : bool
+        Default of the groups' ``stiefel`` key (True).
+
+    Notes
+    -----
+    Per step and parameter: 8 N×M×M products + O(M³) (:func:`~householderla.stiefel.momentum_sgd`).
+    float32 parameters on CPU are updated in float64 and rounded once.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from householderla._torch_optim import StiefelSGD
+    >>> W = torch.nn.Parameter(torch.randn(8, 3, dtype=torch.float64))
+    >>> b = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+    >>> opt = StiefelSGD([{"params": [W]}, {"params": [b], "stiefel": False}], lr=0.1)
+    >>> loss = ((W + b) ** 2).sum(); loss.backward(); opt.step()
+    >>> bool(torch.allclose(W.T @ W, torch.eye(3, dtype=torch.float64)))
+    True
+    """
+
+    _kind = "sgd"
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 0.1,
+        momentum: float = 0.9,
+        metric: Any = 0.5,
+        *,
+        expm_method: str = "euler",
+        transport: str = "energy",
+        stiefel: bool = True,
+    ) -> None:
+        defaults = {
+            "lr": lr,
+            "momentum": momentum,
+            "metric": metric,
+            "expm_method": expm_method,
+            "transport": transport,
+            "stiefel": stiefel,
+        }
+        super().__init__(params, defaults)
+
+    def _functional(self, group: dict[str, Any]) -> S.StiefelOptimizer:
+        if not group["stiefel"]:
+            return S.euclidean_sgd(group["lr"], group["momentum"])
+        return S.momentum_sgd(
+            group["lr"],
+            group["momentum"],
+            group["metric"],
+            expm_method=group["expm_method"],
+            transport=group["transport"],
+        )
+
+
+class StiefelAdam(_StiefelOptimizer):
+    """Adam on Stiefel manifolds (seed 004 Algorithm 2; Algorithm 5 for square parameters)
+    as a ``torch.optim.Optimizer``.
+
+    Parameters
+    ----------
+    params : iterable
+        Tensors or parameter-group dicts; ``stiefel=False`` groups get
+        :func:`~householderla.stiefel.euclidean_adam` with the same hyperparameters.
+    lr : float
+        η > 0 (default 1e-3, App. P).
+    betas : tuple of float
+        (β₁, β₂) ∈ [0, 1)² (default (0.9, 0.999)).
+    eps : float
+        ε > 0 (default 1e-8).
+    metric, expm_method, transport, stiefel
+        As in :class:`StiefelSGD`.
+
+    Notes
+    -----
+    The paper's bias correction: only κ = √(1 − β₂ᵗ) multiplies the step (no β₁
+    correction), for Stiefel and Euclidean parameters alike; so a ``stiefel=False`` group is
+    *not* ``torch.optim.Adam`` (see :func:`~householderla.stiefel.euclidean_adam`).
+    Per step and parameter: 10 N×M×M products + O(M³).
+    """
+
+    _kind = "adam"
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        metric: Any = 0.5,
+        *,
+        expm_method: str = "euler",
+        transport: str = "energy",
+        stiefel: bool = True,
+    ) -> None:
+        defaults = {
+            "lr": lr,
+            "betas": betas,
+            "eps": eps,
+            "metric": metric,
+            "expm_method": expm_method,
+            "transport": transport,
+            "stiefel": stiefel,
+        }
+        super().__init__(params, defaults)
+
+    def _functional(self, group: dict[str, Any]) -> S.StiefelOptimizer:
+        betas = group["betas"]
+        if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
+            raise ValueError(f"betas must be a pair (b1, b2); got {betas!r}")
+        b1, b2 = betas
+        if not group["stiefel"]:
+            return S.euclidean_adam(group["lr"], b1, b2, group["eps"])
+        return S.adam(
+            group["lr"],
+            b1,
+            b2,
+            group["eps"],
+            group["metric"],
+            expm_method=group["expm_method"],
+            transport=group["transport"],
+        )

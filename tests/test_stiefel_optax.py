@@ -1,0 +1,189 @@
+"""optax-style ``stiefel_sgd`` / ``stiefel_adam`` over pytrees, under ``jax.jit``, without
+optax installed (seed 004 Algorithms 1, 2; App. P for the Euclidean leaves).
+
+Tolerances. A Stiefel leaf after ``apply_updates`` is fl(X + fl(X⁺ − X)): X⁺ (polar step,
+‖X⁺ᵀX⁺ − I‖_F ≤ 20·eps·M as in test_stiefel.py) plus one rounding of size ≤ eps·(|X⁺| +
+|X⁺ − X|) per entry, which adds ≤ 2·eps·(1 + ‖X⁺ − X‖)·M to the Gram error: 40·eps·M in all.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+jax.config.update("jax_enable_x64", True)
+import jax.numpy as jnp  # noqa: E402
+
+import householderla as hl  # noqa: E402
+from householderla import _optax as O  # noqa: E402
+
+EPS = {jnp.float32: float(np.finfo(np.float32).eps), jnp.float64: float(np.finfo(float).eps)}
+MAKE = {
+    "sgd": lambda **kw: O.stiefel_sgd(lr=0.1, **kw),
+    "adam": lambda **kw: O.stiefel_adam(lr=0.05, **kw),
+}
+
+
+def orth(W):
+    W = np.asarray(W, dtype=np.float64)
+    if W.shape[-2] < W.shape[-1]:
+        W = np.swapaxes(W, -1, -2)
+    E = np.swapaxes(W, -1, -2) @ W - np.eye(W.shape[-1])
+    return float(np.max(np.sqrt(np.sum(E * E, axis=(-2, -1)))))
+
+
+def params_and_grad_fn(dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    shapes = {"tall": (8, 3), "batched": (2, 5, 2), "wide": (3, 6), "square": (3, 3)}
+    params = {k: jnp.asarray(rng.standard_normal(s), dtype=dtype) for k, s in shapes.items()}
+    params["bias"] = jnp.asarray(rng.standard_normal(3), dtype=dtype)
+    T = {k: jnp.asarray(rng.standard_normal(v.shape), dtype=dtype) for k, v in params.items()}
+
+    def loss(p):
+        return sum(jnp.sum((p[k] - T[k]) ** 2) + jnp.sum(p[k].sum(-1) ** 2) for k in p)
+
+    return params, jax.grad(loss)
+
+
+MASK = {"tall": True, "batched": True, "wide": True, "square": True, "bias": False}
+
+
+def test_gradient_transformation_without_optax():
+    tx = O.stiefel_sgd()
+    assert tx._fields == ("init", "update")
+    try:
+        import optax
+    except ImportError:
+        assert type(tx) is O._GradientTransformation
+    else:  # pragma: no cover - optax not installed here
+        assert isinstance(tx, optax.GradientTransformation)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.parametrize("algo", sorted(MAKE))
+def test_jit_apply_updates_stays_on_manifold(algo, dtype):
+    params, grad = params_and_grad_fn(dtype)
+    tx = MAKE[algo](stiefel=MASK)
+    state = tx.init(params)
+
+    @jax.jit
+    def step(params, state):
+        updates, state = tx.update(grad(params), state, params)
+        return O.apply_updates(params, updates), state
+
+    eps = EPS[dtype]
+    for k in range(4):
+        params, state = step(params, state)
+        for name in MASK:
+            if MASK[name]:
+                assert params[name].dtype == dtype
+                M = min(params[name].shape[-2:])
+                assert orth(params[name]) <= 40 * eps * M, (name, k, orth(params[name]))
+                Z = np.asarray(state[name].Z, dtype=np.float64)
+                assert np.max(np.abs(Z + np.swapaxes(Z, -1, -2))) <= 4 * eps * np.abs(Z).max()
+        assert np.all(np.isfinite(np.asarray(params["bias"])))
+    assert int(state["tall"].count) == 4 and int(state["bias"].count) == 4
+
+
+@pytest.mark.parametrize("algo", sorted(MAKE))
+def test_matches_functional_api(algo):
+    """update_params returns exactly the functional optimizer's X⁺ (eager, same backend) and
+    update returns X⁺ − X; the Euclidean leaf follows euclidean_sgd / euclidean_adam."""
+    params, grad = params_and_grad_fn(jnp.float64, seed=2)
+    tx = MAKE[algo](stiefel=MASK)
+    if algo == "sgd":
+        fm, fe = hl.stiefel.momentum_sgd(lr=0.1), hl.stiefel.euclidean_sgd(lr=0.1)
+    else:
+        fm, fe = hl.stiefel.adam(lr=0.05), hl.stiefel.euclidean_adam(lr=0.05)
+    state = tx.init(params)
+    ref = {k: params[k] for k in params}
+    ref_state = {k: (fm if MASK[k] else fe).init(v.T if k == "wide" else v) for k, v in ref.items()}
+    for _ in range(3):
+        g = grad(params)
+        updates, _ = tx.update(g, state, params)
+        new, state = O.update_params(tx, g, state, params)
+        for k in params:
+            x, gk = (ref[k].T, g[k].T) if k == "wide" else (ref[k], g[k])
+            x_new, ref_state[k] = (fm if MASK[k] else fe).update(x, gk, ref_state[k])
+            ref[k] = x_new.T if k == "wide" else x_new
+            assert np.array_equal(np.asarray(new[k]), np.asarray(ref[k])), k
+            np.testing.assert_array_equal(np.asarray(updates[k]), np.asarray(new[k] - params[k]))
+        params = new
+
+
+def test_masks_callable_and_prefix():
+    params, grad = params_and_grad_fn(jnp.float64)
+    by_ndim = O.stiefel_sgd(stiefel=lambda p: jax.tree_util.tree_map(lambda x: x.ndim >= 2, p))
+    nested = {"mats": {k: params[k] for k in MASK if MASK[k]}, "bias": params["bias"]}
+    prefix = O.stiefel_sgd(stiefel={"mats": True, "bias": False})
+    s1 = by_ndim.init(params)
+    s2 = prefix.init(nested)
+    assert isinstance(s1["tall"], hl.stiefel.MomentumState)
+    assert isinstance(s1["bias"], hl.stiefel.EuclideanMomentumState)
+    assert isinstance(s2["mats"]["wide"], hl.stiefel.MomentumState)
+    assert s2["mats"]["wide"].U.shape == (6, 3)  # the transpose's normal component
+    g = grad(params)
+    gn = {"mats": {k: g[k] for k in MASK if MASK[k]}, "bias": g["bias"]}
+    p1, _ = O.update_params(by_ndim, g, s1, params)
+    p2, _ = O.update_params(prefix, gn, s2, nested)
+    for k in nested["mats"]:
+        np.testing.assert_array_equal(np.asarray(p1[k]), np.asarray(p2["mats"][k]))
+
+
+def test_leading_eigenvalues_under_jit():
+    """App. Q (n = 40, m = 3) with a jitted step: the sum of the top-3 eigenvalues to 1e-9
+    (float64); lr = 0.3 (large steps) stays on the manifold and converges too."""
+    rng = np.random.default_rng(3)
+    Xi = rng.standard_normal((40, 40))
+    A = jnp.asarray((Xi + Xi.T) / 2 / np.sqrt(40))
+    target = float(np.linalg.eigvalsh(np.asarray(A))[-3:].sum())
+    X0 = jnp.asarray(np.linalg.qr(rng.standard_normal((40, 3)))[0])
+    for lr in (0.1, 0.3):
+        tx = O.stiefel_sgd(lr=lr)
+        params, state = {"X": X0}, tx.init({"X": X0})
+
+        @jax.jit
+        def step(params, state, tx=tx):
+            grads = {"X": -2 * A @ params["X"]}
+            return O.update_params(tx, grads, state, params)
+
+        for _ in range(300):
+            params, state = step(params, state)
+        X = np.asarray(params["X"])
+        assert np.all(np.isfinite(X)) and orth(X) <= 20 * EPS[jnp.float64] * 3
+        assert target - np.trace(X.T @ np.asarray(A) @ X) <= 1e-9
+
+
+def test_checkpoint_resume_identical():
+    params, grad = params_and_grad_fn(jnp.float64, seed=4)
+    tx = O.stiefel_adam(lr=0.05, stiefel=MASK)
+    step = jax.jit(lambda p, s: O.update_params(tx, grad(p), s, p))
+    state = tx.init(params)
+    for _ in range(3):
+        params, state = step(params, state)
+    saved = jax.tree_util.tree_map(lambda a: np.array(a, copy=True), (params, state))
+    a = (params, state)
+    for _ in range(4):
+        a = step(*a)
+    b = jax.tree_util.tree_map(jnp.asarray, saved)
+    for _ in range(4):
+        b = step(*b)
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True):
+        assert np.array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_bad_input():
+    params, grad = params_and_grad_fn(jnp.float64)
+    with pytest.raises(ValueError, match="leaf 0 has shape"):
+        O.stiefel_sgd().init({"a": params["bias"]})
+    with pytest.raises(ValueError, match="Python bool"):
+        O.stiefel_sgd(stiefel={k: 1 for k in params}).init(params)
+    tx = O.stiefel_sgd(stiefel=MASK)
+    state = tx.init(params)
+    with pytest.raises(ValueError, match="params are required"):
+        tx.update(grad(params), state)
+    with pytest.raises(TypeError, match="stiefel_sgd/stiefel_adam"):
+        O.update_params(O._GradientTransformation(None, None), grad(params), state, params)
+    with pytest.raises(ValueError, match="lr"):
+        O.stiefel_adam(lr=-1.0)
