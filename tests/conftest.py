@@ -5,7 +5,7 @@ that cannot be imported fails the run instead of silently dropping out. Unset, e
 backend runs if importable and is reported as skipped otherwise.
 
 Backends: numpy, numpy_readonly (inputs are read-only NumPy arrays: any write into a user
-array raises), array_api_strict, torch (CPU), torch_cuda and cupy (when a GPU is present),
+array raises), array_api_strict, torch (CPU), torch_cuda, jax_gpu and cupy (when a GPU is present),
 jax (x64, eager) and jax_jit (every call under ``jax.jit``).
 """
 
@@ -37,6 +37,7 @@ KNOWN = (
     "jax",
     "jax_jit",
     "torch_cuda",
+    "jax_gpu",
     "cupy",
 )
 REQUESTED = [b for b in os.environ.get("HL_TEST_BACKENDS", "").split(",") if b]
@@ -112,6 +113,17 @@ def _make(name: str) -> Backend:
         if name == "jax":
             return Backend(name, jnp, jnp.asarray)
         return Backend(name, jnp, jnp.asarray, eager=False, jit=jax.jit)
+    if name == "jax_gpu":
+        import jax
+
+        jax.config.update("jax_enable_x64", True)
+        import jax.numpy as jnp
+
+        try:
+            gpu = jax.devices("gpu")[0]
+        except RuntimeError as exc:
+            raise ImportError(f"jax has no GPU: {exc}") from exc
+        return Backend(name, jnp, lambda a: jax.device_put(jnp.asarray(a), gpu))
     if name == "cupy":
         import cupy
 
