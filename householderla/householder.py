@@ -197,6 +197,9 @@ def _autodiff_rule(xp: Any, V: Any, hm: Any) -> Any:
 #:   2–1000× the same shape in the other dtype or at a neighbouring L, B); at L·B ≤ 64,
 #:   where argument resolution (~15 µs) dominates both, the median ratio is 1.15.
 #:   Hence 0: with built factors, never sequential.
+#: * Re-run after the other jobs ended (results/sequential.md, load 2.4 and falling): against
+#:   a fresh operator sequential was faster in 142 of 144 cells; the two others are
+#:   N = L = 512, B ∈ {4, 16}, float64, at 1.01–1.02× (a tie), so the rule stands.
 SEQUENTIAL_MAX_N = 512
 SEQUENTIAL_MAX_B = 64
 SEQUENTIAL_MAX_LB_PRECOMPUTED = 0
