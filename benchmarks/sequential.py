@@ -36,10 +36,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -56,6 +54,7 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 
 import householderla as hl  # noqa: E402
+from benchmarks.retractions import machine_info as _machine_info  # noqa: E402
 from householderla import householder as hh  # noqa: E402
 from householderla._compact_wy import cwy_factors  # noqa: E402
 
@@ -356,31 +355,11 @@ def _tk(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def machine_info() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.lower().startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    try:
-        load = os.getloadavg()
-    except OSError:  # pragma: no cover
-        load = None
-    blas = None
-    with contextlib.suppress(Exception):
-        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"].get("name")
-    return {
-        "cpu_model": cpu,
-        "cpu_count": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "blas": blas,
-        "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
-        "householderla": hl.__version__,
-        "loadavg_at_start": load,
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-    }
+    """The shared machine record plus the BLAS thread setting (the kernels are single-threaded,
+    the CWY side is not)."""
+    info = _machine_info()
+    info["openblas_num_threads"] = os.environ.get("OPENBLAS_NUM_THREADS")
+    return info
 
 
 def _us(s: float) -> str:

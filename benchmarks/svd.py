@@ -35,9 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -49,6 +47,7 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 
 import householderla as hl  # noqa: E402
+from benchmarks.retractions import timeit  # noqa: E402
 from benchmarks.run import LoadMonitor, machine_info  # noqa: E402
 from householderla.svd import svd_householder, svd_householder_apply_vjp  # noqa: E402
 
@@ -68,21 +67,6 @@ METHODS = [
     "one GEMM (dense W)",
     "sequential (svdRNN Alg. 1)",
 ]
-
-
-def timeit(fn: Callable[[], Any], min_total: float, max_rep: int) -> dict[str, Any]:
-    """One warm-up call, then the median of 3..max_rep calls (≥ min_total seconds together,
-    a single call when the warm-up alone took more than 2 s)."""
-    s = time.perf_counter()
-    fn()
-    warm = time.perf_counter() - s
-    reps = 1 if warm > 2.0 else min(max(3, int(min_total / max(warm, 1e-9)) + 1), max_rep)
-    times = []
-    for _ in range(reps):
-        s = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - s)
-    return {"median_s": statistics.median(times), "min_s": min(times), "repeats": reps}
 
 
 def table1(n: int, m1: int, m2: int, B: int) -> dict[str, float]:

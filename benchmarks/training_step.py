@@ -26,11 +26,8 @@ the ratios (measured in one run, interleaved per N) are what to read.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -41,30 +38,16 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch.nn.utils import parametrizations  # noqa: E402
 
 import householderla as hl  # noqa: E402
 import householderla.torch as hlt  # noqa: E402
+from benchmarks.retractions import machine_info as _machine_info  # noqa: E402
+from benchmarks.retractions import timeit  # noqa: E402
 
 FULL = {"N": [128, 256, 512, 1024], "B": 64, "min_total": 0.5, "max_rep": 10}
 QUICK = {"N": [128, 256], "B": 64, "min_total": 0.2, "max_rep": 7}
-
-
-def timeit(fn: Callable[[], Any], min_total: float, max_rep: int) -> dict[str, Any]:
-    """One warm-up call, then the median of 3..max_rep calls (≥ min_total seconds together,
-    a single call when the warm-up alone took more than 2 s)."""
-    s = time.perf_counter()
-    fn()
-    warm = time.perf_counter() - s
-    reps = 1 if warm > 2.0 else min(max(3, int(min_total / max(warm, 1e-9)) + 1), max_rep)
-    times = []
-    for _ in range(reps):
-        s = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - s)
-    return {"median_s": statistics.median(times), "min_s": min(times), "repeats": reps}
 
 
 def _orth_err(W: torch.Tensor) -> float:
@@ -132,31 +115,10 @@ def geotorch_status() -> str:
 
 
 def machine_info() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        load = os.getloadavg()
-    except OSError:  # pragma: no cover
-        load = None
-    return {
-        "cpu_model": cpu,
-        "cpu_count": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "householderla": hl.__version__,
-        "loadavg_at_start": load,
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-    }
+    """The shared machine record plus torch's version and thread count."""
+    info = _machine_info()
+    info.update(torch=torch.__version__, torch_threads=torch.get_num_threads())
+    return info
 
 
 def run(cfg: dict[str, Any], progress: bool = True) -> list[dict[str, Any]]:
