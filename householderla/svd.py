@@ -54,24 +54,6 @@ def _broadcast_batch(named: list[tuple[str, tuple[int, ...]]]) -> tuple[int, ...
     return tuple(out)
 
 
-def _resolve(named: list[tuple[str, Any]], xp: Any) -> tuple[Any, Any, Any, list[Any]]:
-    """:func:`~householderla._lib.namespace.resolve`, also for JAX tracers mixed with concrete
-    JAX or NumPy arrays — ``jax.grad(f)(U_vecs, sigma, V_vecs)`` traces only the first
-    argument. ``resolve`` compares devices and a tracer has none (None), so here the arguments
-    are resolved one at a time in JAX's namespace and promoted to their common dtype."""
-    jax_arrays = [a for _, a in named if aac.is_jax_array(a)]
-    traced = [a for a in jax_arrays if not is_eager(a)]
-    concrete = [a for _, a in named if aac.is_array_api_obj(a) and is_eager(a)]
-    if xp is not None or not traced or not concrete:
-        return resolve(named, xp)
-    jnp = aac.array_namespace(traced[0])
-    named = [(n, jnp.asarray(a) if aac.is_numpy_array(a) else a) for n, a in named]
-    parts = [resolve([(n, a)], jnp) for n, a in named]
-    dtype = jnp.result_type(*(p[2] for p in parts))
-    vals = [p[3][0] if p[3][0].dtype == dtype else jnp.astype(p[3][0], dtype) for p in parts]
-    return jnp, None, dtype, vals
-
-
 def _check_finite(a: Any, xp: Any, name: str) -> None:
     """NaN/Inf raise on eager arrays (one pass over the parameters). The reduction's result is
     what is tested for eagerness: under ``jax.jit`` even a closed-over concrete array gives a
@@ -108,9 +90,7 @@ def _check_params(U_vecs: Any, sigma: Any, V_vecs: Any) -> tuple[int, int, int]:
 def _resolve_params(
     U_vecs: Any, sigma: Any, V_vecs: Any, xp: Any, extra: list[tuple[str, Any]] = ()
 ) -> tuple[Any, list[Any], tuple[int, int, int]]:
-    xp, _, _, vals = _resolve(
-        [("U_vecs", U_vecs), ("sigma", sigma), ("V_vecs", V_vecs), *extra], xp
-    )
+    xp, _, _, vals = resolve([("U_vecs", U_vecs), ("sigma", sigma), ("V_vecs", V_vecs), *extra], xp)
     mnr = _check_params(*vals[:3])
     for name, a in zip(("U_vecs", "sigma", "V_vecs"), vals[:3], strict=True):
         _check_finite(a, xp, name)
@@ -460,7 +440,7 @@ def _bounded_inputs(
 ) -> tuple[Any, Any, Any, Any, list[Any]]:
     c0, c_arr = _scalar_or_named(center, "center")
     r0, r_arr = _scalar_or_named(radius, "radius")
-    xp, _, _, vals = _resolve([("s_hat", s_hat), *c_arr, *r_arr, *extra], xp)
+    xp, _, _, vals = resolve([("s_hat", s_hat), *c_arr, *r_arr, *extra], xp)
     it = iter(vals[1:])
     c = c0 if c0 is not None else next(it)
     rad = r0 if r0 is not None else next(it)

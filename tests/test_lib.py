@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array_api_compat as aac
 import numpy as np
 import pytest
 from conftest import to_numpy
@@ -32,3 +33,21 @@ def test_resolve_promotes_and_names_arguments():
     same = np.ones(3)
     _, _, _, (c,) = resolve([("c", same)])
     assert c is same  # no copy when nothing needs converting
+
+
+def test_resolve_numpy_constants_join_jax():
+    """NumPy arrays mixed with JAX arrays (or tracers, under jax.grad over one argument)
+    join JAX's namespace; other mixes still raise TypeError naming the arguments."""
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+    import jax.numpy as jnp
+
+    def f(x):
+        _, _, dtype, (a, b) = resolve([("a", np.ones(3)), ("b", x)], None)
+        assert aac.is_jax_array(a) and dtype == jnp.float64
+        return jnp.sum(a * b)
+
+    np.testing.assert_array_equal(np.asarray(jax.grad(f)(jnp.arange(3.0))), np.ones(3))
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match=r"different array libraries \(a: numpy"):
+        resolve([("a", np.ones(3)), ("b", torch.ones(3))], None)

@@ -86,6 +86,12 @@ def resolve(arrays: Sequence[tuple[str, Any]], xp: Any = None) -> tuple[Any, Any
         are returned as they are: never copied, never written.
     """
     real = [(n, a) for n, a in arrays if _is_array(a)]
+    if xp is None and _numpy_with_jax(real):
+        # JAX code mixes in NumPy constants routinely (e.g. ``jax.grad`` over one argument):
+        # they join JAX's namespace, as jnp functions would treat them
+        jnp = aac.array_namespace(next(a for _, a in real if aac.is_jax_array(a)))
+        arrays = [(n, jnp.asarray(a) if aac.is_numpy_array(a) else a) for n, a in arrays]
+        real = [(n, a) for n, a in arrays if _is_array(a)]
     if xp is not None:
         xp = _namespace_of(xp)
     elif real:
@@ -122,6 +128,15 @@ def resolve(arrays: Sequence[tuple[str, Any]], xp: Any = None) -> tuple[Any, Any
     dtype = xp.result_type(*dtypes)
     values = [a if a.dtype == dtype else xp.astype(a, dtype) for a in values]
     return xp, device, dtype, values
+
+
+def _numpy_with_jax(real: list[tuple[str, Any]]) -> bool:
+    """Whether the arrays are JAX arrays (or tracers) mixed with NumPy arrays, nothing else."""
+    kinds = {
+        "jax" if aac.is_jax_array(a) else "numpy" if aac.is_numpy_array(a) else "other"
+        for _, a in real
+    }
+    return kinds == {"jax", "numpy"}
 
 
 def device_of(x: Any) -> Any:
