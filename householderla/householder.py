@@ -18,15 +18,14 @@ reach both components of O(N), and the number of nonzero vectors has the parity 
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
-import array_api_compat as aac
+import numpy as np
 
 from ._agnostic.reflections import householder_apply_vjp as _householder_apply_vjp
 from ._agnostic.reflections import positive_qr_reflectors
 from ._autodiff import call, route
-from ._kernels import numba_for
+from ._kernels import numba_enabled, numba_for
 from ._lib.checks import as_matrix_operand, check_finite_norms, check_reflectors
 from ._lib.jit import jit_for
 from ._lib.linalg import eye_like
@@ -41,6 +40,9 @@ __all__ = [
     "sequential_is_faster",
     "tcwy_vectors",
 ]
+
+
+_KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def householder_apply(V: Any, h: Any, *, xp: Any = None) -> Any:
@@ -76,6 +78,12 @@ def householder_apply(V: Any, h: Any, *, xp: Any = None) -> Any:
     >>> hl.householder_apply(V, np.array([1.0, 0.0]))
     array([ 0., -1.])
     """
+    if xp is None and type(V) is np.ndarray and type(h) is np.ndarray and V.dtype == h.dtype:
+        # the common NumPy call goes straight to the kernel (it checks dtypes and NaN itself)
+        nk = numba_enabled()
+        if nk is not None and V.dtype in _KERNEL_DTYPES:
+            as_matrix_operand(h, check_reflectors(V)[0])
+            return nk.hprod(V, h)
     xp, _, _, (V, h) = resolve([("V", V), ("h", h)], xp)
     N, _ = check_reflectors(V)
     hm, vector = as_matrix_operand(h, N)
@@ -147,18 +155,11 @@ def sequential_is_faster(
     >>> sequential_is_faster(128, 16, 1, np.float64, precomputed=True)
     False
     """
-    if numba_for(_numpy_namespace()) is None:
+    if numba_enabled() is None:
         return False
     if precomputed:
         return L * B <= SEQUENTIAL_MAX_LB_PRECOMPUTED
     return N <= SEQUENTIAL_MAX_N and B <= SEQUENTIAL_MAX_B
-
-
-@functools.cache
-def _numpy_namespace() -> Any:
-    import numpy as np
-
-    return aac.array_namespace(np.empty(0))
 
 
 def apply_sequential(V: Any, h: Any, *, transpose: bool = False, xp: Any = None) -> Any:
