@@ -1,0 +1,72 @@
+"""Every private householderla import of the benchmarks, in one place.
+
+Two scripts measure internals next to the public API: ``sequential.py`` (the Numba kernels)
+and ``structured.py`` (the dense and blocked low-rank products behind ``hl.cwy``). They get
+them from here, so a move inside the package changes this file only.
+
+``compact_wy()``     cwy_factors, lowrank_apply, lowrank_vjp, factors_vjp (dense CWY kernels)
+``trapezoidal()``    lowrank_apply, apply_vjp, use_structured (blocked lower-trapezoidal CWY)
+``numba_kernels()``  hprod, hgrad, HAVE_NUMBA, SAFE_EXP (importing it compiles or loads the
+                     JIT cache, so it is imported on first call, and timed by sequential.py)
+``entry_kernels()``  the three @njit entry kernels (forward, forward one vector, backward)
+``NUMBA_MODULE``     the kernels' module name, for a fresh interpreter (cold compile time)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import os
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+# == package layout ============================================================================
+# After the "Layers:" commit of main the kernels live in householderla._agnostic (backend
+# neutral) and householderla._kernels. Before it they were top-level private modules.
+# TODO(layers): once main has the layers, keep only the first branch.
+if importlib.util.find_spec("householderla._agnostic") is not None:  # new layered paths
+    _COMPACT_WY = "householderla._agnostic.compact_wy"
+    _TRAPEZOIDAL = "householderla._agnostic.trapezoidal"
+    NUMBA_MODULE = "householderla._kernels.numba"
+else:  # pre-layers paths
+    _COMPACT_WY = "householderla._compact_wy"
+    _TRAPEZOIDAL = "householderla._structured"
+    NUMBA_MODULE = "householderla._numba_kernels"
+# ==============================================================================================
+
+
+def compact_wy() -> ModuleType:
+    return importlib.import_module(_COMPACT_WY)
+
+
+def trapezoidal() -> ModuleType:
+    return importlib.import_module(_TRAPEZOIDAL)
+
+
+def numba_kernels() -> ModuleType:
+    return importlib.import_module(NUMBA_MODULE)
+
+
+def entry_kernels() -> tuple[Any, Any, Any]:
+    """(forward, forward for one vector, backward) @njit kernels; public names in the
+    layered package, underscored before it."""
+    nk = numba_kernels()
+    names = ("fp_kernel", "fp_vec_kernel", "bp_kernel")
+    return tuple(getattr(nk, n, None) or getattr(nk, "_" + n) for n in names)
+
+
+@contextlib.contextmanager
+def numba_disabled() -> Iterator[None]:
+    """``HL_DISABLE_NUMBA=1`` inside the block: the package's Array API loop of reflections
+    instead of its Numba kernels (an internal switch, read on every call)."""
+    old = os.environ.get("HL_DISABLE_NUMBA")
+    os.environ["HL_DISABLE_NUMBA"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["HL_DISABLE_NUMBA"]
+        else:
+            os.environ["HL_DISABLE_NUMBA"] = old
