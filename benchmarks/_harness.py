@@ -55,8 +55,8 @@ def out_dir(args: argparse.Namespace) -> Path:
 
 
 def shown(path: Path) -> str:
-    path = Path(path)
-    return str(path.relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path)
+    full = Path(path).resolve()
+    return str(full.relative_to(ROOT) if full.is_relative_to(ROOT) else path)
 
 
 def jsonable(x: Any) -> Any:
@@ -225,7 +225,7 @@ def machine_info() -> dict[str, Any]:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "loadavg_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        "loadavg_at_start": _loadavg(),
         "thread_env": {
             k: os.environ[k]
             for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -272,6 +272,10 @@ def machine_line(m: dict[str, Any], gemm: dict[str, Any] | None = None, extra: s
     return line + (f"; {extra}" if extra else "") + f"; {m['date']}"
 
 
+def _loadavg() -> tuple[float, ...] | None:
+    return tuple(round(x, 2) for x in os.getloadavg()) if hasattr(os, "getloadavg") else None
+
+
 def _cpu_busy_s() -> float | None:
     """Busy CPU seconds of the whole machine since boot (all cores; /proc/stat)."""
     try:
@@ -288,7 +292,7 @@ class LoadMonitor:
     as good as this number (threaded BLAS stalls when a core is taken)."""
 
     def __init__(self) -> None:
-        self.load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
+        self.load_start = _loadavg()
         self.wall0, self.busy0 = time.perf_counter(), _cpu_busy_s()
         t = os.times()
         self.own0 = t.user + t.system
@@ -310,7 +314,7 @@ class LoadMonitor:
         own = t.user + t.system - self.own0
         out: dict[str, Any] = {
             "loadavg_start": self.load_start,
-            "loadavg_end": os.getloadavg() if hasattr(os, "getloadavg") else None,
+            "loadavg_end": _loadavg(),
             "own_cpu_s": own,
             "wall_s": wall,
         }

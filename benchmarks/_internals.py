@@ -6,6 +6,7 @@ them from here, so a move inside the package changes this file only.
 
 ``compact_wy()``     cwy_factors, lowrank_apply, lowrank_vjp, factors_vjp (dense CWY kernels)
 ``trapezoidal()``    lowrank_apply, apply_vjp, use_structured (blocked lower-trapezoidal CWY)
+``householder()``    apply_sequential, sequential_is_faster (the dispatch rule and its constants)
 ``numba_kernels()``  hprod, hgrad, HAVE_NUMBA, SAFE_EXP (importing it compiles or loads the
                      JIT cache, so it is imported on first call, and timed by sequential.py)
 ``entry_kernels()``  the three @njit entry kernels (forward, forward one vector, backward)
@@ -16,17 +17,21 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import importlib.util
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+import householderla
 
 # == package layout ============================================================================
 # After the "Layers:" commit of main the kernels live in householderla._agnostic (backend
 # neutral) and householderla._kernels. Before it they were top-level private modules.
 # TODO(layers): once main has the layers, keep only the first branch.
-if importlib.util.find_spec("householderla._agnostic") is not None:  # new layered paths
+# (Looked up in the imported package's own folder: an editable install of another checkout can
+# make importlib find a submodule this checkout does not have.)
+if any((Path(p) / "_agnostic").is_dir() for p in householderla.__path__):  # layered paths
     _COMPACT_WY = "householderla._agnostic.compact_wy"
     _TRAPEZOIDAL = "householderla._agnostic.trapezoidal"
     NUMBA_MODULE = "householderla._kernels.numba"
@@ -43,6 +48,11 @@ def compact_wy() -> ModuleType:
 
 def trapezoidal() -> ModuleType:
     return importlib.import_module(_TRAPEZOIDAL)
+
+
+def householder() -> ModuleType:
+    """The reflections module: ``apply_sequential``, ``sequential_is_faster``, ``SEQUENTIAL_*``."""
+    return importlib.import_module("householderla.householder")
 
 
 def numba_kernels() -> ModuleType:
