@@ -15,8 +15,6 @@ import importlib.metadata
 import json
 import math
 import os
-import platform
-import socket
 import statistics
 import sys
 import textwrap
@@ -75,13 +73,11 @@ def jsonable(x: Any) -> Any:
     return str(x)
 
 
-def write_json(path: Path, res: Any) -> None:
-    path.write_text(json.dumps(jsonable(res), indent=1, ensure_ascii=False) + "\n", "utf-8")
-    print(f"wrote {shown(path)}")
-
-
-def write_text(path: Path, text: str) -> None:
-    path.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
+def write(path: Path, content: Any) -> None:
+    """Write ``content``: a string as it is, anything else as JSON (see :func:`jsonable`)."""
+    if not isinstance(content, str):
+        content = json.dumps(jsonable(content), indent=1, ensure_ascii=False)
+    path.write_text(content.rstrip("\n") + "\n", encoding="utf-8")
     print(f"wrote {shown(path)}")
 
 
@@ -218,12 +214,11 @@ def machine_info() -> dict[str, Any]:
     meta = pyperf.Run([1.0], collect_metadata=True).get_metadata()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     info: dict[str, Any] = {
-        "hostname": socket.gethostname(),
-        "cpu_model": meta.get("cpu_model_name") or platform.machine(),
+        "hostname": meta.get("hostname"),
+        "cpu_model": meta.get("cpu_model_name"),
         "cpu_count": os.cpu_count(),
         "cores_available": cores,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
+        "python": meta.get("python_version"),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "loadavg_at_start": _loadavg(),
         "thread_env": {
@@ -296,16 +291,6 @@ class LoadMonitor:
         self.wall0, self.busy0 = time.perf_counter(), _cpu_busy_s()
         t = os.times()
         self.own0 = t.user + t.system
-
-    @staticmethod
-    def idle_fraction(seconds: float = 0.5) -> float | None:
-        """Share of the machine's CPU idle over a short window (call it before starting)."""
-        b0, w0 = _cpu_busy_s(), time.perf_counter()
-        time.sleep(seconds)
-        b1, w1 = _cpu_busy_s(), time.perf_counter()
-        if b0 is None or b1 is None:
-            return None
-        return max(0.0, 1.0 - (b1 - b0) / ((w1 - w0) * (os.cpu_count() or 1)))
 
     def result(self, ncores: int | None = None) -> dict[str, Any]:
         ncores = ncores or os.cpu_count() or 1
@@ -424,17 +409,6 @@ def fmt_t(s: float | None) -> str:
     if s < 1e-3:
         return f"{s * 1e6:.{0 if s >= 1e-5 else 1}f} µs"
     return f"{s * 1e3:.2f} ms" if s < 1.0 else f"{s:.2f} s"
-
-
-def fmt_b(b: float) -> str:
-    for unit, k in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if b >= k:
-            return f"{b / k:.3g} {unit}"
-    return f"{b:.0f} B"
-
-
-def fmt_eff(e: float | None) -> str:
-    return "—" if e is None else f"{100 * e:.0f}%"
 
 
 # -- plots -------------------------------------------------------------------------------------

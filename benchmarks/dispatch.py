@@ -236,8 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         "load": load,
         "wall_s": time.perf_counter() - t0,
     }
-    H.write_json(out_dir / "dispatch.json", res)
-    H.write_text(out_dir / "dispatch.md", md)
+    H.write(out_dir / "dispatch.json", res)
+    H.write(out_dir / "dispatch.md", md)
     return 0
 
 

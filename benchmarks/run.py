@@ -15,6 +15,7 @@ single run is predicted to exceed ``seq_skip_s`` seconds.
 from __future__ import annotations
 
 import re
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -106,6 +107,17 @@ def planned_measurements(c: Config) -> int:
 
 
 # -- headline ----------------------------------------------------------------------------------
+def fmt_b(b: float) -> str:
+    for unit, k in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if b >= k:
+            return f"{b / k:.3g} {unit}"
+    return f"{b:.0f} B"
+
+
+def fmt_eff(e: float | None) -> str:
+    return "—" if e is None else f"{100 * e:.0f}%"
+
+
 def _find(rows: list[dict[str, Any]], **kw: Any) -> dict[str, Any]:
     for r in rows:
         if all(r.get(k) == v for k, v in kw.items()):
@@ -129,7 +141,7 @@ def headline(res: dict[str, Any], cfg: Config) -> list[H.Row]:
         H.fmt_t(a["cwy_apply"]["median_s"]),
         f"{r:.2f}×",
         "≤ 1.5× (perf issue: ≤ 1.3×)",
-        f"{H.fmt_eff(a['gemm_eff_cwy_apply'])} (2-GEMM {H.fmt_eff(a['gemm_eff_two_gemm'])})",
+        f"{fmt_eff(a['gemm_eff_cwy_apply'])} (2-GEMM {fmt_eff(a['gemm_eff_two_gemm'])})",
         "yes" if r <= 1.3 else ("≤1.5 only" if r <= 1.5 else "NO"),
     )
     add(
@@ -139,7 +151,7 @@ def headline(res: dict[str, Any], cfg: Config) -> list[H.Row]:
         H.fmt_t(a["build"]["median_s"]),
         "—",
         "—",
-        H.fmt_eff(a["gemm_eff_build"]),
+        fmt_eff(a["gemm_eff_build"]),
         "",
     )
     s = _find(res["apply"], N=N, L=N, B=B)
@@ -156,7 +168,7 @@ def headline(res: dict[str, Any], cfg: Config) -> list[H.Row]:
             H.fmt_t(s["cwy_apply"]["median_s"]),
             "—" if sp is None else f"{sp:.1f}× faster",
             "≥ 20× faster",
-            H.fmt_eff(s["gemm_eff_cwy_apply"]),
+            fmt_eff(s["gemm_eff_cwy_apply"]),
             "" if sp is None else ("yes" if sp >= 20 else "NO"),
         )
     f = res["forming_q"][-1]
@@ -169,8 +181,8 @@ def headline(res: dict[str, Any], cfg: Config) -> list[H.Row]:
         H.fmt_t(f["cwy_matrix_lapack_reflectors"]["median_s"]),
         f"{rl:.2f}×",
         "≤ 1.0×",
-        f"{H.fmt_eff(f['gemm_eff_cwy_matrix_lapack_reflectors'])} "
-        f"(orgqr {H.fmt_eff(f['gemm_eff_orgqr'])})",
+        f"{fmt_eff(f['gemm_eff_cwy_matrix_lapack_reflectors'])} "
+        f"(orgqr {fmt_eff(f['gemm_eff_orgqr'])})",
         "yes" if rl <= 1.0 else "NO",
     )
     for key, name, tgt, thr in (
@@ -185,7 +197,7 @@ def headline(res: dict[str, Any], cfg: Config) -> list[H.Row]:
             H.fmt_t(f["cwy_matrix"]["median_s"]),
             f"{sp:.2f}× faster",
             tgt,
-            H.fmt_eff(f["gemm_eff_cwy_matrix"]),
+            fmt_eff(f["gemm_eff_cwy_matrix"]),
             "yes" if sp >= thr else "NO",
         )
     seqf = f["sequential"]
@@ -196,7 +208,7 @@ def headline(res: dict[str, Any], cfg: Config) -> list[H.Row]:
         H.fmt_t(f["cwy_matrix"]["median_s"]),
         "—" if f["speedup_vs_sequential"] is None else f"{f['speedup_vs_sequential']:.1f}× faster",
         "—",
-        H.fmt_eff(f["gemm_eff_cwy_matrix"]),
+        fmt_eff(f["gemm_eff_cwy_matrix"]),
         "",
     )
     v = res["vjp"]
@@ -208,7 +220,7 @@ def headline(res: dict[str, Any], cfg: Config) -> list[H.Row]:
         H.fmt_t(v["vjp"]["median_s"]),
         f"{rv:.2f}×",
         "≤ 3×",
-        H.fmt_eff(v["gemm_eff_vjp"]),
+        fmt_eff(v["gemm_eff_vjp"]),
         "yes" if rv <= 3 else "NO",
     )
     Na = cfg.acc_ns[-1]
@@ -245,8 +257,8 @@ def headline(res: dict[str, Any], cfg: Config) -> list[H.Row]:
     add(
         f"peak memory T-CWY tcwy(V)@x N={m['N']} M={m['M']}",
         "N×N intermediate (8·N² B, analytic)",
-        H.fmt_b(m["dense_nxn_bytes_analytic"]),
-        H.fmt_b(m["ours_build_and_apply_peak_bytes"]),
+        fmt_b(m["dense_nxn_bytes_analytic"]),
+        fmt_b(m["ours_build_and_apply_peak_bytes"]),
         f"{m['ratio_ours_over_dense']:.1e}× ({m['ours_in_units_of_nm_bytes']:.1f}·8NM B)",
         "O(N·M)",
         "—",
@@ -282,13 +294,15 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(machine["cores_available"] or 1)
     machine["torch_threads"] = torch.get_num_threads()
     t_start = time.perf_counter()
-    idle = H.LoadMonitor.idle_fraction()
-    machine["idle_fraction_before_start"] = idle
-    if idle is not None and idle < 0.8:
+    probe = H.LoadMonitor()  # the machine's load over half a second before we start
+    time.sleep(0.5)
+    busy = probe.result(machine["cores_available"]).get("foreign_cpu_fraction")
+    machine["idle_fraction_before_start"] = None if busy is None else 1.0 - busy
+    if busy is not None and busy > 0.2:
         print(
-            f"warning: the machine is busy before we start ({100 * (1 - idle):.0f}% of its CPU "
+            f"warning: the machine is busy before we start ({100 * busy:.0f}% of its CPU "
             "used by other processes); timings will be pessimistic and noisy",
-            file=H.sys.stderr,
+            file=sys.stderr,
         )
     monitor = H.LoadMonitor()
     res: dict[str, Any] = {"config": asdict(cfg), "machine": machine}
@@ -331,9 +345,9 @@ def main(argv: list[str] | None = None) -> int:
 
     host = args.name or re.sub(r"[^A-Za-z0-9._-]", "_", machine["hostname"] or "") or "local"
     for name in (f"cpu-{host}.json", "latest.json"):
-        H.write_json(out / name, res)
+        H.write(out / name, res)
     md = H.table_markdown(rows, mline, cfg.quick, HEADLINE_COLUMNS)
-    H.write_text(out / "headline.md", md)
+    H.write(out / "headline.md", md)
     if not args.no_plots:
         F.plot_forming_q(res["forming_q"], out / "forming_q_vs_n.png", mline)
         A.plot_efficiency(res["cwy_apply_efficiency"], out / "cwy_apply_efficiency.png", mline)

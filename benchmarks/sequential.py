@@ -403,8 +403,8 @@ def main(argv: list[str] | None = None) -> int:
     text = report(res)
     print(text)
     print(f"\nwall time {res['wall_s']:.1f} s")
-    H.write_json(out_dir / "sequential.json", res)
-    H.write_text(out_dir / "sequential.md", text)
+    H.write(out_dir / "sequential.json", res)
+    H.write(out_dir / "sequential.md", text)
     return 0
 
 

@@ -352,8 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     text = report(res)
     print(text)
     print(f"\nwall time {res['wall_s']:.1f} s")
-    H.write_json(out_dir / "stiefel.json", res)
-    H.write_text(out_dir / "stiefel.md", text)
+    H.write(out_dir / "stiefel.json", res)
+    H.write(out_dir / "stiefel.md", text)
     if not args.no_plots:
         plots(res, out_dir)
     return 0

@@ -310,8 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     text = report(res)
     print(text)
     print()
-    H.write_json(out_dir / "structured.json", res)
-    H.write_text(out_dir / "structured.md", text)
+    H.write(out_dir / "structured.json", res)
+    H.write(out_dir / "structured.md", text)
     return 0
 
 

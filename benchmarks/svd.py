@@ -217,8 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     text = report(res)
     print(text)
     print(f"\nwall time {res['load']['wall_s']:.1f} s")
-    H.write_json(out_dir / "svd.json", res)
-    H.write_text(out_dir / "svd.md", text)
+    H.write(out_dir / "svd.json", res)
+    H.write(out_dir / "svd.md", text)
     return 0
 
 

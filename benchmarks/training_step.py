@@ -208,8 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     text = report_md(res)
     print(text)
     print(f"wall time {res['wall_s']:.1f} s")
-    H.write_json(out_dir / "training_step.json", res)
-    H.write_text(out_dir / "training_step.md", text)
+    H.write(out_dir / "training_step.json", res)
+    H.write(out_dir / "training_step.md", text)
     plot(res, out_dir / "training_step.png")
     return 0
 
