@@ -11,6 +11,8 @@ them from here, so a move inside the package changes this file only.
                      JIT cache, so it is imported on first call, and timed by sequential.py)
 ``entry_kernels()``  the three @njit entry kernels (forward, forward one vector, backward)
 ``NUMBA_MODULE``     the kernels' module name, for a fresh interpreter (cold compile time)
+``numba_disabled()`` a block run with ``HL_DISABLE_NUMBA=1`` (the package's switch to its
+                     Array API loop of reflections; used by run.py's rows and sequential.py)
 """
 
 from __future__ import annotations
