@@ -1,4 +1,5 @@
-"""optax-style front end of the momentum Stiefel optimizers (seed 004 Algorithms 1, 2, 4, 5).
+"""optax-style front end of the momentum Stiefel optimizers (Kong, Wang & Tao, ICLR 2023,
+Algorithms 1, 2, 4, 5).
 
 :func:`stiefel_sgd` and :func:`stiefel_adam` return a ``GradientTransformation`` — the real
 ``optax.GradientTransformation`` when optax is importable, otherwise a NamedTuple with the
@@ -128,7 +129,8 @@ def stiefel_sgd(
     transport: str = "energy",
     stiefel: bool | Any | Callable[[Any], Any] = True,
 ) -> Any:
-    """Momentum SGD on Stiefel leaves (seed 004 Algorithm 1) as an optax transformation.
+    """Momentum SGD on Stiefel leaves (Kong, Wang & Tao, ICLR 2023, Algorithm 1) as an optax
+    transformation.
 
     Parameters
     ----------
@@ -174,7 +176,7 @@ def stiefel_adam(
     transport: str = "energy",
     stiefel: bool | Any | Callable[[Any], Any] = True,
 ) -> Any:
-    """Adam on Stiefel leaves (seed 004 Algorithm 2) as an optax transformation.
+    """Adam on Stiefel leaves (Kong, Wang & Tao, ICLR 2023, Algorithm 2) as an optax transformation.
 
     Parameters
     ----------

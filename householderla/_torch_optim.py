@@ -1,10 +1,12 @@
-"""``torch.optim`` front end of the momentum Stiefel optimizers (seed 004 Algorithms 1, 2, 4, 5).
+"""``torch.optim`` front end of the momentum Stiefel optimizers (Kong, Wang & Tao, ICLR 2023,
+Algorithms 1, 2, 4, 5).
 
 :class:`StiefelSGD` and :class:`StiefelAdam` are ``torch.optim.Optimizer`` subclasses that run
 :func:`householderla.stiefel.momentum_sgd` / :func:`~householderla.stiefel.adam` on every
 parameter of a group with ``stiefel=True`` (the default) and the matching Euclidean update
 (:func:`~householderla.stiefel.euclidean_sgd` / :func:`~householderla.stiefel.euclidean_adam`)
-on groups with ``stiefel=False`` — same hyperparameters for both, as seed 004 App. P
+on groups with ``stiefel=False`` — same hyperparameters for both, as Kong, Wang & Tao, ICLR 2023
+App. P
 recommends. Re-exported as ``householderla.torch.StiefelSGD`` / ``StiefelAdam``.
 
 Conventions:
@@ -117,7 +119,8 @@ def _state_type(manifold: bool, kind: str) -> Any:
 
 
 class StiefelSGD(_StiefelOptimizer):
-    """Momentum SGD on Stiefel manifolds (seed 004 Algorithm 1; Algorithm 4 for square
+    """Momentum SGD on Stiefel manifolds (Kong, Wang & Tao, ICLR 2023, Algorithm 1; Algorithm 4 for
+    square
     parameters) as a ``torch.optim.Optimizer``.
 
     Parameters
@@ -192,7 +195,8 @@ class StiefelSGD(_StiefelOptimizer):
 
 
 class StiefelAdam(_StiefelOptimizer):
-    """Adam on Stiefel manifolds (seed 004 Algorithm 2; Algorithm 5 for square parameters)
+    """Adam on Stiefel manifolds (Kong, Wang & Tao, ICLR 2023, Algorithm 2; Algorithm 5 for square
+    parameters)
     as a ``torch.optim.Optimizer``.
 
     Parameters

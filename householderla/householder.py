@@ -1,11 +1,14 @@
 """Householder reflections: sequential products and the constructive inverses.
 
-H(v) = I − 2 v vᵀ / ‖v‖² for v ≠ 0 and H(0) = I (seed 002 eq. 1). The sequential path applies
+H(v) = I − 2 v vᵀ / ‖v‖² for v ≠ 0 and H(0) = I (Zhang, Lei & Dhillon, ICML 2018 eq. 1). The
+sequential path applies
 the reflections one at a time (4·N·L·B flops for L reflections on B vectors): the reference
 implementation against which CWY is tested, and the fastest path for tiny shapes.
 
-The constructive inverses run Householder QR with a positive diagonal (seed 001 Algorithm 2;
-the proof of seed 000 Theorems 1 and 3, eq. 4–7): the k-th reflector maps the current k-th
+The constructive inverses run Householder QR with a positive diagonal (Mhammedi et al., ICML 2017,
+Algorithm 2;
+the proof of Likhosherstov et al., AISTATS 2021, Theorems 1 and 3, eq. 4–7): the k-th reflector
+maps the current k-th
 column x to +‖x‖ e_k, computed without cancellation by Parlett's formula
 v_k = −‖x_{k+1:}‖² / (x_k + ‖x‖) when x_k > 0. For Q ∈ O(N) the first N − 1 steps leave
 R = diag(1, …, 1, ρ) with ρ = (−1)^m det Q, m the number of nonzero reflectors so far; the
@@ -16,103 +19,28 @@ reach both components of O(N), and the number of nonzero vectors has the parity 
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 import array_api_compat as aac
 
-from ._compact_wy import (
-    check_finite_norms,
-    normalize_columns,
-    normalize_columns_vjp,
-    sum_to_shape,
-)
+from ._agnostic.reflections import householder_apply_vjp as _householder_apply_vjp
+from ._agnostic.reflections import positive_qr_reflectors
+from ._autodiff import call, route
+from ._kernels import numba_for
+from ._lib.checks import as_matrix_operand, check_finite_norms, check_reflectors
+from ._lib.jit import jit_for
 from ._lib.linalg import eye_like
-from ._lib.namespace import accumulation_dtype_for, device_of, mT, resolve
+from ._lib.namespace import accumulation_dtype_for, resolve
 
 __all__ = [
     "apply_sequential",
     "householder_apply",
+    "householder_apply_vjp",
     "householder_product",
     "householder_vectors",
     "sequential_is_faster",
     "tcwy_vectors",
 ]
-
-
-def _check_reflectors(V: Any, name: str = "V") -> tuple[int, int]:
-    if V.ndim < 2:
-        raise ValueError(
-            f"{name} must have shape (..., N, L) with one reflection vector per column; "
-            f"got shape {tuple(V.shape)}"
-        )
-    N, L = V.shape[-2], V.shape[-1]
-    if L > N:
-        raise ValueError(
-            f"{name} has L={L} reflection vectors of length N={N}; need L <= N "
-            f"(shape (..., N, L), got {tuple(V.shape)})"
-        )
-    return N, L
-
-
-def as_matrix_operand(h: Any, n: int, name: str = "h") -> tuple[Any, bool]:
-    """``h`` as (..., n, B) following ``matmul``'s rule for a 1-D right operand."""
-    if h.ndim == 0:
-        raise ValueError(f"{name} must have shape ({n},) or (..., {n}, B); got a scalar")
-    vector = h.ndim == 1
-    hm = h[:, None] if vector else h
-    if hm.shape[-2] != n:
-        want = f"({n},) or (..., {n}, B)"
-        raise ValueError(f"{name} must have shape {want}; got shape {tuple(h.shape)}")
-    return hm, vector
-
-
-def _reflect_sequence(U: Any, y: Any, order: range) -> Any:
-    for k in order:
-        u = U[..., :, k : k + 1]
-        y = y - 2.0 * (u @ (mT(u) @ y))
-    return y
-
-
-def _reflect_all(U: Any, y: Any) -> Any:
-    """H(u₁)(H(u₂)(…H(u_L) y)) for unit columns U."""
-    return _reflect_sequence(U, y, range(U.shape[-1] - 1, -1, -1))
-
-
-def _jit_for(xp: Any, fn: Any) -> Any:
-    """``fn`` compiled once per shape on JAX (its eager loop would dispatch, and compile,
-    every small operation); ``fn`` itself elsewhere. Inlined under an outer ``jax.jit``."""
-    return _jax_jit(fn) if aac.is_jax_namespace(xp) else fn
-
-
-@functools.cache
-def _jax_jit(fn: Any) -> Any:
-    import jax
-
-    return jax.jit(fn)
-
-
-# -- Numba dispatch ----------------------------------------------------------------------------
-
-
-@functools.cache
-def _load_numba_kernels() -> Any:
-    try:
-        from . import _numba_kernels
-    except ImportError:  # pragma: no cover - numba present but broken
-        return None
-    return _numba_kernels if _numba_kernels.HAVE_NUMBA else None
-
-
-def _numba_kernels_for(xp: Any, *arrays: Any) -> Any:
-    """The Numba kernel module when ``xp`` is NumPy, every array is a NumPy array (float32 or
-    float64 after :func:`resolve`), numba imports and ``HL_DISABLE_NUMBA`` is unset (or "0");
-    else None. The module (and numba) is imported on the first NumPy call only."""
-    if not aac.is_numpy_namespace(xp) or not all(aac.is_numpy_array(a) for a in arrays):
-        return None
-    if os.environ.get("HL_DISABLE_NUMBA", "0") not in ("", "0"):
-        return None
-    return _load_numba_kernels()
 
 
 def householder_apply(V: Any, h: Any, *, xp: Any = None) -> Any:
@@ -134,9 +62,10 @@ def householder_apply(V: Any, h: Any, *, xp: Any = None) -> Any:
 
     Notes
     -----
-    4·N·L·B flops in L sequential steps (seed 001 Algorithm 1, forward). Same result as
+    4·N·L·B flops in L sequential steps (Mhammedi et al., ICML 2017, Algorithm 1, forward). Same
+    result as
     ``cwy(V) @ h``; cheaper than building CWY when L·B is small. NumPy float32/float64
-    inputs run the Numba kernel (:func:`householderla._numba_kernels.hprod`: τ = 2/‖v‖² from
+    inputs run the Numba kernel (:func:`householderla._kernels.numba.hprod`: τ = 2/‖v‖² from
     the unnormalised columns, agreeing with the Array API loop to a few ulps per reflection)
     when numba is installed and ``HL_DISABLE_NUMBA`` is unset.
 
@@ -148,33 +77,26 @@ def householder_apply(V: Any, h: Any, *, xp: Any = None) -> Any:
     array([ 0., -1.])
     """
     xp, _, _, (V, h) = resolve([("V", V), ("h", h)], xp)
-    N, _ = _check_reflectors(V)
+    N, _ = check_reflectors(V)
     hm, vector = as_matrix_operand(h, N)
-    nk = _numba_kernels_for(xp, V, h)
+    nk = numba_for(xp, V, h)
     if nk is not None:
         return nk.hprod(V, h)
-    rule = _autodiff_rule(xp, V, hm)
-    if rule is not None:  # torch autograd / torch.func, and JAX: through the explicit VJP
-        check_finite_norms(xp.max(xp.abs(V), axis=-2, keepdims=True), xp)
-        y = rule(V, hm)
-        return y[..., 0] if vector else y
-    U, _ = normalize_columns(V, xp, check=True)
-    y = _jit_for(xp, _reflect_all)(U, hm)
+    check_finite_norms(xp.max(xp.abs(V), axis=-2, keepdims=True), xp)
+    y = call(route(xp, V, hm), "householder_apply", xp, V, hm)
     return y[..., 0] if vector else y
 
 
-def _autodiff_rule(xp: Any, V: Any, hm: Any) -> Any:
-    """The framework rule wired to :func:`householder_apply_vjp`: JAX always (custom_vjp);
-    torch when autograd or a ``torch.func`` transform will follow; None otherwise."""
-    if aac.is_jax_namespace(xp):
-        from ._autodiff_jax import householder_apply as rule
-
-        return rule
-    if aac.is_torch_namespace(xp):
-        from ._autodiff_torch import HouseholderApply, needs_function
-
-        return HouseholderApply.apply if needs_function(V, hm) else None
-    return None
+def householder_apply_vjp(V: Any, h: Any, g: Any, xp: Any) -> tuple[Any, Any]:
+    """Backward of :func:`householder_apply` for resolved inputs (exported as
+    ``householderla.vjp.householder_apply``): the Numba kernel ``hgrad`` on NumPy
+    float32/float64 when available, else the Array API sweep
+    (:func:`householderla._agnostic.reflections.householder_apply_vjp`)."""
+    nk = numba_for(xp, V, h, g)
+    if nk is not None:
+        check_reflectors(V)
+        return nk.hgrad(V, g, h=h)
+    return _householder_apply_vjp(V, h, g, xp)
 
 
 #: Crossover of the Numba sequential kernel against CWY, from two full runs of
@@ -225,7 +147,7 @@ def sequential_is_faster(
     >>> sequential_is_faster(128, 16, 1, np.float64, precomputed=True)
     False
     """
-    if _numba_kernels_for(_numpy_namespace()) is None:
+    if numba_for(_numpy_namespace()) is None:
         return False
     if precomputed:
         return L * B <= SEQUENTIAL_MAX_LB_PRECOMPUTED
@@ -248,9 +170,9 @@ def apply_sequential(V: Any, h: Any, *, transpose: bool = False, xp: Any = None)
     :func:`householder_apply`; 4·N·L·B flops.
     """
     xp, _, _, (V, h) = resolve([("V", V), ("h", h)], xp)
-    N, _ = _check_reflectors(V)
+    N, _ = check_reflectors(V)
     as_matrix_operand(h, N)
-    nk = _numba_kernels_for(xp, V, h)
+    nk = numba_for(xp, V, h)
     if nk is not None:
         return nk.hprod(V, h, transpose=transpose)
     return householder_apply(xp.flip(V, axis=-1) if transpose else V, h, xp=xp)
@@ -262,75 +184,8 @@ def householder_product(V: Any, *, xp: Any = None) -> Any:
     The reference path; ``cwy(V).matrix()`` computes the same matrix with GEMMs.
     """
     xp, device, dtype, (V,) = resolve([("V", V)], xp)
-    N, _ = _check_reflectors(V)
+    N, _ = check_reflectors(V)
     return householder_apply(V, eye_like(xp, N, dtype, device), xp=xp)
-
-
-def householder_apply_vjp(V: Any, h: Any, g: Any, xp: Any) -> tuple[Any, Any]:
-    """Backward of :func:`householder_apply` (inputs already resolved).
-
-    Cost ≈ 18·N·L·B flops (4·N·L·B to replay the forward, the rest in the backward sweep).
-
-    Runs the reflections in forward order, recovering each reflector's input from its output
-    (H(u) is an involution, so no O(L·N·B) tape is stored; seed 001 Algorithm 1). For
-    y = H(u) x: x̄ = H(u) ȳ and ū = −2 (ȳ (uᵀx)ᵀ + x (uᵀȳ)ᵀ) summed over the B columns; the
-    normalisation u = v/‖v‖ then gives the full gradient of seed 002 eq. 15
-    (v̄ = (ū − u uᵀū)/‖v‖), not seed 001's fixed-norm version.
-
-    NumPy float32/float64 inputs run the Numba kernel
-    (:func:`householderla._numba_kernels.hgrad`, 15·N·L·B flops including the forward replay)
-    under the same conditions as :func:`householder_apply`; NaN/Inf propagate on both paths.
-    """
-    N, L = _check_reflectors(V)
-    hm, vector = as_matrix_operand(h, N)
-    nk = _numba_kernels_for(xp, V, h, g)
-    if nk is not None:
-        return nk.hgrad(V, g, h=h)
-    gm = g[..., None] if vector else g
-    U, r = normalize_columns(V, xp)
-    y = _reflect_sequence(U, hm, range(L - 1, -1, -1))
-    cols = []
-    for k in range(L):
-        u = U[..., :, k : k + 1]
-        x = y - 2.0 * (u @ (mT(u) @ y))
-        w = mT(u) @ x  # (..., 1, B)
-        z = mT(u) @ gm
-        cols.append(-2.0 * (gm @ mT(w) + x @ mT(z)))
-        gm = gm - 2.0 * (u @ z)
-        y = x
-    Ubar = xp.concat(cols, axis=-1) if cols else xp.zeros_like(U)
-    Vbar = normalize_columns_vjp(U, r, sum_to_shape(Ubar, tuple(U.shape), xp), xp)
-    hbar = sum_to_shape(gm, tuple(hm.shape), xp)
-    return Vbar, (hbar[..., 0] if vector else hbar)
-
-
-def _positive_qr_reflectors(A: Any) -> Any:
-    """Reflectors v₁…v_K of Householder QR of A (..., N, K) with R's diagonal ≥ 0."""
-    xp = aac.array_namespace(A)
-    K = A.shape[-1]
-    batch = tuple(A.shape[:-2])
-    device = device_of(A)
-    W = A
-    cols = []
-    for k in range(K):
-        x = W[..., :, 0]
-        alpha = x[..., 0]
-        rest = x[..., 1:]
-        sigma = xp.sum(rest * rest, axis=-1)
-        nrm = xp.sqrt(alpha * alpha + sigma)
-        pos = alpha > 0
-        one = xp.ones_like(alpha)
-        v0 = xp.where(pos, -sigma / xp.where(pos, alpha + nrm, one), alpha - nrm)
-        v = xp.concat([v0[..., None], rest], axis=-1)
-        if k + 1 < K:
-            vv = v0 * v0 + sigma
-            coef = xp.where(vv > 0, 2.0 / xp.where(vv > 0, vv, one), xp.zeros_like(vv))
-            Wr = W[..., :, 1:]
-            Wr = Wr - (coef[..., None, None] * v[..., :, None]) * (v[..., None, :] @ Wr)
-            W = Wr[..., 1:, :]
-        pad = xp.zeros(batch + (k,), dtype=A.dtype, device=device)
-        cols.append(xp.concat([pad, v], axis=-1))
-    return xp.stack(cols, axis=-1)
 
 
 def householder_vectors(Q: Any, *, xp: Any = None) -> Any:
@@ -344,13 +199,16 @@ def householder_vectors(Q: Any, *, xp: Any = None) -> Any:
     Returns
     -------
     V : array, shape (..., N, N)
-        Column k is zero above row k (lower trapezoidal, as in seed 001 eq. 9). The last
+        Column k is zero above row k (lower trapezoidal, as in Mhammedi et al., ICML 2017 eq. 9).
+        The last
         column is 0 or −2 e_N, whichever makes (−1)^(number of nonzero columns) = det Q,
-        so V ↦ cwy(V) reaches all of O(N) (seed 000 Theorem 1 with H(0) = I).
+        so V ↦ cwy(V) reaches all of O(N) (Likhosherstov et al., AISTATS 2021, Theorem 1 with H(0)
+        = I).
 
     Notes
     -----
-    Householder QR with positive diagonal (seed 001 Algorithm 2), 4N³/3 flops, computed in
+    Householder QR with positive diagonal (Mhammedi et al., ICML 2017, Algorithm 2), 4N³/3 flops,
+    computed in
     float64 for float32 inputs on CPU backends. For a non-orthogonal full-rank Q the result
     parametrises the orthogonal factor of Q = QR with diag(R) > 0.
 
@@ -378,7 +236,8 @@ def tcwy_vectors(Omega: Any, *, xp: Any = None) -> Any:
     Returns
     -------
     V : array, shape (..., N, M)
-        Lower-trapezoidal reflection vectors (seed 000 Theorem 3, constructive proof).
+        Lower-trapezoidal reflection vectors (Likhosherstov et al., AISTATS 2021, Theorem 3,
+        constructive proof).
 
     Notes
     -----
@@ -399,5 +258,5 @@ def _inverse(A: Any, xp: Any, name: str) -> Any:
     check_finite_norms(xp.max(xp.abs(A), axis=-2, keepdims=True), xp, name)
     acc = accumulation_dtype_for(xp, A)
     Aa = A if A.dtype == acc else xp.astype(A, acc)
-    V = _jit_for(xp, _positive_qr_reflectors)(Aa)
+    V = jit_for(xp, positive_qr_reflectors, ())(Aa)
     return V if V.dtype == A.dtype else xp.astype(V, A.dtype)

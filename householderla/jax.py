@@ -1,7 +1,7 @@
 """householderla for JAX: every map differentiable through ``jax.custom_vjp`` rules.
 
 Called with JAX arrays, the maps of :mod:`householderla` go through hand-derived backward
-passes (:mod:`householderla._autodiff_jax`), never through autodiff of their internals, and
+passes (:mod:`householderla._autodiff.jax`), never through autodiff of their internals, and
 compose with ``jax.grad``, ``jax.jit``, ``jax.vmap`` in any order (e.g.
 ``jax.jit(jax.vmap(jax.grad(loss)))``); the backward rules are themselves differentiable, so
 second derivatives work. Arrays are never ``nondiff_argnums``. Every rule is traced with
@@ -27,15 +27,12 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from ._autodiff_jax import PRECISION
-from ._autodiff_jax import householder_apply as _householder_apply_rule
-from ._compact_wy import check_finite_norms
-from ._lib.namespace import is_eager, resolve
+from . import householder as _householder
+from ._autodiff.jax import PRECISION
 
 # -- optax-style wrapper of hl.stiefel (householderla/_optax.py) ------------------------------
 from ._optax import apply_updates, stiefel_adam, stiefel_sgd, update_params
 from .cwy import CWY, TCWY, cwy, tcwy
-from .householder import _check_reflectors, as_matrix_operand
 from .retractions import cayley_retraction, polar, polar_retraction, qr_retraction
 
 __all__ = [
@@ -73,19 +70,9 @@ def householder_apply(V: Any, h: Any) -> Any:
         As :func:`householderla.householder_apply`: 4·N·L·B flops forward; the backward
         replays the reflections in forward order (18·N·L·B flops, O(N·B) extra memory).
     """
-    xp, _, _, (V, h) = resolve([("V", V), ("h", h)], jnp)
-    N, _ = _check_reflectors(V)
-    hm, vector = as_matrix_operand(h, N)
-    if is_eager(V):
-        check_finite_norms(xp.max(xp.abs(V), axis=-2, keepdims=True), xp)
-    y = _householder_apply_rule(V, hm)
-    return y[..., 0] if vector else y
+    return _householder.householder_apply(V, h, xp=jnp)
 
 
 def householder_product(V: Any) -> Any:
     """Dense H(v₁)…H(v_L), shape (..., N, N), by sequential reflections (4·N²·L flops)."""
-    xp, _, _, (V,) = resolve([("V", V)], jnp)
-    N, _ = _check_reflectors(V)
-    if is_eager(V):
-        check_finite_norms(xp.max(xp.abs(V), axis=-2, keepdims=True), xp)
-    return _householder_apply_rule(V, jnp.eye(N, dtype=V.dtype))
+    return _householder.householder_product(V, xp=jnp)

@@ -13,11 +13,13 @@ image is all of O(n) (Theorem 1; :func:`ornn_params` is the constructive inverse
 
 The operator is :func:`householderla.cwy` of V = [tril(U), (1 − s)/2 · e_n] with the
 structure declared ("trapezoidal"), so products skip the zeros where that is faster
-(:mod:`householderla._structured`; seed 001 Table 2). Entries of U above the diagonal are not
-parameters: they are masked out, and their gradient is exactly 0.
+(:mod:`householderla._agnostic.trapezoidal`; Mhammedi et al., ICML 2017, Table 2). Entries of U
+above the
+diagonal are not parameters: they are masked out, and their gradient is exactly 0.
 
-The explicit VJPs give the *full* gradient with respect to the unnormalised u_k (seed 002
-eq. 15), not seed 001 eq. 14, which treats ‖u_k‖ as fixed (docs/theory/vjp.rst,
+The explicit VJPs give the *full* gradient with respect to the unnormalised u_k (Zhang, Lei &
+Dhillon, ICML 2018
+eq. 15), not Mhammedi et al., ICML 2017 eq. 14, which treats ‖u_k‖ as fixed (docs/theory/vjp.rst,
 docs/theory/ornn.rst).
 """
 
@@ -27,11 +29,19 @@ from typing import Any
 
 import array_api_compat as aac
 
-from . import _compact_wy as K
-from . import _structured as S
-from ._lib.namespace import device_of, is_eager, resolve
+from ._agnostic import compact_wy as K
+from ._agnostic import trapezoidal as S
+from ._lib.checks import (
+    as_matrix_operand,
+    broadcast_batch,
+    check_cotangent,
+    check_finite_norms,
+)
+from ._lib.linalg import sum_to_shape
+from ._lib.namespace import device_of, resolve
+from ._lib.tracing import is_eager
 from .cwy import CWY
-from .householder import as_matrix_operand, householder_vectors
+from .householder import householder_vectors
 
 __all__ = ["ornn", "ornn_apply_vjp", "ornn_matrix_vjp", "ornn_params"]
 
@@ -51,20 +61,10 @@ def _check_trapezoid(U: Any) -> tuple[int, int]:
     return n, m
 
 
-def _broadcast(a: tuple[int, ...], b: tuple[int, ...], what: str) -> tuple[int, ...]:
-    n = max(len(a), len(b))
-    out = []
-    for x, y in zip((1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b, strict=True):
-        if x != y and 1 not in (x, y):
-            raise ValueError(what)
-        out.append(max(x, y))
-    return tuple(out)
-
-
 def _sign(sign: Any, xp: Any, dtype: Any, device: Any, batch: tuple[int, ...]) -> Any:
     """``sign`` as a float or an array of ``dtype`` whose shape broadcasts against ``batch``;
     eager values must be ±1 (under jit, s > 0 is read as +1 and anything else as −1, the
-    projection seed 001 §5 applies after each step)."""
+    projection Mhammedi et al., ICML 2017, §5 applies after each step)."""
     if isinstance(sign, bool) or (not aac.is_array_api_obj(sign) and isinstance(sign, complex)):
         raise TypeError(f"sign must be +1 or -1 (an int, float or array); got {sign!r}")
     if isinstance(sign, (int, float)):
@@ -83,12 +83,13 @@ def _sign(sign: Any, xp: Any, dtype: Any, device: Any, batch: tuple[int, ...]) -
         raise ValueError(f"sign is on device {sdev} but U is on {device}")
     if s.dtype != dtype:
         s = xp.astype(s, dtype)
-    _broadcast(
-        tuple(s.shape),
-        batch,
-        f"sign must have a shape that broadcasts against U's batch shape {batch}; "
-        f"got shape {tuple(s.shape)}",
-    )
+    try:
+        broadcast_batch([("sign", s.shape), ("U", batch)])
+    except ValueError:
+        raise ValueError(
+            f"sign must have a shape that broadcasts against U's batch shape {batch}; "
+            f"got shape {tuple(s.shape)}"
+        ) from None
     ok = xp.all((s == 1) | (s == -1))  # checked only where it can be read (not under jit)
     if is_eager(ok) and not bool(ok):
         raise ValueError("sign must be +1 or -1 (H_1 = diag(I, sign)); got other values")
@@ -107,7 +108,7 @@ def _reflectors(U: Any, s: Any, xp: Any) -> Any:
         one = xp.ones_like(s)
         c = xp.where(s > 0, xp.zeros_like(s), one)
         col = c[..., None, None] * e_n
-        batch = _broadcast(tuple(U.shape[:-2]), tuple(s.shape), "")
+        batch = broadcast_batch([("U", U.shape[:-2]), ("sign", s.shape)])
     L = xp.broadcast_to(xp.tril(U), batch + (n, m))
     return xp.concat([L, xp.broadcast_to(col, batch + (n, 1))], axis=-1)
 
@@ -118,7 +119,7 @@ def _prepare(U: Any, sign: Any, xp: Any, more: list[tuple[str, Any]] = ()) -> tu
     _check_trapezoid(U)
     s = _sign(sign, xp, dtype, device, tuple(U.shape[:-2]))
     if is_eager(U):
-        K.check_finite_norms(xp.max(xp.abs(xp.tril(U)), axis=-2, keepdims=True), xp, "U")
+        check_finite_norms(xp.max(xp.abs(xp.tril(U)), axis=-2, keepdims=True), xp, "U")
     return xp, U, _reflectors(U, s, xp), values[1:]
 
 
@@ -128,11 +129,13 @@ def ornn(U: Any, sign: Any = 1, *, xp: Any = None) -> CWY:
     Parameters
     ----------
     U : array, shape (..., n, m), m ≤ n − 1
-        Column j (0-based) holds u_{n−j} ∈ ℝ^{n−j} in rows j, …, n − 1 (seed 001 eq. 9). The
+        Column j (0-based) holds u_{n−j} ∈ ℝ^{n−j} in rows j, …, n − 1 (Mhammedi et al., ICML 2017
+        eq. 9). The
         entries above the diagonal are not parameters: they are ignored (masked to zero), and
         their gradient is exactly zero. A zero column is the identity (H(0) = I).
     sign : {+1, −1} or array of shape (...), default +1
-        H_1 = diag(I_{n−1}, sign) (seed 001 eq. 7), applied last (rightmost). An int/float
+        H_1 = diag(I_{n−1}, sign) (Mhammedi et al., ICML 2017 eq. 7), applied last (rightmost). An
+        int/float
         array broadcasts against U's batch shape; eager values must be ±1 (under ``jax.jit``
         sign > 0 is read as +1, anything else as −1). Not differentiable (a discrete choice).
     xp : namespace, optional
@@ -146,14 +149,14 @@ def ornn(U: Any, sign: Any = 1, *, xp: Any = None) -> CWY:
 
     Notes
     -----
-    m = n − 1 with the sign is seed 001's M₁, onto O(n) (Theorem 1); without the sign factor
+    m = n − 1 with the sign is Mhammedi et al.'s M₁, onto O(n) (Theorem 1); without the sign factor
     (sign = +1) only matrices with (−1)^(number of nonzero u_k) = det W are reached (see
     docs/theory/ornn.rst for the 2 × 2 counterexample). Proposition 1 is the compact WY form
     I − U S̃⁻¹ Uᵀ with S̃ = striu(UᵀU) + ½ diag(UᵀU), equivalent to our normalised
     S = ½I + striu(ŨᵀŨ). Building costs n·(m+1)² + (m+1)³/3 flops; ``W @ h`` for h (n, B)
     4·n·L·B − L²·B (+ 3·L²·B/k for k column blocks, L = m + 1) where the blocked
     products are faster (L ≥ 256, L ≥ n/2; B < 16: L ≥ 3n/4, L ≥ 512), else
-    4·n·L·B + 2·L²·B; seed 001 Table 2 counts
+    4·n·L·B + 2·L²·B; Mhammedi et al., ICML 2017, Table 2 counts
     (4n − m + 2)·m per vector.
 
     Examples
@@ -184,14 +187,15 @@ def ornn_params(Q: Any, *, xp: Any = None) -> tuple[Any, Any]:
     U : array, shape (..., n, n − 1)
         Lower trapezoidal (exact zeros above the diagonal), Q's dtype.
     sign : array, shape (...)
-        +1 or −1 in Q's dtype: H_1 of seed 001 eq. 7.
+        +1 or −1 in Q's dtype: H_1 of Mhammedi et al., ICML 2017 eq. 7.
 
     Notes
     -----
-    Householder QR with positive diagonal (seed 001 Algorithm 2, via
+    Householder QR with positive diagonal (Mhammedi et al., ICML 2017, Algorithm 2, via
     :func:`householderla.householder_vectors`), 4n³/3 flops: the first n − 1 reflectors are
     u_n, …, u_2; the n-th is 0 or −2e_n, i.e. sign = +1 or −1, whichever makes
-    det Q = sign · (−1)^(number of nonzero u_k). This is the proof of seed 001 Theorem 1:
+    det Q = sign · (−1)^(number of nonzero u_k). This is the proof of Mhammedi et al., ICML 2017,
+    Theorem 1:
     QR = Q with R upper triangular, positive diagonal and orthogonal, so R = I. For a
     non-orthogonal full-rank Q the result parametrises its orthogonal QR factor.
     """
@@ -209,14 +213,7 @@ def ornn_params(Q: Any, *, xp: Any = None) -> tuple[Any, Any]:
 def _masked(V_bar: Any, m: int, shape: tuple[int, ...], xp: Any) -> Any:
     """Ū of the parameters: the first m columns of V̄, zero above the diagonal, summed over
     the batch axes that broadcasting against ``sign`` (or h) added."""
-    return K.sum_to_shape(xp.tril(V_bar[..., :m]), shape, xp)
-
-
-def _check_g(g: Any, shape: tuple[int, ...], name: str) -> None:
-    if tuple(g.shape) != tuple(shape):
-        raise ValueError(
-            f"{name} must have the shape of the forward output {tuple(shape)}; got {tuple(g.shape)}"
-        )
+    return sum_to_shape(xp.tril(V_bar[..., :m]), shape, xp)
 
 
 def ornn_apply_vjp(U: Any, sign: Any, h: Any, g: Any, *, xp: Any = None) -> tuple[Any, Any]:
@@ -237,11 +234,12 @@ def ornn_apply_vjp(U: Any, sign: Any, h: Any, g: Any, *, xp: Any = None) -> tupl
 
     Notes
     -----
-    The full gradient with respect to the unnormalised u_k (seed 002 eq. 15; seed 001
+    The full gradient with respect to the unnormalised u_k (Zhang, Lei & Dhillon, ICML 2018 eq. 15;
+    Mhammedi et al., ICML 2017
     eq. 14 omits the radial term): the CWY backward of docs/theory/vjp.rst on
     V = [tril(U), c·e_n], then the mask. Where the blocked products are faster (L = m + 1 ≥
     256, L ≥ n/2) every product skips the zeros of U
-    (:func:`householderla._structured.apply_vjp`): 10·n·L·B − 3·L²·B + 2·n·L² − L³
+    (:func:`householderla._agnostic.trapezoidal.apply_vjp`): 10·n·L·B − 3·L²·B + 2·n·L² − L³
     flops plus the factors (n·L² + L³/3), against 10·n·L·B + 4·L²·B + 2·n·L² dense. Seed 001
     Table 2's BP, (7n − 2m + 3)·m per vector, stores the m + 1 intermediate vectors per
     right-hand side (and has no 2·n·L² term because it runs the reflections one by one).
@@ -249,9 +247,9 @@ def ornn_apply_vjp(U: Any, sign: Any, h: Any, g: Any, *, xp: Any = None) -> tupl
     xp, U, V, (h, g) = _prepare(U, sign, xp, [("h", h), ("g", g)])
     n, m = U.shape[-2], U.shape[-1]
     hm, vector = as_matrix_operand(h, n)
-    batch = _broadcast(tuple(V.shape[:-2]), tuple(hm.shape[:-2]), "h does not broadcast")
+    batch = broadcast_batch([("U", V.shape[:-2]), ("h", hm.shape[:-2])])
     out = batch + (n, hm.shape[-1])
-    _check_g(g, out[:-1] if vector else out, "g")
+    check_cotangent(g, out[:-1] if vector else out, "g")
     gm = g[..., None] if vector else g
     Un, T, r = K.cwy_factors(V, xp)
     if S.use_structured_vjp(n, m + 1):
@@ -268,11 +266,12 @@ def ornn_matrix_vjp(U: Any, sign: Any, G: Any, *, xp: Any = None) -> Any:
 
     Returns U_bar of U's shape, lower trapezoidal (exactly zero above the diagonal). The CWY
     matrix backward Ū = −G U Tᵀ − Gᵀ U T + U (P + Pᵀ), P = striu(Tᵀ Uᵀ G U Tᵀ), then the
-    normalisation (full gradient, seed 002 eq. 15) and the mask: 4·n²·L + O(n·L²) flops.
+    normalisation (full gradient, Zhang, Lei & Dhillon, ICML 2018 eq. 15) and the mask: 4·n²·L +
+    O(n·L²) flops.
     """
     xp, U, V, (G,) = _prepare(U, sign, xp, [("G", G)])
     n, m = U.shape[-2], U.shape[-1]
-    _check_g(G, tuple(V.shape[:-2]) + (n, n), "G")
+    check_cotangent(G, tuple(V.shape[:-2]) + (n, n), "G")
     Un, T, r = K.cwy_factors(V, xp)
     Ub, _, _, S_bar = K.lowrank_vjp(Un, T, None, G, xp, transpose=False, mode="square")
     return _masked(K.factors_vjp(Un, r, Ub, S_bar, xp), m, tuple(U.shape), xp)

@@ -1,16 +1,19 @@
 """Retractions onto the Stiefel manifold St(N, M) = {X ∈ ℝ^{N×M} : XᵀX = I}.
 
-``polar`` (Newton–Schulz with an a priori iteration count, seed 004 eq. 13 and Algorithm 3),
+``polar`` (Newton–Schulz with an a priori iteration count, Kong, Wang & Tao, ICLR 2023 eq. 13 and
+Algorithm 3),
 ``polar_retraction`` (polar(X + tZ)), ``cayley_retraction`` (Cayley(ηA)X by
-Sherman–Morrison–Woodbury, seed 000 App. B Lemma 1), ``qr_retraction`` (qf(X + tZ)) and
-``riemannian_gradient`` (A X, seed 000 §2.2.2). All batched over leading dimensions, float32
+Sherman–Morrison–Woodbury, Likhosherstov et al., AISTATS 2021 App. B Lemma 1), ``qr_retraction``
+(qf(X + tZ)) and
+``riemannian_gradient`` (A X, Likhosherstov et al., AISTATS 2021, §2.2.2). All batched over leading
+dimensions, float32
 and float64, on every Array API namespace; float32 input is computed in float64 on CPU
 backends and rounded once. The mathematics is in ``docs/theory/retractions.rst``.
 
 Autodiff: with torch tensors that need a graph (or are wrapped by ``torch.func``) and always
 with JAX arrays, ``polar`` (hence ``polar_retraction`` and Cayley's drift guard), the SMW
 Cayley map and the QR factor go through the hand-derived backward passes
-(:mod:`householderla._autodiff_torch` / :mod:`householderla._autodiff_jax`), never through
+(:mod:`householderla._autodiff.torch` / :mod:`householderla._autodiff.jax`), never through
 the Newton–Schulz iterations; the step ``X + tZ`` and dtype casts around them are plain
 array operations.
 """
@@ -21,11 +24,12 @@ from typing import Any
 
 import array_api_compat as aac
 
-from . import _retraction_kernels as RK
-from ._compact_wy import check_finite_norms
-from ._lib.linalg import eye_like
-from ._lib.namespace import accumulation_dtype_for, device_of, is_eager, resolve
-from ._newton_schulz import jit_for, kernel_namespace, polar_impl, select
+from ._agnostic import retraction as RK
+from ._autodiff import call, route
+from ._lib.checks import check_finite_norms, check_like, check_metric, check_stiefel_shape
+from ._lib.jit import jit_for, kernel_namespace, select
+from ._lib.namespace import accumulation_dtype_for, resolve
+from ._lib.tracing import is_eager
 
 __all__ = [
     "cayley_retraction",
@@ -35,29 +39,8 @@ __all__ = [
     "riemannian_gradient",
 ]
 
-METRICS = ("canonical", "euclidean")
 #: Cayley's drift guard: clean up when ‖XᵀX − I‖_F > DRIFT_FACTOR·√M·eps (input dtype).
 DRIFT_FACTOR = 4.0
-
-
-def check_stiefel_shape(X: Any, name: str = "X") -> tuple[int, int]:
-    if X.ndim < 2 or X.shape[-1] > X.shape[-2]:
-        raise ValueError(
-            f"{name} must have shape (..., N, M) with M <= N; got shape {tuple(X.shape)}"
-        )
-    return X.shape[-2], X.shape[-1]
-
-
-def check_like(Z: Any, X: Any, name: str) -> None:
-    if tuple(Z.shape) != tuple(X.shape):
-        raise ValueError(f"{name} must have the shape of X {tuple(X.shape)}; got {tuple(Z.shape)}")
-
-
-def check_metric(metric: str) -> bool:
-    """True for the Euclidean metric; ValueError naming ``metric`` otherwise."""
-    if metric not in METRICS:
-        raise ValueError(f"metric must be 'canonical' or 'euclidean'; got {metric!r}")
-    return metric == "euclidean"
 
 
 def as_step(step: Any, xp: Any, dtype: Any, device: Any, batch: tuple[int, ...]) -> Any:
@@ -95,70 +78,9 @@ def _check_finite(X: Any, xp: Any, name: str) -> None:
         check_finite_norms(xp.max(xp.abs(X), axis=-2, keepdims=True), xp, name)
 
 
-def _eager(x: Any) -> bool:
-    """Values can be inspected: not a JAX tracer, not a tensor batched by ``torch.func.vmap``."""
-    if not is_eager(x):
-        return False
-    if aac.is_torch_array(x):
-        from ._autodiff_torch import is_vmapped
-
-        return not is_vmapped(x)
-    return True
-
-
-def _route(xp: Any, *arrays: Any) -> str | None:
-    """Which autodiff wiring a call goes through: "jax" (always: custom_vjp costs nothing
-    when nothing differentiates), "torch" (a graph will be recorded, or a ``torch.func``
-    transform wraps an input) or None (plain kernels)."""
-    if aac.is_jax_namespace(xp):
-        return "jax"
-    if aac.is_torch_namespace(xp):
-        from ._autodiff_torch import needs_function
-
-        if needs_function(*arrays):
-            return "torch"
-    return None
-
-
-def polar_forward(X: Any, xp: Any, num_iters: Any, restart: Any) -> tuple[Any, dict[str, Any]]:
-    """Validated :func:`~householderla._newton_schulz.polar_impl` (the primal of the torch
-    ``Polar`` Function and the JAX ``polar`` rule): NaN/Inf raise on eager input."""
-    if _eager(X):
-        _check_finite(X, xp, "X")
-    return polar_impl(X, xp, num_iters=num_iters, restart=restart)
-
-
-def _polar_vjp_kernel(xp: Any, X: Any, G: Any) -> Any:
-    return RK.polar_vjp(X, G, xp)[0]
-
-
-def polar_backward(X: Any, G: Any, xp: Any) -> Any:
-    """X̄ of polar at X for the cotangent G, computed in the accumulation dtype (float64 for
-    float32 on CPU) and returned in X's dtype; array operations only, so differentiable again.
-    The forward already rejected rank-deficient eager X."""
-    xp = kernel_namespace(xp)
-    work = accumulation_dtype_for(xp, X)
-    Xw, Gw = (a if a.dtype == work else xp.astype(a, work) for a in (X, G))
-    Xbar = jit_for(xp, _polar_vjp_kernel)(xp, Xw, Gw)
-    return Xbar if Xbar.dtype == X.dtype else xp.astype(Xbar, X.dtype)
-
-
 def _polar_routed(X: Any, xp: Any, num_iters: Any, restart: Any) -> tuple[Any, dict[str, Any]]:
-    """polar through the autodiff wiring the input calls for."""
-    route = _route(xp, X)
-    if route == "torch":
-        from ._autodiff_torch import Polar
-
-        box: dict[str, Any] = {}
-        return Polar.apply(X, num_iters, restart, box), box
-    if route == "jax":
-        from ._autodiff_jax import InfoBox
-        from ._autodiff_jax import polar as polar_jax
-
-        jbox = InfoBox()
-        Q, certified = polar_jax(X, num_iters, restart, jbox)
-        return Q, {**jbox.info, "certified": bool(certified) if is_eager(certified) else certified}
-    return polar_forward(X, xp, num_iters, restart)
+    """polar through the autodiff rule table the input calls for."""
+    return call(route(xp, X), "polar", xp, X, num_iters, restart)
 
 
 def polar(
@@ -198,7 +120,8 @@ def polar(
 
     Notes
     -----
-    Coupled Newton–Schulz on A = s²XᵀX (Higham 1997; seed 004 Algorithm 3, App. M.1) in delta
+    Coupled Newton–Schulz on A = s²XᵀX (Higham 1997; Kong, Wang & Tao, ICLR 2023, Algorithm 3, App.
+    M.1) in delta
     form (Q = X + XD). The count k is fixed before the loop from bounds [a, b] ∋ spec(XᵀX):
     Gershgorin ∩ [1 − δ, 1 + δ], δ = ‖XᵀX − I‖_F (O(M²)), tightened for large M by
     ρ(E) ≤ ‖E⁸‖_∞^{1/8}, E = XᵀX − I, when that can save iterations. On each eigenvalue the
@@ -251,7 +174,8 @@ def polar_retraction(X: Any, Z: Any, step: Any = 1.0, *, xp: Any = None) -> Any:
     Seed 004 eq. 13 (φ̄₃). The Gram matrix of Y = X + tZ is formed directly (one product),
     not by the shortcut I + t(XᵀZ + ZᵀX) + t²ZᵀZ: that needs two or three products, and its
     simplification I + t²ZᵀZ is exact only when XᵀX = I and XᵀZ + ZᵀX = 0 exactly, which
-    rounding never gives; the direct form corrects a drifted X (seed 004 App. M.1).
+    rounding never gives; the direct form corrects a drifted X (Kong, Wang & Tao, ICLR 2023 App.
+    M.1).
     R(X, tZ) = X + tZ + O(t²) for tangent Z. Cost: as :func:`polar`.
     """
     xp, device, dtype, (X, Z) = resolve([("X", X), ("Z", Z)], xp)
@@ -259,26 +183,6 @@ def polar_retraction(X: Any, Z: Any, step: Any = 1.0, *, xp: Any = None) -> Any:
     check_like(Z, X, "Z")
     t = as_step(step, xp, dtype, device, tuple(X.shape[:-2]))
     return polar(X + t * Z, xp=xp)
-
-
-def _cayley_forward(xp: Any, X: Any, G: Any, t: Any, euclidean: bool) -> tuple[Any, Any]:
-    Y, P = RK.cayley_forward(X, G, t, euclidean, xp)
-    E = P - eye_like(xp, P.shape[-1], P.dtype, device_of(P))
-    return Y, xp.max(xp.sqrt(xp.sum(E * E, axis=(-2, -1))))
-
-
-def _cayley_routed(xp: Any, X: Any, G: Any, t: Any, euclidean: bool, route: Any) -> Any:
-    """(Y, drift) of the SMW map through the autodiff wiring ``route`` asks for."""
-    if route == "torch":
-        from ._autodiff_torch import CayleySMW
-
-        return CayleySMW.apply(X, G, t, euclidean)
-    if route == "jax":
-        from ._autodiff_jax import cayley_smw
-
-        step = xp.asarray(t, dtype=X.dtype) if isinstance(t, float) else t
-        return cayley_smw(X, G, step, euclidean)
-    return jit_for(xp, _cayley_forward, (0, 4))(xp, X, G, t, euclidean)
 
 
 def cayley_retraction(
@@ -338,19 +242,19 @@ def cayley_retraction(
     if X.shape[-1] == 0:
         return X
     for a, name in ((X, "X"), (G, "G")):
-        if _eager(a):
+        if is_eager(a):
             _check_finite(a, xp, name)
-    route = _route(xp, X, G, t)
+    r = route(xp, X, G, t)
     xp = kernel_namespace(xp)
     work, (Xw, Gw) = _work(xp, X, G)
     tw = t if isinstance(t, float) or t.dtype == work else xp.astype(t, work)
-    Y, drift = _cayley_routed(xp, Xw, Gw, tw, euclidean, route)
+    Y, drift = call(r, "cayley", xp, Xw, Gw, tw, euclidean)
     if drift_tol is None:
         drift_tol = DRIFT_FACTOR * X.shape[-1] ** 0.5 * float(xp.finfo(dtype).eps)
     # a Python branch when the drift is concrete; lax.cond / where when any input is traced
     # or vmapped (a traced step alone makes it a tracer)
     guard = drift > drift_tol
-    Y = select(xp, _eager(drift), guard, lambda: _polar_routed(Y, xp, None, None)[0], lambda: Y)
+    Y = select(xp, is_eager(drift), guard, lambda: _polar_routed(Y, xp, None, None)[0], lambda: Y)
     return Y if Y.dtype == dtype else xp.astype(Y, dtype)
 
 
@@ -380,28 +284,15 @@ def qr_retraction(X: Any, Z: Any, step: Any = 1.0, *, xp: Any = None) -> Any:
     check_like(Z, X, "Z")
     t = as_step(step, xp, dtype, device, tuple(X.shape[:-2]))
     Y = X + t * Z
-    if _eager(Y):
+    if is_eager(Y):
         _check_finite(Y, xp, "X + step*Z")
     if X.shape[-1] == 0:
         return Y
-    route = _route(xp, Y)
+    r = route(xp, Y)
     xp = kernel_namespace(xp)
     _, (Yw,) = _work(xp, Y)
-    if route == "torch":
-        from ._autodiff_torch import QRPositive
-
-        Q = QRPositive.apply(Yw)
-    elif route == "jax":
-        from ._autodiff_jax import qr_q
-
-        Q = qr_q(Yw)
-    else:
-        Q = jit_for(xp, _qr_q)(xp, Yw)
+    Q = call(r, "qr_q", xp, Yw)
     return Q if Q.dtype == dtype else xp.astype(Q, dtype)
-
-
-def _qr_q(xp: Any, Y: Any) -> Any:
-    return RK.qr_positive(Y, xp)[0]
 
 
 def _riemannian_gradient(xp: Any, X: Any, G: Any, euclidean: bool) -> Any:

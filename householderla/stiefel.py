@@ -1,4 +1,4 @@
-"""Momentum Stiefel optimizers by operator splitting (Kong, Wang, Tao, ICLR 2023; seed 004).
+"""Momentum Stiefel optimizers by operator splitting (Kong, Wang & Tao, ICLR 2023).
 
 Functional, optax-style: ``opt = momentum_sgd(...)`` or ``opt = adam(...)`` is a frozen pair of
 pure functions, ``state = opt.init(X)`` and ``X, state = opt.update(X, G, state)``, with ``G``
@@ -6,7 +6,8 @@ the Euclidean gradient ∂f/∂X. The state is a NamedTuple of arrays in X's nam
 dtype (a JAX pytree, so ``update`` runs under ``jax.jit``). Everything is batched over leading
 dimensions: one manifold St(N, M) per matrix, every moment per matrix.
 
-Notation (seed 004 §2, App. M.4–M.5): a < 1 is the metric parameter of Definition 1
+Notation (Kong, Wang & Tao, ICLR 2023, §2, App. M.4–M.5): a < 1 is the metric parameter of
+Definition 1
 (a = ½ canonical, a = 0 Euclidean), b = a/(a − 1), c = (1 − b)/2 = 1/(2(1 − a)),
 d = (3a − 2)/2; η is ``lr``, μ ``momentum``. The momentum Q = XY + V (eq. 8) is stored
 rescaled as Z (M×M, skew) and U (N×M, XᵀU = 0). float32 input is computed in the library's
@@ -17,12 +18,27 @@ product count and the large-step analysis are in ``docs/theory/stiefel.rst``.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any
 
-from ._lib.linalg import eye_like
-from ._lib.namespace import accumulation_dtype_for, device_of, is_eager, mT, resolve
-from ._newton_schulz import select
-from .retractions import check_stiefel_shape, polar
+from ._agnostic.stiefel_flow import (
+    AdamState,
+    MomentumState,
+    StiefelOptimizer,
+    expm_skew,
+    momentum_rotation,
+    sym,
+)
+from ._euclidean import (
+    EuclideanAdamState,
+    EuclideanMomentumState,
+    euclidean_adam,
+    euclidean_sgd,
+)
+from ._lib.checks import check_choice, check_real, check_stiefel_shape
+from ._lib.jit import select
+from ._lib.namespace import accumulation_dtype_for, mT, resolve
+from ._lib.tracing import is_eager
+from .retractions import polar
 
 __all__ = [
     "AdamState",
@@ -33,49 +49,17 @@ __all__ = [
     "adam",
     "euclidean_adam",
     "euclidean_sgd",
+    "expm_skew",
     "momentum_sgd",
 ]
 
 _NAMED_METRICS = {"canonical": 0.5, "euclidean": 0.0}
-#: Approximations of the M×M matrix exponentials of φ̄₁ and φ̄₂ (seed 004 App. M.2).
+#: Approximations of the M×M matrix exponentials of φ̄₁ and φ̄₂ (Kong, Wang & Tao, ICLR 2023 App.
+# M.2).
 EXPM_METHODS = ("euler", "cayley", "expm")
 #: U-update of φ̄₃: "energy" rescales forward Euler to keep ‖U‖_F (the default), "euler" is
 #: the printed forward Euler step (diverges at large steps; docs/theory/stiefel.rst).
 TRANSPORTS = ("energy", "euler")
-
-
-class StiefelOptimizer(NamedTuple):
-    """A pair of pure functions, like optax's ``GradientTransformation``.
-
-    ``init(X) -> state`` and ``update(X, G, state) -> (X_next, state_next)``; note that
-    ``update`` returns the next *point*, not an increment (a retraction is not additive;
-    :func:`householderla._optax.stiefel_sgd` gives the optax convention).
-    """
-
-    init: Any
-    update: Any
-
-
-class MomentumState(NamedTuple):
-    """State of :func:`momentum_sgd`: ``count`` (int32, steps taken), ``U`` (..., N, M) with
-    XᵀU = 0 and ``Z`` (..., M, M) skew. For M = N (SO(n), seed 004 App. O) ``U`` is an empty
-    (..., N, 0) array: there is no normal component."""
-
-    count: Any
-    U: Any
-    Z: Any
-
-
-class AdamState(NamedTuple):
-    """State of :func:`adam`: as :class:`MomentumState` plus the second moments ``p``
-    (..., M, M, symmetric) of the Z-'gradient' and ``q`` (..., N, M; (..., N, 0) for M = N)
-    of the U-'gradient'."""
-
-    count: Any
-    U: Any
-    Z: Any
-    p: Any
-    q: Any
 
 
 def _metric_a(metric: Any) -> float:
@@ -90,25 +74,10 @@ def _metric_a(metric: Any) -> float:
         raise ValueError(f"metric must be a number a < 1 or a name; got {metric!r}")
     a = float(metric)
     if not (math.isfinite(a) and a < 1.0):
-        raise ValueError(f"metric a must be finite and < 1 (seed 004 Definition 1); got {a}")
+        raise ValueError(
+            f"metric a must be finite and < 1 (Kong, Wang & Tao, ICLR 2023, Definition 1); got {a}"
+        )
     return a
-
-
-def _check_real(name: str, value: Any, lo: float, hi: float, lo_open: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a real number; got {value!r}")
-    v = float(value)
-    ok = math.isfinite(v) and (v > lo if lo_open else v >= lo) and v < hi
-    if not ok:
-        left = "(" if lo_open else "["
-        raise ValueError(f"{name} must lie in {left}{lo}, {hi}); got {value!r}")
-    return v
-
-
-def _check_choice(name: str, value: Any, options: tuple[str, ...]) -> str:
-    if not isinstance(value, str) or value not in options:
-        raise ValueError(f"{name} must be one of {options}; got {value!r}")
-    return value
 
 
 def _prepare(X: Any, G: Any, state: Any, xp: Any) -> tuple[Any, Any, Any, Any]:
@@ -140,7 +109,8 @@ def _prepare(X: Any, G: Any, state: Any, xp: Any) -> tuple[Any, Any, Any, Any]:
 
 
 def _project_first(X: Any, count: Any, xp: Any) -> Any:
-    """polar(X) on the first step (count == 0), X afterwards (seed 004 App. P.1: any full-rank
+    """polar(X) on the first step (count == 0), X afterwards (Kong, Wang & Tao, ICLR 2023 App. P.1:
+    any full-rank
     start; the iteration preserves the structure only from a point of St)."""
     return select(
         xp, is_eager(X) and is_eager(count), count == 0, lambda: polar(X, xp=xp), lambda: X
@@ -151,14 +121,6 @@ def _to(xp: Any, dtype: Any, *arrays: Any) -> list[Any]:
     return [a if a.dtype == dtype else xp.astype(a, dtype) for a in arrays]
 
 
-def _sym(A: Any) -> Any:
-    return 0.5 * (A + mT(A))
-
-
-def _zeros(xp: Any, shape: tuple[int, ...], dtype: Any, device: Any) -> Any:
-    return xp.zeros(shape, dtype=dtype, device=device)
-
-
 def _init_arrays(X: Any, xp: Any, adam: bool) -> Any:
     xp, device, dtype, (X,) = resolve([("X", X)], xp)
     check_stiefel_shape(X)
@@ -166,47 +128,13 @@ def _init_arrays(X: Any, xp: Any, adam: bool) -> Any:
     u_shape = X.shape[:-1] + (0 if M == N else M,)
     z_shape = X.shape[:-2] + (M, M)
     count = xp.asarray(0, dtype=xp.int32, device=device)
-    U, Z = _zeros(xp, u_shape, dtype, device), _zeros(xp, z_shape, dtype, device)
+    U = xp.zeros(u_shape, dtype=dtype, device=device)
+    Z = xp.zeros(z_shape, dtype=dtype, device=device)
     if not adam:
         return MomentumState(count, U, Z)
-    p, q = _zeros(xp, z_shape, dtype, device), _zeros(xp, u_shape, dtype, device)
+    p = xp.zeros(z_shape, dtype=dtype, device=device)
+    q = xp.zeros(u_shape, dtype=dtype, device=device)
     return AdamState(count, U, Z, p, q)
-
-
-# -- the M×M exponentials of App. M.2 (O(M³), never an N-sized product) -----------------------
-
-
-def expm_skew(W: Any, method: str, xp: Any) -> Any:
-    """An approximation of expm(W) for skew W (..., M, M) (seed 004 App. M.2).
-
-    ``"euler"``: I + W (first order, not orthogonal: (I + W)ᵀ(I + W) = I − W²);
-    ``"cayley"``: (I − W/2)⁻¹(I + W/2) (eq. 32, orthogonal, second order);
-    ``"expm"``: the exponential itself, cos(Θ) + W·sinc(Θ) with Θ = (WᵀW)^{1/2} (for skew W,
-    W² = −WᵀW commutes with W), from one symmetric eigendecomposition. O(M³).
-    """
-    eye = eye_like(xp, W.shape[-1], W.dtype, device_of(W))
-    if method == "euler":
-        return eye + W
-    if method == "cayley":
-        return xp.linalg.solve(eye - 0.5 * W, eye + 0.5 * W)
-    lam, Q = xp.linalg.eigh(_sym(mT(W) @ W))
-    th = xp.sqrt(xp.maximum(lam, xp.zeros_like(lam)))
-    small = th < 1e-4  # sinc(θ) = 1 − θ²/6 + O(θ⁴): exact to rounding below 1e-4
-    one = xp.ones_like(th)
-    sinc = xp.where(small, one - th * th / 6.0, xp.sin(th) / xp.where(small, one, th))
-    cos_part = (Q * xp.cos(th)[..., None, :]) @ mT(Q)
-    sinc_part = (Q * sinc[..., None, :]) @ mT(Q)
-    return cos_part + W @ sinc_part
-
-
-def _momentum_rotation(Z: Any, damping: float, d_lr: float, method: str, xp: Any) -> Any:
-    """L with U½ = U L − (gradient term): φ̄₂ without the gradient, i.e. the flow of
-    V̇ = −γV + dVY over one step (eq. 30, rescaled): μI + dηZ (eq. 34, ``"euler"``) or
-    μ·R(dηZ) with R the orthogonal Cayley / exponential (eq. 33, ``"cayley"`` / ``"expm"``)."""
-    if method == "euler":
-        eye = eye_like(xp, Z.shape[-1], Z.dtype, device_of(Z))
-        return damping * eye + d_lr * Z
-    return damping * expm_skew(d_lr * Z, method, xp)
 
 
 def _phi3(
@@ -227,7 +155,7 @@ def _phi3(
     (``"energy"``): the exact flow of eq. 11 keeps VᵀV, forward Euler adds η²BᵀS⁻¹B to it.
     N×M×M products: X R, X·(R S⁻¹ηB), and the two of ``polar``.
     """
-    S = _sym(mT(R) @ R)
+    S = sym(mT(R) @ R)
     SiB = xp.linalg.solve(S, lr * B)
     X_next = polar(X @ R + lr * U_step, xp=xp)
     U_next = U_half - X @ (R @ SiB)
@@ -250,7 +178,8 @@ def momentum_sgd(
     transport: str = "energy",
     xp: Any = None,
 ) -> StiefelOptimizer:
-    """Momentum (S)GD on St(N, M) by the splitting integrator φ̄₃ ∘ φ̃₁ ∘ φ̄₂ (seed 004
+    """Momentum (S)GD on St(N, M) by the splitting integrator φ̄₃ ∘ φ̃₁ ∘ φ̄₂ (Kong, Wang & Tao,
+    ICLR 2023
     Algorithm 1; Algorithm 4 for M = N).
 
     Parameters
@@ -320,11 +249,11 @@ def momentum_sgd(
     >>> bool(np.isclose(np.trace(X.T @ A @ X), np.linalg.eigvalsh(A)[-2:].sum()))
     True
     """
-    lr = _check_real("lr", lr, 0.0, math.inf, lo_open=True)
-    mu = _check_real("momentum", momentum, 0.0, 1.0)
+    lr = check_real("lr", lr, 0.0, math.inf, lo_open=True)
+    mu = check_real("momentum", momentum, 0.0, 1.0)
     a = _metric_a(metric)
-    method = _check_choice("expm_method", expm_method, EXPM_METHODS)
-    transport = _check_choice("transport", transport, TRANSPORTS)
+    method = check_choice("expm_method", expm_method, EXPM_METHODS)
+    transport = check_choice("transport", transport, TRANSPORTS)
     c, d = 0.5 / (1.0 - a), 0.5 * (3.0 * a - 2.0)
     fixed_xp = xp
 
@@ -342,8 +271,8 @@ def momentum_sgd(
         if X.shape[-1] == X.shape[-2]:  # SO(n): g = 0, no U (Algorithm 4)
             X_next, U_next = polar(X @ R, xp=xp), U
         else:
-            U_half = U @ _momentum_rotation(Z, mu, d * lr, method, xp) - (G - X @ A)
-            C = _sym(mT(U_half) @ U_half)
+            U_half = U @ momentum_rotation(Z, mu, d * lr, method, xp) - (G - X @ A)
+            C = sym(mT(U_half) @ U_half)
             X_next, U_next = _phi3(X, R, U_half, U_half, C, lr, transport, xp)
         X_next, U_next, Z_next = _to(xp, dtype, X_next, U_next, Z_next)
         return X_next, MomentumState(state.count + 1, U_next, Z_next)
@@ -362,7 +291,8 @@ def adam(
     transport: str = "energy",
     xp: Any = None,
 ) -> StiefelOptimizer:
-    """Adam on St(N, M) by the splitting φ̂₃ ∘ φ̂₁ ∘ φ̂₂ (seed 004 Algorithm 2, App. M.5;
+    """Adam on St(N, M) by the splitting φ̂₃ ∘ φ̂₁ ∘ φ̂₂ (Kong, Wang & Tao, ICLR 2023, Algorithm 2,
+    App. M.5;
     Algorithm 5 for M = N).
 
     Parameters
@@ -405,13 +335,13 @@ def adam(
     **Cost:** 10 N×M×M products per step (XᵀG, XA, UL, XᵀW, X(XᵀW), XR, ŨᵀU½, X·(…), and
     the two of ``polar``) plus O(M³); for M = N as in :func:`momentum_sgd`.
     """
-    lr = _check_real("lr", lr, 0.0, math.inf, lo_open=True)
-    b1 = _check_real("b1", b1, 0.0, 1.0)
-    b2 = _check_real("b2", b2, 0.0, 1.0)
-    eps = _check_real("eps", eps, 0.0, math.inf, lo_open=True)
+    lr = check_real("lr", lr, 0.0, math.inf, lo_open=True)
+    b1 = check_real("b1", b1, 0.0, 1.0)
+    b2 = check_real("b2", b2, 0.0, 1.0)
+    eps = check_real("eps", eps, 0.0, math.inf, lo_open=True)
     a = _metric_a(metric)
-    method = _check_choice("expm_method", expm_method, EXPM_METHODS)
-    transport = _check_choice("transport", transport, TRANSPORTS)
+    method = check_choice("expm_method", expm_method, EXPM_METHODS)
+    transport = check_choice("transport", transport, TRANSPORTS)
     c, d = 0.5 / (1.0 - a), 0.5 * (3.0 * a - 2.0)
     log_b2 = math.log(b2) if b2 > 0 else None
     fixed_xp = xp
@@ -440,94 +370,12 @@ def adam(
         else:
             g = G - X @ A
             q = b2 * q + (1.0 - b2) * (g * g)
-            U_half = U @ _momentum_rotation(Z, b1, d * lr, method, xp) - (1.0 - b1) * g
+            U_half = U @ momentum_rotation(Z, b1, d * lr, method, xp) - (1.0 - b1) * g
             W = U_half / (xp.sqrt(q) + eps)
             Ut = kappa * (W - X @ (mT(X) @ W))
             B = mT(Ut) @ U_half
             X_next, U_next = _phi3(X, R, U_half, Ut, B, lr, transport, xp)
         X_next, U_next, Z_next, p, q = _to(xp, dtype, X_next, U_next, Z_next, p, q)
         return X_next, AdamState(count, U_next, Z_next, p, q)
-
-    return StiefelOptimizer(init, update)
-
-
-# -- the Euclidean counterparts (seed 004 App. P: one set of hyperparameters for both) ---------
-
-
-class EuclideanMomentumState(NamedTuple):
-    """State of :func:`euclidean_sgd`: ``count`` (int32) and the velocity ``v`` (shape of x)."""
-
-    count: Any
-    v: Any
-
-
-class EuclideanAdamState(NamedTuple):
-    """State of :func:`euclidean_adam`: ``count``, first moment ``m``, second moment ``s``."""
-
-    count: Any
-    m: Any
-    s: Any
-
-
-def _euclidean_prepare(x: Any, g: Any, xp: Any) -> tuple[Any, Any, Any, Any]:
-    xp, _, dtype, (x,) = resolve([("x", x)], xp)
-    _, _, _, (g,) = resolve([("G", g)], xp)
-    if tuple(g.shape) != tuple(x.shape):
-        raise ValueError(f"G must have the shape of x {tuple(x.shape)}; got {tuple(g.shape)}")
-    return xp, x, (g if g.dtype == dtype else xp.astype(g, dtype)), dtype
-
-
-def euclidean_sgd(lr: float = 0.1, momentum: float = 0.9, *, xp: Any = None) -> StiefelOptimizer:
-    """Heavy-ball momentum SGD on ℝ^{shape}: the Euclidean limit of :func:`momentum_sgd`.
-
-    ``v⁺ = μv − g``, ``x⁺ = x + ηv⁺`` — Algorithm 1 with X unconstrained (only the U part,
-    no projection, no φ̄₃), i.e. ``torch.optim.SGD(lr=η, momentum=μ)`` with v = −buffer.
-    Seed 004 App. P: Stiefel and Euclidean parameters share lr and momentum. Any shape.
-    """
-    lr = _check_real("lr", lr, 0.0, math.inf, lo_open=True)
-    mu = _check_real("momentum", momentum, 0.0, 1.0)
-    fixed_xp = xp
-
-    def init(x: Any) -> EuclideanMomentumState:
-        xp, device, dtype, (x,) = resolve([("x", x)], fixed_xp)
-        count = xp.asarray(0, dtype=xp.int32, device=device)
-        return EuclideanMomentumState(count, _zeros(xp, tuple(x.shape), dtype, device))
-
-    def update(x: Any, g: Any, state: EuclideanMomentumState) -> tuple[Any, Any]:
-        _, x, g, _ = _euclidean_prepare(x, g, fixed_xp)
-        v = mu * state.v - g
-        return x + lr * v, EuclideanMomentumState(state.count + 1, v)
-
-    return StiefelOptimizer(init, update)
-
-
-def euclidean_adam(
-    lr: float = 1e-3, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, *, xp: Any = None
-) -> StiefelOptimizer:
-    """Adam on ℝ^{shape} in the convention of :func:`adam` (seed 004 Algorithm 2 without the
-    manifold): ``m⁺ = β₁m − (1 − β₁)g``, ``s⁺ = β₂s + (1 − β₂)g∘g``,
-    ``x⁺ = x + ηκ m⁺ ⊘ (s⁺^{∘½} + ε)``, κ = √(1 − β₂^{t}). Unlike ``torch.optim.Adam`` there
-    is no β₁ bias correction (the paper has none) and ε is not rescaled by κ.
-    """
-    lr = _check_real("lr", lr, 0.0, math.inf, lo_open=True)
-    b1 = _check_real("b1", b1, 0.0, 1.0)
-    b2 = _check_real("b2", b2, 0.0, 1.0)
-    eps = _check_real("eps", eps, 0.0, math.inf, lo_open=True)
-    log_b2 = math.log(b2) if b2 > 0 else None
-    fixed_xp = xp
-
-    def init(x: Any) -> EuclideanAdamState:
-        xp, device, dtype, (x,) = resolve([("x", x)], fixed_xp)
-        count = xp.asarray(0, dtype=xp.int32, device=device)
-        zeros = _zeros(xp, tuple(x.shape), dtype, device)
-        return EuclideanAdamState(count, zeros, xp.zeros_like(zeros))
-
-    def update(x: Any, g: Any, state: EuclideanAdamState) -> tuple[Any, Any]:
-        xp, x, g, dtype = _euclidean_prepare(x, g, fixed_xp)
-        count = state.count + 1
-        kappa = 1.0 if log_b2 is None else xp.sqrt(-xp.expm1(xp.astype(count, dtype) * log_b2))
-        m = b1 * state.m - (1.0 - b1) * g
-        s = b2 * state.s + (1.0 - b2) * (g * g)
-        return x + (lr * kappa) * (m / (xp.sqrt(s) + eps)), EuclideanAdamState(count, m, s)
 
     return StiefelOptimizer(init, update)

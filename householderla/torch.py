@@ -2,7 +2,7 @@
 
 Every map of :mod:`householderla` called with torch tensors is differentiable through a
 ``torch.autograd.Function`` (forward + ``setup_context`` + backward) whose backward is the
-hand-derived VJP (:mod:`householderla._autodiff_torch`): ``loss.backward()``,
+hand-derived VJP (:mod:`householderla._autodiff.torch`): ``loss.backward()``,
 ``torch.autograd.grad(..., create_graph=True)``, ``torch.func.grad`` / ``jacrev`` / ``vmap``
 all work, and so does double backward (every backward is written in torch operations).
 
@@ -28,7 +28,8 @@ from typing import Any
 import torch
 from torch.nn.utils import parametrize
 
-from ._autodiff_torch import (
+from . import householder as _householder
+from ._autodiff.torch import (
     CayleySMW,
     CWYFactors,
     HouseholderApply,
@@ -36,23 +37,18 @@ from ._autodiff_torch import (
     LowRankApply,
     Polar,
     QRPositive,
-    is_vmapped,
-    needs_function,
 )
-from ._compact_wy import check_finite_norms, normalize_columns
+from ._kernels import load_numba
+from ._lib.checks import as_matrix_operand, check_finite_norms, check_reflectors
 from ._lib.namespace import resolve
+from ._lib.tracing import is_transformed
 
 # -- optimizers: StiefelSGD / StiefelAdam (householderla/_torch_optim.py) ----------------------
 from ._torch_optim import StiefelAdam, StiefelSGD
 from .cwy import CWY, TCWY, cwy, tcwy
-from .householder import (
-    _check_reflectors,
-    _reflect_all,
-    as_matrix_operand,
-    householder_vectors,
-    tcwy_vectors,
-)
+from .householder import householder_vectors, tcwy_vectors
 from .retractions import cayley_retraction, polar, polar_retraction, qr_retraction
+from .svd import bounded_sigma, svd_householder, svd_householder_params
 
 __all__ = [
     "CWY",
@@ -109,28 +105,23 @@ def householder_apply(V: Any, h: Any, *, kernel: str = "torch") -> torch.Tensor:
     Tensor, shape (..., N) or (..., N, B)
         As :func:`householderla.householder_apply` (4·N·L·B flops); the backward replays the
         reflections in forward order, 18·N·L·B flops (Numba: 15·N·L·B) and O(N·B) extra
-        memory (seed 001 Algorithm 1 with seed 002 eq. 15's full gradient).
+        memory (Mhammedi et al., ICML 2017, Algorithm 1 with Zhang, Lei & Dhillon, ICML 2018 eq.
+        15's full gradient).
     """
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}; got {kernel!r}")
+    if kernel == "torch":
+        return _householder.householder_apply(V, h)
     xp, _, _, (V, h) = resolve([("V", V), ("h", h)])
-    N, _ = _check_reflectors(V)
+    N, _ = check_reflectors(V)
     hm, vector = as_matrix_operand(h, N)
-    if not is_vmapped(V):
-        check_finite_norms(xp.max(xp.abs(V), axis=-2, keepdims=True), xp)
-    if kernel == "numba":
-        _check_numba_operands(V, hm)
-        y = HouseholderApplyNumba.apply(V, hm)
-    elif needs_function(V, hm):
-        y = HouseholderApply.apply(V, hm)
-    else:
-        y = _reflect_all(normalize_columns(V, xp)[0], hm)
+    check_finite_norms(xp.max(xp.abs(V), axis=-2, keepdims=True), xp)
+    _check_numba_operands(V, hm)
+    y = HouseholderApplyNumba.apply(V, hm)
     return y[..., 0] if vector else y
 
 
 def _check_numba_operands(V: Any, h: Any) -> None:
-    from ._autodiff_torch import is_transformed
-
     for name, t in (("V", V), ("h", h)):
         if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
             raise ValueError(f"kernel='numba' needs CPU tensors; {name} is not one")
@@ -139,9 +130,7 @@ def _check_numba_operands(V: Any, h: Any) -> None:
                 "kernel='numba' is once_differentiable and cannot run under torch.func "
                 "transforms; use kernel='torch'"
             )
-    from . import _numba_kernels
-
-    if not _numba_kernels.HAVE_NUMBA:  # pragma: no cover - numba is installed here
+    if load_numba() is None:  # pragma: no cover - numba is installed here
         raise ValueError("kernel='numba' needs numba installed")
 
 
@@ -149,7 +138,7 @@ def householder_product(V: Any, *, kernel: str = "torch") -> torch.Tensor:
     """Dense H(v₁)…H(v_L), shape (..., N, N), by sequential reflections (4·N²·L flops),
     differentiable by the explicit VJP (:func:`householder_apply` on the identity)."""
     (V,) = resolve([("V", V)])[3]
-    N, _ = _check_reflectors(V)
+    N, _ = check_reflectors(V)
     return householder_apply(V, torch.eye(N, dtype=V.dtype, device=V.device), kernel=kernel)
 
 
@@ -262,7 +251,8 @@ class Orthogonal(torch.nn.Module):
         """Reflection vectors V with ``forward(V) ≈ W`` for orthogonal / Stiefel ``W``.
 
         Householder QR with positive diagonal (:func:`householderla.householder_vectors`,
-        :func:`householderla.tcwy_vectors`; seed 000 Theorems 1 and 3): both determinants for
+        :func:`householderla.tcwy_vectors`; Likhosherstov et al., AISTATS 2021, Theorems 1 and 3):
+        both determinants for
         square W. A non-orthogonal full-rank W is replaced by its Q factor (the positive-
         diagonal QR), as ``torch.nn.utils.parametrizations.orthogonal`` does.
         """
@@ -316,12 +306,11 @@ class Orthogonal(torch.nn.Module):
         self._pending = None
         return self.right_inverse(Q.mT if self.transposed else Q)
 
-    # -- SVD parametrization (householderla.svd, seed 002) ----------------------------------
+    # -- SVD parametrization (householderla.svd, Zhang, Lei & Dhillon, ICML 2018)
+    # ----------------------------------
     def _svd_forward(self, *params: torch.Tensor) -> torch.Tensor:
         """W = Q_U Σ Q_Vᵀ with σ = 1 (orthogonal), or σ = r·tanh(ŝ/2) + 1 ∈ [1 − r, 1 + r]
-        (seed 002 eq. 8) for ``sigma_radius`` r > 0."""
-        from .svd import bounded_sigma, svd_householder
-
+        (Zhang, Lei & Dhillon, ICML 2018 eq. 8) for ``sigma_radius`` r > 0."""
         if self.sigma_radius == 0.0:
             U, V = params
             sigma = torch.ones(self.M, dtype=U.dtype, device=U.device)
@@ -334,8 +323,6 @@ class Orthogonal(torch.nn.Module):
         """(U_vecs, [ŝ,] V_vecs) by :func:`householderla.svd_householder_params`. With σ fixed
         at 1 a non-orthogonal W is replaced by its polar factor Q_U Q_Vᵀ; with a radius, σ is
         clipped into the open interval (1 − r, 1 + r) before ŝ = 2 atanh((σ − 1)/r)."""
-        from .svd import svd_householder_params
-
         U, s, V = svd_householder_params(W)
         if self.sigma_radius == 0.0:
             return U, V
@@ -368,16 +355,20 @@ def orthogonal(
     name : str
         A parameter or buffer of shape (..., n, k), float32 or float64.
     map : {"cwy", "tcwy", "svd"}
-        ``"cwy"``: W = H(v₁)…H(v_L) (square; seed 000 Theorem 2), or its first min(n, k)
+        ``"cwy"``: W = H(v₁)…H(v_L) (square; Likhosherstov et al., AISTATS 2021, Theorem 2), or its
+        first min(n, k)
         columns for rectangular W. ``"tcwy"``: W = γ_{N,M}(V), the first M columns of
-        H(v₁)…H(v_M) without forming N × N (seed 000 Theorem 3). ``"svd"``: the svdRNN
-        parametrization W = Q_U Σ Q_Vᵀ = H(u₁)…H(u_{k₁}) Σ (H(v₁)…H(v_{k₂}))ᵀ (seed 002
+        H(v₁)…H(v_M) without forming N × N (Likhosherstov et al., AISTATS 2021, Theorem 3).
+        ``"svd"``: the svdRNN
+        parametrization W = Q_U Σ Q_Vᵀ = H(u₁)…H(u_{k₁}) Σ (H(v₁)…H(v_{k₂}))ᵀ (Zhang, Lei &
+        Dhillon, ICML 2018
         eq. 3/17; :func:`householderla.svd_householder`) with σ = 1, or with trainable
         bounded singular values (``sigma_radius``). For ``"cwy"`` / ``"tcwy"`` wide weights
         (n < k) are the transpose of the tall map; ``"svd"`` is rectangular by itself.
     reflectors : int, optional
         L, the number of reflection vectors. Default: n for square ``"cwy"`` (all of O(n),
-        both determinants: seed 000 Theorem 1 with H(0) = I), min(n, k) otherwise (all of
+        both determinants: Likhosherstov et al., AISTATS 2021, Theorem 1 with H(0) = I), min(n, k)
+        otherwise (all of
         the Stiefel manifold: Theorem 3). Fewer give a cheaper map onto a subset; assigning a
         weight then raises.
     init : {"haar", "identity", "keep"}
@@ -386,7 +377,8 @@ def orthogonal(
         current weight (positive-diagonal QR), as torch's ``orthogonal`` does.
     sigma_radius : float
         ``map="svd"`` only. 0 (default): σ = 1, W orthogonal. r > 0: W's singular values are
-        σ = r·tanh(ŝ/2) + 1 ∈ [1 − r, 1 + r] with ŝ trainable (seed 002 eq. 8,
+        σ = r·tanh(ŝ/2) + 1 ∈ [1 − r, 1 + r] with ŝ trainable (Zhang, Lei & Dhillon, ICML 2018 eq.
+        8,
         :func:`householderla.bounded_sigma`): W is then *not* orthogonal, but its condition
         number is at most (1 + r)/(1 − r) — the svdRNN use.
     generator : torch.Generator, optional

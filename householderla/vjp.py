@@ -36,18 +36,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _compact_wy as K
-from . import _retraction_kernels as RK
 from . import retractions as R
-from ._lib.linalg import eye_like
-from ._lib.namespace import accumulation_dtype_for, is_eager, resolve
-from ._newton_schulz import jit_for
-from .householder import _check_reflectors, as_matrix_operand, householder_apply_vjp
+from ._agnostic import compact_wy as K
+from ._agnostic import retraction as RK
+from ._lib.checks import (
+    as_matrix_operand,
+    broadcast_batch,
+    check_cotangent,
+    check_like,
+    check_metric,
+    check_reflectors,
+    check_stiefel_shape,
+)
+from ._lib.jit import jit_for
+from ._lib.linalg import eye_like, sum_to_shape
+from ._lib.namespace import accumulation_dtype_for, resolve
+from ._lib.tracing import is_eager
+from ._svd_vjp import bounded_sigma_vjp as bounded_sigma
+from ._svd_vjp import svd_householder_apply_vjp as svd_householder_apply
+from ._svd_vjp import svd_householder_matrix_vjp as svd_householder_matrix
+from .householder import householder_apply_vjp
 from .ornn import ornn_apply_vjp as ornn_apply
 from .ornn import ornn_matrix_vjp as ornn_matrix
-from .svd import bounded_sigma_vjp as bounded_sigma
-from .svd import svd_householder_apply_vjp as svd_householder_apply
-from .svd import svd_householder_matrix_vjp as svd_householder_matrix
 
 __all__ = [
     "bounded_sigma",
@@ -71,37 +81,19 @@ __all__ = [
 ]
 
 
-def _broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
-    n = max(len(s) for s in shapes)
-    out = []
-    for dims in zip(*((1,) * (n - len(s)) + tuple(s) for s in shapes), strict=True):
-        sizes = {d for d in dims if d != 1}
-        if len(sizes) > 1:
-            raise ValueError(f"batch shapes {shapes} do not broadcast")
-        out.append(sizes.pop() if sizes else 1)
-    return tuple(out)
-
-
-def _check_cotangent(g: Any, shape: tuple[int, ...], name: str) -> None:
-    if tuple(g.shape) != tuple(shape):
-        raise ValueError(
-            f"{name} must have the shape of the forward output {tuple(shape)}; got {tuple(g.shape)}"
-        )
-
-
 def _apply_vjp(
     V: Any, h: Any, g: Any, xp: Any, *, transpose: bool, mode: str, hname: str
 ) -> tuple[Any, Any]:
     xp, _, _, (V, h, g) = resolve([("V", V), (hname, h), ("g", g)], xp)
-    N, L = _check_reflectors(V)
+    N, L = check_reflectors(V)
     n_in = {"square": N, "embed": L, "project": N}[mode]
     n_out = {"square": N, "embed": N, "project": L}[mode]
     hm, vector = as_matrix_operand(h, n_in, hname)
-    out_shape = _broadcast_shapes(tuple(V.shape[:-2]), tuple(hm.shape[:-2])) + (
+    out_shape = broadcast_batch([("V", V.shape[:-2]), (hname, hm.shape[:-2])]) + (
         n_out,
         hm.shape[-1],
     )
-    _check_cotangent(g, out_shape[:-1] if vector else out_shape, "g")
+    check_cotangent(g, out_shape[:-1] if vector else out_shape, "g")
     gm = g[..., None] if vector else g
     U, T, r = K.cwy_factors(V, xp)
     U_bar, h_bar, _, S_bar = K.lowrank_vjp(U, T, hm, gm, xp, transpose=transpose, mode=mode)
@@ -111,9 +103,9 @@ def _apply_vjp(
 
 def _matrix_vjp(V: Any, G: Any, xp: Any, *, transpose: bool, mode: str) -> Any:
     xp, _, _, (V, G) = resolve([("V", V), ("G", G)], xp)
-    N, L = _check_reflectors(V)
+    N, L = check_reflectors(V)
     shape = tuple(V.shape[:-2]) + ((N, N) if mode == "square" else (N, L))
-    _check_cotangent(G, shape, "G")
+    check_cotangent(G, shape, "G")
     U, T, r = K.cwy_factors(V, xp)
     U_bar, _, _, S_bar = K.lowrank_vjp(U, T, None, G, xp, transpose=transpose, mode=mode)
     return K.factors_vjp(U, r, U_bar, S_bar, xp)
@@ -182,18 +174,18 @@ def householder_apply(V: Any, h: Any, g: Any, *, xp: Any = None) -> tuple[Any, A
     """VJP of (V, h) ↦ householder_apply(V, h), by sequential reflections (8·N·L·B flops,
     O(N·B) extra memory: each reflector's input is recovered from its output)."""
     xp, _, _, (V, h, g) = resolve([("V", V), ("h", h), ("g", g)], xp)
-    N, _ = _check_reflectors(V)
+    N, _ = check_reflectors(V)
     hm, vector = as_matrix_operand(h, N)
-    out = _broadcast_shapes(tuple(V.shape[:-2]), tuple(hm.shape[:-2])) + tuple(hm.shape[-2:])
-    _check_cotangent(g, out[:-1] if vector else out, "g")
+    out = broadcast_batch([("V", V.shape[:-2]), ("h", hm.shape[:-2])]) + tuple(hm.shape[-2:])
+    check_cotangent(g, out[:-1] if vector else out, "g")
     return householder_apply_vjp(V, h, g, xp)
 
 
 def householder_product(V: Any, G: Any, *, xp: Any = None) -> Any:
     """VJP of V ↦ householder_product(V); G has shape (..., N, N)."""
     xp, device, dtype, (V, G) = resolve([("V", V), ("G", G)], xp)
-    N, _ = _check_reflectors(V)
-    _check_cotangent(G, tuple(V.shape[:-2]) + (N, N), "G")
+    N, _ = check_reflectors(V)
+    check_cotangent(G, tuple(V.shape[:-2]) + (N, N), "G")
     V_bar, _ = householder_apply_vjp(V, eye_like(xp, N, dtype, device), G, xp)
     return V_bar
 
@@ -206,9 +198,9 @@ def cwy_factors(V: Any, U_bar: Any, T_bar: Any, *, xp: Any = None) -> Any:
     share one factor backward.
     """
     xp, _, _, (V, U_bar, T_bar) = resolve([("V", V), ("U_bar", U_bar), ("T_bar", T_bar)], xp)
-    _, L = _check_reflectors(V)
-    _check_cotangent(U_bar, tuple(V.shape), "U_bar")
-    _check_cotangent(T_bar, tuple(V.shape[:-2]) + (L, L), "T_bar")
+    _, L = check_reflectors(V)
+    check_cotangent(U_bar, tuple(V.shape), "U_bar")
+    check_cotangent(T_bar, tuple(V.shape[:-2]) + (L, L), "T_bar")
     U, T, r = K.cwy_factors(V, xp)
     return K.factors_vjp(U, r, U_bar, K.s_bar_from_t_bar(T, T_bar), xp)
 
@@ -220,9 +212,9 @@ def _retraction_inputs(
     X: Any, Z: Any, step: Any, Ybar: Any, xp: Any, zname: str
 ) -> tuple[Any, Any, Any, Any, Any, Any, Any]:
     xp, device, dtype, (X, Z, Ybar) = resolve([("X", X), (zname, Z), ("Ybar", Ybar)], xp)
-    R.check_stiefel_shape(X)
-    R.check_like(Z, X, zname)
-    _check_cotangent(Ybar, tuple(X.shape), "Ybar")
+    check_stiefel_shape(X)
+    check_like(Z, X, zname)
+    check_cotangent(Ybar, tuple(X.shape), "Ybar")
     t = R.as_step(step, xp, dtype, device, tuple(X.shape[:-2]))
     work = accumulation_dtype_for(xp, X)
     cast = [a if a.dtype == work else xp.astype(a, work) for a in (X, Z, Ybar)]
@@ -235,7 +227,7 @@ def _step_bar(per_matrix: Any, t: Any, dtype: Any, xp: Any) -> Any:
     out = (
         xp.sum(per_matrix)
         if isinstance(t, float)
-        else K.sum_to_shape(per_matrix, tuple(t.shape[:-2]), xp)
+        else sum_to_shape(per_matrix, tuple(t.shape[:-2]), xp)
     )
     return out if out.dtype == dtype else xp.astype(out, dtype)
 
@@ -264,8 +256,8 @@ def polar(X: Any, G: Any, *, xp: Any = None) -> Any:
     8·N·M² + O(M³) flops, O(N·M) memory. Rank-deficient X raises ``ValueError`` (eager).
     """
     xp, _, dtype, (X, G) = resolve([("X", X), ("G", G)], xp)
-    R.check_stiefel_shape(X)
-    _check_cotangent(G, tuple(X.shape), "G")
+    check_stiefel_shape(X)
+    check_cotangent(G, tuple(X.shape), "G")
     work = accumulation_dtype_for(xp, X)
     Xw, Gw = (a if a.dtype == work else xp.astype(a, work) for a in (X, G))
     Xbar, sig = jit_for(xp, _polar_vjp)(xp, Xw, Gw)
@@ -295,7 +287,7 @@ def cayley_retraction(
     Ḡ̃ = η D W₁ᵀ + ½VΛ₂ᵀ/s, step_bar = ⟨D, U⟩ (and the chain through G̃ = G − ½XXᵀG for
     the Euclidean metric). 22·N·M² + O(M³) flops (forward: 10·N·M²), no N × N matrix.
     """
-    euclidean = R.check_metric(metric)
+    euclidean = check_metric(metric)
     xp, dtype, t, tw, Xw, Gw, Yb = _retraction_inputs(X, G, step, Ybar, xp, "G")
     Xbar, Gbar, sb = jit_for(xp, _cayley_vjp, (0, 5))(xp, Xw, Gw, tw, Yb, euclidean)
     return (*_back(dtype, xp, Xbar, Gbar), _step_bar(sb, t, dtype, xp))

@@ -1,4 +1,4 @@
-"""Zero-copy hand-over by DLPack (householderla._dlpack).
+"""Zero-copy hand-over by DLPack (householderla._interop.dlpack).
 
 Memory sharing is asserted directly: ``np.shares_memory`` against the tensor's own NumPy
 view, and a write through one side observed on the other. Read-only sources (JAX arrays,
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from householderla._dlpack import JAX_ALIGNMENT, aligned_empty, from_numpy, to_numpy
+from householderla._interop.dlpack import JAX_ALIGNMENT, aligned_empty, from_numpy, to_numpy
 
 torch = pytest.importorskip("torch")
 
@@ -184,7 +184,7 @@ def _cuda():
 
 def test_cuda_tensor_to_cupy_is_zero_copy_on_torch_stream():  # pragma: no cover - GPU
     cupy = _cuda()
-    from householderla._dlpack import cuda_stream, from_cupy, to_cupy
+    from householderla._interop.dlpack import cuda_stream, from_cupy, to_cupy
 
     t = torch.arange(6.0, device="cuda").reshape(2, 3)
     c = to_cupy(t)

@@ -38,7 +38,8 @@ def test_theorem1_householder_vectors_both_determinants(bk, n, det, seed):
     V = bk.call(hl.householder_vectors, bk.asarray(Q))
     Vn = to_numpy(V)
     assert Vn.shape == (n, n)
-    np.testing.assert_array_equal(np.triu(Vn, 1), 0.0)  # lower trapezoidal (seed 001 eq. 9)
+    # lower trapezoidal (Mhammedi et al., ICML 2017, eq. 9)
+    np.testing.assert_array_equal(np.triu(Vn, 1), 0.0)
     back = to_numpy(bk.call(lambda V: hl.cwy(V).matrix(), V))
     np.testing.assert_allclose(back, Q, atol=10 * 2.2e-16 * max(n, 2) ** 2)
     # each nonzero reflector has det −1: their number has the parity of det Q, and the last

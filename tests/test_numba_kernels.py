@@ -1,7 +1,8 @@
 """The Numba kernels of the sequential Householder paths against the Array API (NumPy) path.
 
 Tolerances. Both paths apply the same L reflections one at a time, but the kernels use
-τ = 2/‖v‖² on the unnormalised columns (seed 002 Algorithm 2) and dot products with four
+τ = 2/‖v‖² on the unnormalised columns (Zhang, Lei & Dhillon, ICML 2018, Algorithm 2) and dot
+products with four
 partial sums, while the NumPy path normalises u = v/‖v‖ and applies y − 2u(uᵀy) with BLAS
 dot products. Each reflection then differs by a few ulps (the dot products' rounding grows
 only like √N·eps for random data), and the differences add over the L reflections. Measured
@@ -21,8 +22,9 @@ from helpers import EPS, assert_vjp_matches_central_differences, product_of_refl
 
 import householderla as hl
 from householderla import householder as hh
+from householderla._kernels import numba_for
 
-nk = pytest.importorskip("householderla._numba_kernels")
+nk = pytest.importorskip("householderla._kernels.numba")
 if not nk.HAVE_NUMBA:  # pragma: no cover - CI installs numba
     pytest.skip("numba is not installed", allow_module_level=True)
 
@@ -313,10 +315,10 @@ def test_empty_and_identity_shapes():
 
 
 def test_disable_env_var_and_namespace_dispatch(monkeypatch):
-    assert hh._numba_kernels_for(hh._numpy_namespace(), np.ones(2)) is nk
+    assert numba_for(np, np.ones(2)) is nk
     monkeypatch.setenv("HL_DISABLE_NUMBA", "1")
-    assert hh._numba_kernels_for(hh._numpy_namespace(), np.ones(2)) is None
+    assert numba_for(np, np.ones(2)) is None
     monkeypatch.setenv("HL_DISABLE_NUMBA", "0")
-    assert hh._numba_kernels_for(hh._numpy_namespace(), np.ones(2)) is nk
+    assert numba_for(np, np.ones(2)) is nk
     xps = pytest.importorskip("array_api_strict")
-    assert hh._numba_kernels_for(xps, xps.ones(2)) is None  # other namespaces: unchanged
+    assert numba_for(xps, xps.ones(2)) is None  # other namespaces: unchanged

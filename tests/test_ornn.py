@@ -1,9 +1,13 @@
-"""The oRNN parametrisation (seed 001) and the structured (lower-trapezoidal) CWY paths.
+"""The oRNN parametrisation (Mhammedi et al., ICML 2017) and the structured (lower-trapezoidal) CWY
+paths.
 
-Theorems as property tests on every backend: seed 001 Theorem 1 through the constructive
+Theorems as property tests on every backend: Mhammedi et al., ICML 2017, Theorem 1 through the
+constructive
 inverse ``ornn_params`` (both determinants, batched), the 2 × 2 counterexample that makes H_1
-necessary, seed 002 Theorem 3 (k₁ + k₂ ≤ n + 2 covers O(n)) by its constructive proof and its
-sharpness, and seed 001 Proposition 1. The structured products must equal the dense ones and
+necessary, Zhang, Lei & Dhillon, ICML 2018, Theorem 3 (k₁ + k₂ ≤ n + 2 covers O(n)) by its
+constructive proof and its
+sharpness, and Mhammedi et al., ICML 2017, Proposition 1. The structured products must equal the
+dense ones and
 the sequential reflections; every VJP passes the dot-product test in float64.
 
 Tolerances. Rebuilding Q from QR reflectors is backward stable: ~eps·n per entry from the
@@ -31,7 +35,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import householderla as hl
-from householderla import _structured
+from householderla._agnostic import trapezoidal as _structured
 from householderla.ornn import ornn, ornn_apply_vjp, ornn_matrix_vjp, ornn_params
 
 EPS64 = float(np.finfo(np.float64).eps)
@@ -61,7 +65,8 @@ def _ornn_reference(U: np.ndarray, sign) -> np.ndarray:
     return W @ np.diag(np.r_[np.ones(n - 1), float(sign)])
 
 
-# -- Theorem 1 (seed 001): M₁ is onto O(n), through the constructive inverse ----------------------
+# -- Theorem 1 (Mhammedi et al., ICML 2017): M₁ is onto O(n), through the constructive inverse
+# ----------------------
 
 
 def _roundtrip(Q):
@@ -174,11 +179,13 @@ def test_counterexample_2x2_with_h1(bk):
     np.testing.assert_array_equal(W, D)
 
 
-# -- Theorem 3 (seed 002): k₁ + k₂ ≤ n + 2 covers O(n) -----------------------------------------
+# -- Theorem 3 (Zhang, Lei & Dhillon, ICML 2018): k₁ + k₂ ≤ n + 2 covers O(n)
+# -----------------------------------------
 
 
 def _theorem3_factors(Q: np.ndarray, k1: int, k2: int, branch: int) -> tuple[np.ndarray, ...]:
-    """The constructive proof of seed 002 Theorem 3 (its Appendix A.4), in our layout.
+    """The constructive proof of Zhang, Lei & Dhillon, ICML 2018, Theorem 3 (its Appendix A.4), in
+    our layout.
 
     M_{k1,k2}(u, v, 1) = H_n(u_n)…H_{k1}(u_{k1}) · H_{k2}(v_{k2})…H_n(v_n) = cwy(UL) cwy(VR)ᵀ,
     with UL (n, n − k1 + 1) and VR (n, n − k2 + 1) lower trapezoidal (slot k ↦ column n − k).
@@ -246,11 +253,13 @@ def test_theorem3_is_sharp(n, data, seed):
     assert np.linalg.norm(W + np.eye(n), 2) >= 2 - 1e-12
 
 
-# -- Proposition 1 (seed 001): unnormalised compact WY ------------------------------------------
+# -- Proposition 1 (Mhammedi et al., ICML 2017): unnormalised compact WY
+# ------------------------------------------
 
 
 def test_proposition1_unnormalised_compact_wy(bk):
-    """I − U T̃⁻¹ Uᵀ with T̃ = striu(UᵀU) + ½ diag(UᵀU) (seed 001 eq. 12–13) is ornn(U);
+    """I − U T̃⁻¹ Uᵀ with T̃ = striu(UᵀU) + ½ diag(UᵀU) (Mhammedi et al., ICML 2017 eq. 12–13) is
+    ornn(U);
     T̃ = D S D with D = diag(‖u_k‖) and S = ½I + striu(ŨᵀŨ) of the unit columns."""
     rng = np.random.default_rng(3)
     n, m = 7, 6
@@ -514,7 +523,8 @@ def test_vjp_upper_part_has_zero_gradient_and_no_effect(bk):
 def _algorithm1(U: np.ndarray, h: np.ndarray, g: np.ndarray, fixed_norm: bool = False):
     """Seed 001 Algorithm 1 / Figure 7 (MATLAB) for one right-hand side: (C, h̄, Ū). With
     ``fixed_norm`` line 14 uses g *before* line 13's update, i.e. drops the term
-    h̃_k C̃_k u_k: the gradient with ‖u_k‖ held fixed that seed 002 §4.1 describes."""
+    h̃_k C̃_k u_k: the gradient with ‖u_k‖ held fixed that Zhang, Lei & Dhillon, ICML 2018,
+    §4.1 describes."""
     n, m = U.shape
     G, H, N, ht = np.zeros((n, m)), np.zeros((n, m + 1)), np.zeros(m), np.zeros(m)
     H[:, m] = h
@@ -531,7 +541,8 @@ def _algorithm1(U: np.ndarray, h: np.ndarray, g: np.ndarray, fixed_norm: bool = 
 
 
 def test_vjp_is_the_full_gradient_of_seed001_theorem2_and_algorithm1():
-    """Our Ū is seed 002 eq. 15 summed over the reflections, i.e. the full gradient with
+    """Our Ū is Zhang, Lei & Dhillon, ICML 2018 eq. 15 summed over the reflections, i.e. the full
+    gradient with
     respect to the unnormalised u_k: orthogonal to every u_k (H(u) does not depend on ‖u‖).
     Seed 001's printed Theorem 2 (eq. 14, masked to the trapezoid) and Algorithm 1 give the
     same Ū: T̃ = striu(UᵀU) + ½ diag(UᵀU) carries the dependence on ‖u_k‖, and line 14 of
@@ -543,7 +554,7 @@ def test_vjp_is_the_full_gradient_of_seed001_theorem2_and_algorithm1():
     h, g = rng.standard_normal((2, n, 3))
     Ub, hb = ornn_apply_vjp(U, 1, h, g)
     np.testing.assert_allclose(np.sum(Ub * U, axis=0), 0.0, atol=1e-12)
-    # seed 001 Theorem 2, eq. 14–15, with T̃ of eq. 12 and B = striu(J) + ½I
+    # Mhammedi et al., ICML 2017, Theorem 2, eq. 14–15, with T̃ of eq. 12 and B = striu(J) + ½I
     G = U.T @ U
     Tt = np.triu(G, 1) + 0.5 * np.diag(np.diag(G))
     h_t = np.linalg.solve(Tt, U.T @ h)
@@ -555,7 +566,7 @@ def test_vjp_is_the_full_gradient_of_seed001_theorem2_and_algorithm1():
     runs = [_algorithm1(U, h[:, b], g[:, b]) for b in range(3)]
     np.testing.assert_allclose(np.stack([r[0] for r in runs], 1), ornn(U) @ h, atol=1e-13)
     np.testing.assert_allclose(np.stack([r[1] for r in runs], 1), hb, atol=1e-13)
-    # seed 001 §5: "the values in the upper triangular part are set to zero"
+    # Mhammedi et al., ICML 2017, §5: "the values in the upper triangular part are set to zero"
     np.testing.assert_allclose(np.tril(sum(r[2] for r in runs)), Ub, atol=1e-12)
     fixed = np.tril(sum(_algorithm1(U, h[:, b], g[:, b], fixed_norm=True)[2] for b in range(3)))
     radial = np.sum(fixed * U, axis=0)
@@ -680,7 +691,8 @@ def test_nan_propagates_under_jit():
     U[3, 0] = np.nan
     out = jax.jit(lambda U: ornn(U, -1).matrix())(jax.numpy.asarray(U))
     assert np.isnan(np.asarray(out)).any()
-    # under jit the sign is projected, not checked: s > 0 ↦ +1, else −1 (seed 001 §5)
+    # under jit the sign is projected, not checked: s > 0 ↦ +1, else −1 (Mhammedi et al., ICML
+    # 2017, §5)
     f = jax.jit(lambda U, s: ornn(U, s).matrix())
     U = np.tril(np.ones((4, 3)))
     np.testing.assert_allclose(

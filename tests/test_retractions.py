@@ -24,7 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import householderla as hl
-from householderla import _newton_schulz as NS
+from householderla._agnostic import newton_schulz as NS
 
 INF = float("inf")
 
@@ -65,7 +65,8 @@ def scipy_polar(X):
 
 
 def dense_cayley(X, G, eta, metric):
-    """(I + ηA/2)⁻¹(I − ηA/2)X with A = Â − Âᵀ formed as an N×N matrix (seed 000 §2.2.2)."""
+    """(I + ηA/2)⁻¹(I − ηA/2)X with A = Â − Âᵀ formed as an N×N matrix (Likhosherstov et al.,
+    AISTATS 2021, §2.2.2)."""
     if X.ndim > 2:
         return np.stack([dense_cayley(x, g, eta, metric) for x, g in zip(X, G, strict=True)])
     Ah = G @ X.T
@@ -344,7 +345,8 @@ def _unscaled_ns(A, iters=30):
 
 @pytest.mark.parametrize("norm2", [1.5, 2.5])
 def test_paper_algorithm_fails_where_we_converge(norm2):
-    """Unscaled NS (seed 004 Algorithm 3) leaves the region λ(XᵀX) ∈ (0, 3): at ‖ξ‖₂ = 1.5
+    """Unscaled NS (Kong, Wang & Tao, ICLR 2023, Algorithm 3) leaves the region λ(XᵀX) ∈ (0, 3): at
+    ‖ξ‖₂ = 1.5
     (λ_max = 3.25) it converges to another square root (z → −λ^{-1/2} on that eigenvector:
     orthonormal, not the polar factor); at 2.5 (λ_max = 7.25) it diverges. Ours scales,
     certifies the count and converges to the polar factor."""

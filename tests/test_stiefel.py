@@ -1,4 +1,5 @@
-"""Momentum Stiefel optimizers (seed 004 Algorithms 1, 2, 4, 5) on every backend.
+"""Momentum Stiefel optimizers (Kong, Wang & Tao, ICLR 2023, Algorithms 1, 2, 4, 5) on every
+backend.
 
 Structure (Theorems 4–7): after every step XᵀX = I, Z + Zᵀ = 0 and XᵀU = 0 up to rounding.
 
@@ -290,7 +291,8 @@ def eigen_problem(n=20, m=3, seed=3):
 @pytest.mark.parametrize(
     ("algo", "opt"),
     [
-        ("sgd", hl.stiefel.momentum_sgd(lr=0.1, momentum=0.9)),  # seed 004 Table 5
+        # Kong, Wang & Tao, ICLR 2023, Table 5
+        ("sgd", hl.stiefel.momentum_sgd(lr=0.1, momentum=0.9)),
         ("sgd-euclidean", hl.stiefel.momentum_sgd(lr=0.1, momentum=0.9, metric=0.0)),
         ("sgd-cayley", hl.stiefel.momentum_sgd(lr=0.1, expm_method="cayley")),
         ("sgd-paper-transport", hl.stiefel.momentum_sgd(lr=0.1, transport="euler")),

@@ -1,5 +1,5 @@
 """optax-style ``stiefel_sgd`` / ``stiefel_adam`` over pytrees, under ``jax.jit``, without
-optax installed (seed 004 Algorithms 1, 2; App. P for the Euclidean leaves).
+optax installed (Kong, Wang & Tao, ICLR 2023, Algorithms 1, 2; App. P for the Euclidean leaves).
 
 Tolerances. A Stiefel leaf after ``apply_updates`` is fl(X + fl(X⁺ − X)): X⁺ (polar step,
 ‖X⁺ᵀX⁺ − I‖_F ≤ 20·eps·M as in test_stiefel.py) plus one rounding of size ≤ eps·(|X⁺| +

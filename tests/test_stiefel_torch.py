@@ -1,4 +1,5 @@
-"""``StiefelSGD`` / ``StiefelAdam`` as ``torch.optim.Optimizer`` subclasses (seed 004 App. P).
+"""``StiefelSGD`` / ``StiefelAdam`` as ``torch.optim.Optimizer`` subclasses (Kong, Wang & Tao, ICLR
+2023 App. P).
 
 The update itself is the functional one (tests/test_stiefel.py checks it against the
 equations); here: the torch contract — mixed Stiefel/Euclidean groups, wide and batched and

@@ -20,7 +20,7 @@ from torch.nn.utils import parametrize  # noqa: E402
 
 import householderla as hl  # noqa: E402
 import householderla.torch as hlt  # noqa: E402
-from householderla._autodiff_torch import is_vmapped  # noqa: E402
+from householderla._lib.tracing import is_vmapped  # noqa: E402
 
 INF = float("inf")
 F64 = torch.float64
@@ -293,7 +293,7 @@ def test_vmap_and_vmap_of_grad_equal_loops(name):
 def _cwy_vmap_supported() -> bool:
     """hl.cwy validates V's values when it can inspect them; under torch.func.vmap that
     needs ``is_eager`` to report vmapped tensors as lazy (a hook in _lib/namespace.py)."""
-    from householderla._lib.namespace import is_eager
+    from householderla._lib.tracing import is_eager
 
     return bool(torch.func.vmap(lambda x: torch.tensor(float(not is_eager(x))))(torch.ones(2))[0])
 

@@ -25,6 +25,8 @@ __all__ = [
     "inv_upper_triangular",
     "inv_upper_triangular_recursive",
     "solve_upper_triangular",
+    "sum_to_shape",
+    "where0",
 ]
 
 
@@ -134,3 +136,22 @@ def inv_upper_triangular_recursive(S: Any, xp: Any) -> Any:
     top = xp.concat([Ai, X], axis=-1)
     bottom = xp.concat([zeros, Ci], axis=-1)
     return xp.concat([top, bottom], axis=-2)
+
+
+def sum_to_shape(x: Any, shape: tuple[int, ...], xp: Any) -> Any:
+    """Sum ``x`` over the axes broadcasting added to an array of ``shape`` (reverse of
+    broadcasting, for gradients of broadcast inputs)."""
+    if tuple(x.shape) == tuple(shape):
+        return x
+    lead = x.ndim - len(shape)
+    if lead:
+        x = xp.sum(x, axis=tuple(range(lead)))
+    axes = tuple(i for i, s in enumerate(shape) if s == 1 and x.shape[i] != 1)
+    if axes:
+        x = xp.sum(x, axis=axes, keepdims=True)
+    return x
+
+
+def where0(xp: Any, cond: Any, x: Any) -> Any:
+    """``x`` where ``cond`` else 0, without evaluating anything unsafe."""
+    return xp.where(cond, x, xp.zeros_like(x))

@@ -10,26 +10,71 @@ recognised through :mod:`array_api_compat`'s ``is_*`` helpers on objects the cal
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 import array_api_compat as aac
+import numpy as np
+
+from .tracing import is_eager
 
 __all__ = [
     "accumulation_dtype",
     "default_float",
     "device_of",
-    "is_eager",
     "mT",
     "resolve",
 ]
 
 
+@functools.cache
 def _namespace_of(xp: Any) -> Any:
-    """The array-api-compat namespace for a user-given ``xp`` (numpy, torch, ...)."""
+    """The array-api-compat namespace for a user-given ``xp`` (numpy, torch, ...), once per
+    namespace."""
     probe = xp.asarray(0.0)
     return aac.array_namespace(probe)
+
+
+#: Array types whose namespace, float dtypes and devices are known after their first call:
+#: ``type -> (namespace, (float32, float64))``. Filled by :func:`resolve` for NumPy arrays,
+#: torch tensors and concrete JAX arrays only (not tracers, subclasses or other libraries).
+_KNOWN_TYPES: dict[type, tuple[Any, tuple[Any, Any]]] = {}
+
+
+def _register_fast_type(x: Any, xp: Any) -> None:
+    if (
+        aac.is_numpy_namespace(xp)
+        or aac.is_torch_namespace(xp)
+        or (aac.is_jax_namespace(xp) and is_eager(x))
+    ):
+        if type(x).__name__ in ("ndarray", "Tensor", "Parameter", "ArrayImpl"):
+            _KNOWN_TYPES[type(x)] = (xp, (xp.float32, xp.float64))
+
+
+def _resolve_fast(arrays: Sequence[tuple[str, Any]], xp: Any) -> Any:
+    """:func:`resolve` for the common call: every argument an array of one known type
+    (NumPy, torch, concrete JAX), one float32/float64 dtype, one device. None otherwise
+    (the general path then gives the answer, or the error)."""
+    first = arrays[0][1]
+    t = type(first)
+    known = _KNOWN_TYPES.get(t)
+    if known is None:
+        return None
+    ns, floats = known
+    if xp is not None and _namespace_of(xp) is not ns:
+        return None
+    dtype = first.dtype
+    if dtype != floats[0] and dtype != floats[1]:
+        return None
+    if len(arrays) == 1:
+        return ns, device_of(first), dtype, [first]
+    device = device_of(first)
+    for _, a in arrays[1:]:
+        if type(a) is not t or a.dtype != dtype or device_of(a) != device:
+            return None
+    return ns, device, dtype, [a for _, a in arrays]
 
 
 def _is_array(x: Any) -> bool:
@@ -85,6 +130,10 @@ def resolve(arrays: Sequence[tuple[str, Any]], xp: Any = None) -> tuple[Any, Any
         (the result type of all inputs after integer promotion). Arrays already of that dtype
         are returned as they are: never copied, never written.
     """
+    if arrays:
+        fast = _resolve_fast(arrays, xp)
+        if fast is not None:
+            return fast
     real = [(n, a) for n, a in arrays if _is_array(a)]
     if xp is None and _numpy_with_jax(real):
         # JAX code mixes in NumPy constants routinely (e.g. ``jax.grad`` over one argument):
@@ -94,6 +143,10 @@ def resolve(arrays: Sequence[tuple[str, Any]], xp: Any = None) -> tuple[Any, Any
         real = [(n, a) for n, a in arrays if _is_array(a)]
     if xp is not None:
         xp = _namespace_of(xp)
+        if aac.is_jax_namespace(xp) and any(aac.is_numpy_array(a) for _, a in real):
+            # NumPy arrays handed to a JAX call (check_grads does) join JAX, as jnp would
+            arrays = [(n, xp.asarray(a) if aac.is_numpy_array(a) else a) for n, a in arrays]
+            real = [(n, a) for n, a in arrays if _is_array(a)]
     elif real:
         try:
             xp = aac.array_namespace(*(a for _, a in real))
@@ -127,6 +180,8 @@ def resolve(arrays: Sequence[tuple[str, Any]], xp: Any = None) -> tuple[Any, Any
     dtypes = [_float_dtype_of(xp, a, n, device) for (n, _), a in zip(arrays, values, strict=True)]
     dtype = xp.result_type(*dtypes)
     values = [a if a.dtype == dtype else xp.astype(a, dtype) for a in values]
+    if real and not _KNOWN_TYPES.get(type(real[0][1])):
+        _register_fast_type(real[0][1], xp)
     return xp, device, dtype, values
 
 
@@ -142,26 +197,15 @@ def _numpy_with_jax(real: list[tuple[str, Any]]) -> bool:
 def device_of(x: Any) -> Any:
     """The device of ``x`` for creating arrays next to it (None for JAX tracers and literals,
     where array-api-compat reports a placeholder that creation functions reject)."""
-    if type(x).__module__.startswith(("jax", "jaxlib")):
+    if type(x) is np.ndarray:
+        return "cpu"  # what array_api_compat.device says, without its checks
+    if aac.is_torch_array(x):
+        return x.device  # the fast path; also what torch.compile traces without a break
+    if aac.is_jax_array(x) or type(x).__module__.startswith(("jax", "jaxlib")):
         # tracers, and literals JAX hands to custom rules (jax._src.literals), have no
         # device a creation function accepts: let JAX place new arrays itself
         return aac.device(x) if aac.is_jax_array(x) and is_eager(x) else None
     return aac.device(x)
-
-
-def is_eager(x: Any) -> bool:
-    """True when the values of ``x`` can be inspected now (not a JAX tracer, not Dask)."""
-    if aac.is_jax_array(x):
-        jax = sys.modules.get("jax")
-        return jax is None or not isinstance(x, jax.core.Tracer)
-    if aac.is_dask_array(x):
-        return False
-    if aac.is_torch_array(x):
-        # a tensor batched by torch.func.vmap cannot be inspected (bool(x) raises)
-        from .._autodiff_torch import is_vmapped
-
-        return not is_vmapped(x)
-    return not aac.is_lazy_array(x)
 
 
 def accumulation_dtype(xp: Any, dtype: Any) -> Any:

@@ -1,12 +1,14 @@
 """Compact WY kernels for lower-trapezoidal reflectors (oRNN / LAPACK layout), by blocked GEMMs.
 
-When column j of U (..., N, L) is zero in rows < j (seed 001 eq. 9), U = [U₁; U₂] with U₁ the
+When column j of U (..., N, L) is zero in rows < j (Mhammedi et al., ICML 2017 eq. 9), U = [U₁; U₂]
+with U₁ the
 L × L lower-triangular top block, and T = S⁻¹ is upper triangular. The apply
-y = R(h) − U_out M U_inᵀ h of :func:`householderla._compact_wy.lowrank_apply` then needs
+y = R(h) − U_out M U_inᵀ h of :func:`householderla._agnostic.compact_wy.lowrank_apply` then needs
 
     Uᵀh   2·(N·L − L²/2)·B,    M·a   L²·B,    U·b   2·(N·L − L²/2)·B,
 
-4·N·L·B − L²·B flops in all: seed 001 Table 2's forward count (4n − m + 2)·m per vector, up
+4·N·L·B − L²·B flops in all: Mhammedi et al., ICML 2017, Table 2's forward count (4n − m + 2)·m per
+vector, up
 to the 2m of its divisions by ‖u_k‖², against 4·N·L·B + 2·L²·B for the dense products.
 
 The zeros are skipped by splitting the L columns into k blocks [s, e) and running one GEMM
@@ -31,8 +33,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._compact_wy import normalize_columns_vjp, sum_to_shape
-from ._lib.namespace import device_of, mT
+from .._lib.linalg import sum_to_shape
+from .._lib.namespace import device_of, mT
+from .compact_wy import normalize_columns_vjp
 
 #: Target column-block width of the blocked products and the most blocks used: the number of
 #: blocks is ⌊L / 128⌋ clipped to [1, 8]. At N = 1024, L = 1023, B = 64 (float64, one BLAS
@@ -104,7 +107,7 @@ def triu_matmul(T: Any, a: Any, xp: Any, bounds: list[tuple[int, int]], transpos
 
 
 def lowrank_apply(U: Any, T: Any, h: Any, xp: Any, *, transpose: bool, mode: str) -> Any:
-    """:func:`householderla._compact_wy.lowrank_apply` for lower-trapezoidal U and h given
+    """:func:`householderla._agnostic.compact_wy.lowrank_apply` for lower-trapezoidal U and h given
     (not the identity): the same three maps and roles, 4·N·L·B − L²·B + 3·L²·B/k flops
     (square mode). U's entries above the diagonal are never read."""
     L = U.shape[-1]
@@ -126,8 +129,8 @@ def apply_vjp(U: Any, T: Any, r: Any, h: Any, g: Any, xp: Any) -> tuple[Any, Any
     (..., N, L) with norms r (..., 1, L): returns (V̄, h̄) with V̄ lower trapezoidal (exactly
     zero above the diagonal) and of U's shape, h̄ of h's shape.
 
-    The formulas of :func:`~householderla._compact_wy.lowrank_vjp` and
-    :func:`~householderla._compact_wy.factors_vjp` (docs/theory/vjp.rst), each product
+    The formulas of :func:`~householderla._agnostic.compact_wy.lowrank_vjp` and
+    :func:`~householderla._agnostic.compact_wy.factors_vjp` (docs/theory/vjp.rst), each product
     restricted to the blocks that can be nonzero: a = Uᵀh, b = Ta, c = Uᵀg, d = Tᵀc
     (trapezoidal and triangular), h̄ = g − U d, Ū = −g bᵀ − h dᵀ on the lower trapezoid only
     (one GEMM per column block with inner dimension 2B), Ū += U (P + Pᵀ), P = striu(d bᵀ), on

@@ -1,7 +1,7 @@
 """Polar factor by the coupled Newton–Schulz iteration with an a priori iteration count.
 
 Q = X (XᵀX)^{-1/2} for tall full-rank X (..., N, M). With A = s²XᵀX (s a scale chosen below)
-the coupled iteration of Higham (1997, eq. 2.6; seed 004 Algorithm 3)
+the coupled iteration of Higham (1997, eq. 2.6; Kong, Wang & Tao, ICLR 2023, Algorithm 3)
 
     Y₀ = A,  Z₀ = I,  T_k = ½(3I − Z_k Y_k),  Y_{k+1} = Y_k T_k,  Z_{k+1} = T_k Z_k
 
@@ -19,10 +19,12 @@ import functools
 import math
 from typing import Any
 
-import array_api_compat as aac
-
-from ._lib.linalg import eye_like
-from ._lib.namespace import accumulation_dtype_for, device_of, is_eager, mT
+from .._lib.checks import check_finite_norms
+from .._lib.jit import host, jit_for, kernel_namespace, select
+from .._lib.linalg import eye_like
+from .._lib.namespace import accumulation_dtype_for, device_of, mT
+from .._lib.tracing import is_eager
+from .retraction import gram, polar_vjp
 
 #: More iterations than this and the eager path falls back to QR + SVD (κ(XᵀX) ≳ 60).
 MAX_ITERS = 10
@@ -38,53 +40,6 @@ _NEVER = float(MAX_ITERS + 1)  # the count of an element that does not converge
 def phi(r: Any) -> Any:
     """One Newton–Schulz step on the scalar residual: r ↦ ¾r² + ¼r³."""
     return 0.75 * r * r + 0.25 * r * r * r
-
-
-def jit_for(xp: Any, fn: Any, static: tuple[int, ...] = (0,)) -> Any:
-    """``fn(xp, ...)`` compiled once per shape on JAX (``static`` are argument positions that
-    are Python values: the namespace, counts, flags); ``fn`` itself on other backends."""
-    return _jax_jit(fn, static) if aac.is_jax_namespace(xp) else fn
-
-
-@functools.cache
-def _jax_jit(fn: Any, static: tuple[int, ...]) -> Any:
-    import jax
-
-    return jax.jit(fn, static_argnums=static)
-
-
-def host(x: Any) -> float:
-    """A 0-d array's value as a Python float, detached from autograd (eager arrays only)."""
-    return float(x.detach()) if hasattr(x, "detach") else float(x)
-
-
-def kernel_namespace(xp: Any) -> Any:
-    """The namespace the kernels run with: NumPy ≥ 2 itself for array-api-compat's NumPy
-    wrapper (the same functions without a per-call wrapper, 3× less overhead on the many
-    small M × M and batch-shaped operations), ``xp`` otherwise."""
-    if aac.is_numpy_namespace(xp):
-        import numpy
-
-        return numpy
-    return xp
-
-
-def select(xp: Any, eager: bool, pred: Any, on_true: Any, on_false: Any) -> Any:
-    """``on_true()`` if ``pred`` else ``on_false()``: a Python branch on eager arrays,
-    ``lax.cond`` under JAX tracing (only one branch runs), ``where`` on other lazy arrays."""
-    if eager:
-        return on_true() if bool(pred) else on_false()
-    if aac.is_jax_namespace(xp):
-        import jax
-
-        return jax.lax.cond(pred, on_true, on_false)
-    return xp.where(pred, on_true(), on_false())  # pragma: no cover - dask
-
-
-def gram(X: Any) -> Any:
-    """XᵀX (..., M, M), exactly symmetric."""
-    A = mT(X) @ X
-    return 0.5 * (A + mT(A))
 
 
 def _shifted(A: Any, c0: Any, xp: Any) -> tuple[Any, Any]:
@@ -374,3 +329,26 @@ def polar_impl(
         if k2 > 0:
             Q = jit_for(xp, _stage_restart, (0, 3))(xp, Q, A1, k2)
     return (Q if Q.dtype == out else xp.astype(Q, out)), info
+
+
+def polar_forward(X: Any, xp: Any, num_iters: Any, restart: Any) -> tuple[Any, dict[str, Any]]:
+    """Validated :func:`polar_impl` (the primal of every autodiff rule of ``polar``): NaN/Inf
+    raise on eager input."""
+    if is_eager(X) and X.shape[-1] and X.shape[-2]:
+        check_finite_norms(xp.max(xp.abs(X), axis=-2, keepdims=True), xp, "X")
+    return polar_impl(X, xp, num_iters=num_iters, restart=restart)
+
+
+def _polar_vjp_kernel(xp: Any, X: Any, G: Any) -> Any:
+    return polar_vjp(X, G, xp)[0]
+
+
+def polar_backward(X: Any, G: Any, xp: Any) -> Any:
+    """X̄ of polar at X for the cotangent G, computed in the accumulation dtype (float64 for
+    float32 on CPU) and returned in X's dtype; array operations only, so differentiable again.
+    The forward already rejected rank-deficient eager X."""
+    xp = kernel_namespace(xp)
+    work = accumulation_dtype_for(xp, X)
+    Xw, Gw = (a if a.dtype == work else xp.astype(a, work) for a in (X, G))
+    Xbar = jit_for(xp, _polar_vjp_kernel)(xp, Xw, Gw)
+    return Xbar if Xbar.dtype == X.dtype else xp.astype(Xbar, X.dtype)

@@ -108,7 +108,7 @@ def to_numpy(x: Any, *, writable: bool = False, name: str = "x") -> np.ndarray:
     if aac.is_jax_array(x):
         if writable:
             raise ValueError(f"{name} is a JAX array (immutable); writable=True is impossible")
-        from ._lib.namespace import is_eager
+        from .._lib.tracing import is_eager
 
         if not is_eager(x):
             raise TypeError(

@@ -1,12 +1,13 @@
-"""JAX ``custom_vjp`` wiring of the explicit backward passes (imported only for JAX input).
+"""The JAX rule table: ``jax.custom_vjp`` rules wired to the explicit backward passes
+(imported only for JAX input; signatures in :mod:`householderla._autodiff`).
 
-The same primitives as the torch wiring (:mod:`householderla._autodiff_torch`):
+The same primitives as the torch wiring (:mod:`householderla._autodiff.torch`):
 
 - ``cwy_factors``: V ↦ (U, T = S⁻¹, r); backward ``factors_vjp``.
 - ``lowrank_apply`` / ``lowrank_matrix``: (U, T, h) ↦ R(h) − U_out M U_inᵀ h (h = I for the
   matrix); backward ``lowrank_vjp``.
 - ``householder_apply``: (V, h) ↦ H(v₁)…H(v_L) h; backward ``householder_apply_vjp``.
-- ``polar``: X ↦ X (XᵀX)^{-1/2} (Newton–Schulz); backward ``retractions.polar_backward``.
+- ``polar``: X ↦ X (XᵀX)^{-1/2} (Newton–Schulz); backward ``newton_schulz.polar_backward``.
 - ``cayley_smw``: (X, G, η) ↦ Cayley(ηA) X (SMW); backward ``cayley_vjp``.
 - ``qr_q``: Y ↦ qf(Y), diag(R) ≥ 0; backward (Q̄ − QF) R⁻ᵀ.
 
@@ -27,9 +28,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from . import _compact_wy as K
-from . import _retraction_kernels as RK
-from .householder import _reflect_all, householder_apply_vjp
+from .._agnostic import compact_wy as K
+from .._agnostic import retraction as RK
+from .._agnostic.newton_schulz import polar_backward, polar_forward
+from .._agnostic.reflections import householder_apply_vjp, reflect_all
+from .._lib.linalg import sum_to_shape
+from .._lib.tracing import is_eager
 
 #: Matmul precision every rule is traced with (``jax.default_matmul_precision`` name).
 PRECISION = "highest"
@@ -134,13 +138,13 @@ lowrank_matrix.defvjp(_matrix_fwd, _matrix_bwd)
 def householder_apply(V: Any, h: Any) -> Any:
     """H(v₁)(H(v₂)(…H(v_L) h)) for h (..., N, B)."""
     V, h = _j(V, h)
-    return _reflect_all(K.normalize_columns(V, jnp)[0], h)
+    return reflect_all(K.normalize_columns(V, jnp)[0], h)
 
 
 @_highest
 def _householder_fwd(V: Any, h: Any) -> tuple[Any, Any]:
     V, h = _j(V, h)
-    return _reflect_all(K.normalize_columns(V, jnp)[0], h), (V, h)
+    return reflect_all(K.normalize_columns(V, jnp)[0], h), (V, h)
 
 
 @_highest
@@ -166,8 +170,6 @@ class InfoBox:
 @_highest
 def _polar(X: Any, num_iters: Any, restart: Any, box: Any) -> tuple[Any, Any]:
     """(polar(X), certified) by Newton–Schulz (eager path for concrete X)."""
-    from .retractions import polar_forward
-
     Q, info = polar_forward(*_j(X), jnp, num_iters, restart)
     certified = info.pop("certified", True)
     if box is not None:
@@ -182,8 +184,6 @@ def _polar_fwd(X: Any, num_iters: Any, restart: Any, box: Any) -> tuple[Any, Any
 
 @_highest
 def _polar_bwd(num_iters: Any, restart: Any, box: Any, X: Any, cts: tuple) -> tuple[Any]:
-    from .retractions import polar_backward
-
     return (polar_backward(X, _j(cts[0])[0], jnp),)
 
 
@@ -195,9 +195,7 @@ polar.defvjp(_polar_fwd, _polar_bwd)
 def _cayley(X: Any, G: Any, step: Any, euclidean: bool) -> tuple[Any, Any]:
     """(Cayley(ηA) X by SMW, max ‖XᵀX − I‖_F); ``step`` 0-d or (..., 1, 1)."""
     X, G, step = _j(X, G, step)
-    Y, P = RK.cayley_forward(X, G, step, euclidean, jnp)
-    E = P - jnp.eye(P.shape[-1], dtype=P.dtype)
-    return Y, jnp.max(jnp.sqrt(jnp.sum(E * E, axis=(-2, -1))))
+    return RK.cayley_with_drift(X, G, step, euclidean, jnp)
 
 
 @_highest
@@ -210,7 +208,7 @@ def _cayley_bwd(euclidean: bool, res: Any, cts: tuple) -> tuple[Any, Any, Any]:
     X, G, step = res
     Xbar, Gbar, sb = RK.cayley_vjp(X, G, step, _j(cts[0])[0], euclidean, jnp)
     batch = tuple(step.shape[:-2]) if step.ndim >= 2 else ()
-    step_bar = jnp.reshape(K.sum_to_shape(sb, batch, jnp), step.shape)
+    step_bar = jnp.reshape(sum_to_shape(sb, batch, jnp), step.shape)
     return Xbar, Gbar, step_bar
 
 
@@ -247,3 +245,33 @@ lowrank_matrix = jax.jit(lowrank_matrix, static_argnums=(2, 3))
 householder_apply = jax.jit(householder_apply)
 cayley_smw = jax.jit(cayley_smw, static_argnums=(3,))
 qr_q = jax.jit(qr_q)
+
+
+# -- the rule table ---------------------------------------------------------------------------
+
+
+def _polar_rule(xp: Any, X: Any, num_iters: Any, restart: Any) -> tuple[Any, dict[str, Any]]:
+    box = InfoBox()
+    Q, certified = polar(X, num_iters, restart, box)
+    return Q, {**box.info, "certified": bool(certified) if is_eager(certified) else certified}
+
+
+def _cayley_rule(xp: Any, X: Any, G: Any, step: Any, euclidean: bool) -> tuple[Any, Any]:
+    step = jnp.asarray(step, dtype=X.dtype) if isinstance(step, float) else step
+    return cayley_smw(X, G, step, euclidean)
+
+
+def _lowrank_rule(xp: Any, U: Any, T: Any, h: Any, transpose: bool, mode: str) -> Any:
+    if h is None:
+        return lowrank_matrix(U, T, transpose, mode)
+    return lowrank_apply(U, T, h, transpose, mode)
+
+
+RULES = {
+    "cwy_factors": lambda xp, V: cwy_factors(V),
+    "lowrank": _lowrank_rule,
+    "householder_apply": lambda xp, V, h: householder_apply(V, h),
+    "polar": _polar_rule,
+    "cayley": _cayley_rule,
+    "qr_q": lambda xp, Y: qr_q(Y),
+}

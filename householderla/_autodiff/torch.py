@@ -1,15 +1,16 @@
-"""torch.autograd wiring of the explicit backward passes (imported only for torch input).
+"""The torch rule table: ``torch.autograd.Function``s wired to the explicit backward passes
+(imported only for torch input; signatures in :mod:`householderla._autodiff`).
 
 One ``torch.autograd.Function`` per differentiable primitive, in the ``forward`` +
 ``setup_context`` + ``backward`` style that ``torch.func`` requires:
 
-- ``CWYFactors``: V ↦ (U, T = S⁻¹, r); backward ``_compact_wy.factors_vjp``.
-- ``LowRankApply``: (U, T, h) ↦ R(h) − U_out M U_inᵀ h; backward ``_compact_wy.lowrank_vjp``.
+- ``CWYFactors``: V ↦ (U, T = S⁻¹, r); backward ``compact_wy.factors_vjp``.
+- ``LowRankApply``: (U, T, h) ↦ R(h) − U_out M U_inᵀ h; backward ``compact_wy.lowrank_vjp``.
 - ``HouseholderApply``: (V, h) ↦ H(v₁)…H(v_L) h; backward ``householder_apply_vjp``.
 - ``HouseholderApplyNumba``: the same map by the Numba kernels through DLPack (CPU);
-  backward ``_numba_kernels.hgrad``, ``once_differentiable``.
+  backward ``_kernels.numba.hgrad``, ``once_differentiable``.
 - ``Polar``: X ↦ X (XᵀX)^{-1/2} (Newton–Schulz); backward: the Sylvester equation solved
-  in the eigenbasis of XᵀX (``retractions.polar_backward``).
+  in the eigenbasis of XᵀX (``newton_schulz.polar_backward``).
 - ``CayleySMW``: (X, G, η) ↦ Cayley(ηA) X (SMW); backward ``cayley_vjp`` (22·N·M² flops).
 - ``QRPositive``: Y ↦ qf(Y), diag(R) ≥ 0; backward (Q̄ − QF) R⁻ᵀ.
 
@@ -29,39 +30,17 @@ from typing import Any
 
 import array_api_compat
 import torch
-from torch._C import _functorch
 from torch.autograd.function import once_differentiable
 
-from . import _compact_wy as K
-from . import _retraction_kernels as RK
-from .householder import _reflect_all, householder_apply_vjp
+from .._agnostic import compact_wy as K
+from .._agnostic import retraction as RK
+from .._agnostic.newton_schulz import polar_backward, polar_forward
+from .._agnostic.reflections import householder_apply_vjp, reflect_all
+from .._interop.dlpack import from_numpy, to_numpy
+from .._kernels import load_numba
+from .._lib.linalg import sum_to_shape
 
 _xp = array_api_compat.array_namespace(torch.empty(0))
-
-
-def is_transformed(x: Any) -> bool:
-    """True for a tensor wrapped by a ``torch.func`` transform (grad, vmap, jvp levels)."""
-    return isinstance(x, torch.Tensor) and _functorch.is_functorch_wrapped_tensor(x)
-
-
-def is_vmapped(x: Any) -> bool:
-    """True for a tensor that is batched by ``torch.func.vmap`` at some level (its values
-    cannot be inspected: ``bool(x)`` raises)."""
-    while is_transformed(x):
-        if _functorch.is_batchedtensor(x):
-            return True
-        x = _functorch.get_unwrapped(x)
-    return False
-
-
-def needs_function(*tensors: Any) -> bool:
-    """Whether a call must go through the ``Function``s: autograd will follow (grad enabled
-    and an input requires grad) or a ``torch.func`` transform wraps an input."""
-    grad = torch.is_grad_enabled()
-    return any(
-        isinstance(t, torch.Tensor) and ((grad and t.requires_grad) or is_transformed(t))
-        for t in tensors
-    )
 
 
 # -- compact WY ---------------------------------------------------------------------------
@@ -125,7 +104,7 @@ class HouseholderApply(torch.autograd.Function):
     @staticmethod
     def forward(V: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         U, _ = K.normalize_columns(V, _xp)
-        return _reflect_all(U, h)
+        return reflect_all(U, h)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
@@ -147,9 +126,7 @@ class HouseholderApplyNumba(torch.autograd.Function):
 
     @staticmethod
     def forward(V: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        from . import _numba_kernels as NK
-        from ._dlpack import from_numpy, to_numpy
-
+        NK = load_numba()
         return from_numpy(NK.hprod(to_numpy(V, name="V"), to_numpy(h, name="h")), like=V)
 
     @staticmethod
@@ -159,9 +136,7 @@ class HouseholderApplyNumba(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, g: torch.Tensor) -> Any:
-        from . import _numba_kernels as NK
-        from ._dlpack import from_numpy, to_numpy
-
+        NK = load_numba()
         V, h = ctx.saved_tensors
         V_bar, h_bar = NK.hgrad(to_numpy(V), to_numpy(g, name="g"), h=to_numpy(h))
         return from_numpy(V_bar, like=V), from_numpy(h_bar, like=h)
@@ -175,8 +150,6 @@ class Polar(torch.autograd.Function):
 
     @staticmethod
     def forward(X: torch.Tensor, num_iters: Any, restart: Any, box: Any) -> torch.Tensor:
-        from .retractions import polar_forward
-
         Q, info = polar_forward(X, _xp, num_iters, restart)
         if box is not None:
             box.update(info)
@@ -188,8 +161,6 @@ class Polar(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, G: torch.Tensor) -> Any:
-        from .retractions import polar_backward
-
         (X,) = ctx.saved_tensors
         return polar_backward(X, G, _xp), None, None, None
 
@@ -208,9 +179,7 @@ class CayleySMW(torch.autograd.Function):
 
     @staticmethod
     def forward(X: Any, G: Any, step: Any, euclidean: bool) -> tuple[Any, Any]:
-        Y, P = RK.cayley_forward(X, G, step, euclidean, _xp)
-        E = P - torch.eye(P.shape[-1], dtype=P.dtype, device=P.device)
-        return Y, torch.amax(torch.sqrt(torch.sum(E * E, dim=(-2, -1))))
+        return RK.cayley_with_drift(X, G, step, euclidean, _xp)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
@@ -233,7 +202,7 @@ class CayleySMW(torch.autograd.Function):
         Xbar, Gbar, sb = RK.cayley_vjp(X, G, step, Ybar, ctx.euclidean, _xp)
         step_bar = None
         if ctx.step_is_tensor:
-            step_bar = torch.reshape(K.sum_to_shape(sb, tuple(step.shape[:-2]), _xp), step.shape)
+            step_bar = torch.reshape(sum_to_shape(sb, tuple(step.shape[:-2]), _xp), step.shape)
         return Xbar, Gbar, step_bar, None
 
 
@@ -256,3 +225,21 @@ class QRPositive(torch.autograd.Function):
     def backward(ctx: Any, Qbar: torch.Tensor) -> Any:
         (Y,) = ctx.saved_tensors
         return RK.qr_vjp(Y, Qbar, _xp)
+
+
+# -- the rule table ---------------------------------------------------------------------------
+
+
+def _polar(xp: Any, X: Any, num_iters: Any, restart: Any) -> tuple[Any, dict[str, Any]]:
+    box: dict[str, Any] = {}
+    return Polar.apply(X, num_iters, restart, box), box
+
+
+RULES = {
+    "cwy_factors": lambda xp, V: CWYFactors.apply(V),
+    "lowrank": lambda xp, U, T, h, transpose, mode: LowRankApply.apply(U, T, h, transpose, mode),
+    "householder_apply": lambda xp, V, h: HouseholderApply.apply(V, h),
+    "polar": _polar,
+    "cayley": lambda xp, X, G, step, euclidean: CayleySMW.apply(X, G, step, euclidean),
+    "qr_q": lambda xp, Y: QRPositive.apply(Y),
+}

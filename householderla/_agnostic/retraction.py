@@ -1,6 +1,7 @@
 """Backend-neutral kernels of the Cayley (SMW), QR and polar retractions and their VJPs.
 
-Cayley (seed 000 App. B, Lemma 1): with G̃ = G (canonical) or G̃ = G − ½X(XᵀG) (Euclidean),
+Cayley (Likhosherstov et al., AISTATS 2021 App. B, Lemma 1): with G̃ = G (canonical) or G̃ = G −
+½X(XᵀG) (Euclidean),
 A = G̃Xᵀ − XG̃ᵀ = B Cᵀ with B = η[G̃, sX], C = [X, −G̃/s] (N × 2M, s > 0 a balancing power of
 two), and
 
@@ -15,9 +16,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._lib.linalg import eye_like, inv_upper_triangular
-from ._lib.namespace import device_of, mT
-from ._newton_schulz import gram
+from .._lib.linalg import eye_like, inv_upper_triangular
+from .._lib.namespace import device_of, mT
+
+
+def gram(X: Any) -> Any:
+    """XᵀX (..., M, M), exactly symmetric."""
+    A = mT(X) @ X
+    return 0.5 * (A + mT(A))
 
 
 def _trace(A: Any, xp: Any) -> Any:
@@ -66,6 +72,14 @@ def cayley_forward(X: Any, G: Any, step: Any, euclidean: bool, xp: Any) -> tuple
     d = cayley_parts(X, G, step, euclidean, xp)
     U = G @ d["W1"] + X @ d["c"]
     return X - step * U, d["P"]
+
+
+def cayley_with_drift(X: Any, G: Any, step: Any, euclidean: bool, xp: Any) -> tuple[Any, Any]:
+    """(Cayley(step·A) X by SMW, max ‖XᵀX − I‖_F over the batch): the drift feeds the
+    orthogonality guard of ``cayley_retraction`` and is not differentiated."""
+    Y, P = cayley_forward(X, G, step, euclidean, xp)
+    E = P - eye_like(xp, P.shape[-1], P.dtype, device_of(P))
+    return Y, xp.max(xp.sqrt(xp.sum(E * E, axis=(-2, -1))))
 
 
 def cayley_vjp(

@@ -1,0 +1,204 @@
+"""Backend-neutral kernels of the compact WY representation and their backward passes.
+
+Forward (Likhosherstov et al., AISTATS 2021, Theorem 2, Theorem 3):
+
+    U = [v₁/‖v₁‖, …, v_L/‖v_L‖]         (0 ↦ 0, so H(0) = I, Zhang, Lei & Dhillon, ICML 2018 eq. 1)
+    S = ½ I + striu(UᵀU),   T = S⁻¹       (L × L, upper triangular)
+    Q = H(v₁)…H(v_L) = I − U T Uᵀ        ("square")
+    Ω = γ_{N,M}(V) = [I_M; 0] − U T U₁ᵀ   ("embed",  U₁ = U[:M], L = M)
+    Ωᵀ = [I_M  0] − U₁ Tᵀ Uᵀ               ("project")
+
+All three are ``y = R(h) − U_out · M · U_inᵀ h`` with M ∈ {T, Tᵀ} and (U_in, U_out, R) one of
+(U, U, id), (U₁, U, pad), (U, U₁, truncate). One kernel and one backward serve all six applies
+(three maps, each optionally transposed), and ``h = None`` stands for the identity, which
+gives ``.matrix()``. The derivation of the backward is in ``docs/theory/vjp.rst``.
+
+Every function takes ``xp`` explicitly and works on any Array API namespace.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._lib.checks import check_finite_norms
+from .._lib.linalg import eye_like, gram_upper, inv_upper_triangular, sum_to_shape, where0
+from .._lib.namespace import accumulation_dtype_for, device_of, mT
+from .._lib.tracing import is_eager
+
+MODES = ("square", "embed", "project")
+
+
+def normalize_columns(V: Any, xp: Any, *, check: bool = False) -> tuple[Any, Any]:
+    """Unit columns ``U`` and column norms ``r`` of ``V`` (..., N, L); zero columns stay 0.
+
+    Scaled by the column's max-abs first, so no finite input overflows or underflows
+    (‖v‖ = m ‖v/m‖). Returns ``U`` (..., N, L) and ``r`` (..., 1, L), in ``V``'s dtype.
+    With ``check``, NaN/Inf columns raise (eager arrays) before anything divides by them.
+    """
+    m = xp.max(xp.abs(V), axis=-2, keepdims=True)
+    if check:
+        check_finite_norms(m, xp)
+    nonzero = m > 0
+    one = xp.ones_like(m)
+    W = V / xp.where(nonzero, m, one)
+    rs = xp.sqrt(xp.sum(W * W, axis=-2, keepdims=True))
+    U = W / xp.where(nonzero, rs, one)
+    return U, m * rs
+
+
+def cwy_factors(V: Any, xp: Any, *, check: bool = True) -> tuple[Any, Any, Any]:
+    """``U`` (..., N, L), ``T = S⁻¹`` (..., L, L) and norms ``r`` (..., 1, L) of ``V``.
+
+    Gram matrix, norms and T are accumulated in float64 for float32 inputs on CPU backends
+    (:func:`~householderla._lib.namespace.accumulation_dtype_for`) and rounded to ``V``'s
+    dtype at the end. Cost: N·L² (Gram, syrk on NumPy) + L³/3 (triangular inverse) flops.
+    """
+    acc = accumulation_dtype_for(xp, V)
+    Va = V if V.dtype == acc else xp.astype(V, acc)
+    U, r = normalize_columns(Va, xp, check=check)
+    L = V.shape[-1]
+    # only the strict upper triangle of UᵀU is read: syrk (N·L²) on a single NumPy matrix
+    S = 0.5 * eye_like(xp, L, acc, device_of(V)) + xp.triu(gram_upper(U, xp), k=1)
+    T = inv_upper_triangular(S, xp)
+    if acc != V.dtype:
+        U, T, r = (xp.astype(a, V.dtype) for a in (U, T, r))
+    return U, T, r
+
+
+def _roles(U: Any, T: Any, transpose: bool, mode: str) -> tuple[Any, Any, Any]:
+    m = T.shape[-1]
+    M = mT(T) if transpose else T
+    U_in = U[..., :m, :] if mode == "embed" else U
+    U_out = U[..., :m, :] if mode == "project" else U
+    return M, U_in, U_out
+
+
+def lowrank_apply(U: Any, T: Any, h: Any, xp: Any, *, transpose: bool, mode: str) -> Any:
+    """``R(h) − U_out M U_inᵀ h`` for ``h`` (..., K, B); ``h=None`` means the identity.
+
+    Cost 2·N·L·B (Uᵀh) + L²·B (M·a) + 2·N·L·B (U·b): two GEMMs and a small one.
+    """
+    if h is None:
+        acc = accumulation_dtype_for(xp, U)
+        if acc != U.dtype:
+            # the dense matrix of float32 factors, formed in float64 and rounded once: 4× below
+            # LAPACK orgqr's ‖QᵀQ − I‖ at N=1024 (one-shot float32: 1.2× above it)
+            Ua, Ta = xp.astype(U, acc), xp.astype(T, acc)
+            return xp.astype(
+                lowrank_apply(Ua, Ta, None, xp, transpose=transpose, mode=mode), U.dtype
+            )
+    M, U_in, U_out = _roles(U, T, transpose, mode)
+    a = mT(U_in) if h is None else mT(U_in) @ h
+    b = M @ a
+    ub = U_out @ b
+    n_out = U_out.shape[-2]
+    if h is None:
+        n_in = U_in.shape[-2]
+        h = eye_like(xp, n_in, U.dtype, device_of(U))
+    if mode == "square":
+        return h - ub
+    if mode == "embed":  # [h; 0] − U b
+        m = h.shape[-2]
+        return xp.concat([h - ub[..., :m, :], -ub[..., m:, :]], axis=-2)
+    return h[..., :n_out, :] - ub  # project
+
+
+def _u_bar(Ubar_out: Any, Ubar_in: Any, m: int, mode: str, xp: Any) -> Any:
+    """Ū from the output-side and input-side terms (U_in/U_out are row blocks of U)."""
+    if mode == "square":
+        return Ubar_out + Ubar_in
+    if mode == "embed":
+        return xp.concat([Ubar_out[..., :m, :] + Ubar_in, Ubar_out[..., m:, :]], axis=-2)
+    return xp.concat([Ubar_in[..., :m, :] + Ubar_out, Ubar_in[..., m:, :]], axis=-2)
+
+
+def lowrank_vjp(
+    U: Any, T: Any, h: Any, g: Any, xp: Any, *, transpose: bool, mode: str
+) -> tuple[Any, Any, Any, Any]:
+    """Backward of :func:`lowrank_apply` for the cotangent ``g`` of its output.
+
+    Returns ``(U_bar, h_bar, T_bar, S_bar)``: ``U_bar`` is the gradient with respect to the
+    unit columns U (before the normalisation backward), ``h_bar`` is ``None`` when ``h`` is
+    the identity, ``T_bar`` is the gradient with respect to T and ``S_bar`` the gradient with
+    respect to S = T⁻¹ (= −Tᵀ T̄ Tᵀ, obtained here as a rank-B outer product). With
+    a = U_inᵀh, b = M a, c = U_outᵀ g, d = Mᵀ c:
+
+        h̄ = Rᵀ(g) − U_in d,   Ū_out −= g bᵀ,   Ū_in −= h dᵀ,
+        M̄ = −c aᵀ,           S̄ = d bᵀ (M = T)  or  b dᵀ (M = Tᵀ).
+
+    Batch axes that broadcasting added are summed out so the results have the shapes of
+    ``U``, ``h`` and ``T``. Cost: four GEMMs of the forward's shapes plus L²·B.
+    """
+    M, U_in, U_out = _roles(U, T, transpose, mode)
+    fused = mode == "square" and h is not None and tuple(h.shape[:-1]) == tuple(g.shape[:-1])
+    if fused:
+        # one GEMM Uᵀ[h g] and one [g h][b d]ᵀ instead of two each: same flops, half the
+        # BLAS calls, and the 2B-wide products run closer to the GEMM rate for small B
+        B = h.shape[-1]
+        ac = mT(U) @ xp.concat([h, g], axis=-1)
+        a, c = ac[..., :B], ac[..., B:]
+    else:
+        a = mT(U_in) if h is None else mT(U_in) @ h
+        c = mT(U_out) @ g
+    b = M @ a
+    d = mT(M) @ c
+    dT = mT(d)
+    m = T.shape[-1]
+    if fused:
+        Ubar = -(xp.concat([g, h], axis=-1) @ mT(xp.concat([b, d], axis=-1)))
+    else:
+        Ubar = _u_bar(-(g @ mT(b)), -dT if h is None else -(h @ dT), m, mode, xp)
+    h_bar = None
+    if h is not None:
+        Rg = g
+        if mode == "embed":
+            Rg = g[..., : h.shape[-2], :]
+        elif mode == "project":
+            pad = xp.zeros(
+                tuple(g.shape[:-2]) + (h.shape[-2] - m, g.shape[-1]),
+                dtype=g.dtype,
+                device=device_of(g),
+            )
+            Rg = xp.concat([g, pad], axis=-2)
+        h_bar = sum_to_shape(Rg - U_in @ d, tuple(h.shape), xp)
+    Mbar = -(c @ mT(a))
+    T_bar = mT(Mbar) if transpose else Mbar
+    S_bar = b @ dT if transpose else d @ mT(b)
+    return (
+        sum_to_shape(Ubar, tuple(U.shape), xp),
+        h_bar,
+        sum_to_shape(T_bar, tuple(T.shape), xp),
+        sum_to_shape(S_bar, tuple(T.shape), xp),
+    )
+
+
+def s_bar_from_t_bar(T: Any, T_bar: Any) -> Any:
+    """S̄ = −Tᵀ T̄ Tᵀ (T = S⁻¹)."""
+    Tt = mT(T)
+    return -(Tt @ (T_bar @ Tt))
+
+
+def factors_vjp(U: Any, r: Any, U_bar: Any, S_bar: Any, xp: Any) -> Any:
+    """V̄ from the cotangents of the unit columns ``U`` and of ``S = ½I + striu(UᵀU)``.
+
+    Ū += U (P + Pᵀ) with P = striu(S̄) (only the strict upper part of S depends on U), then
+    through u = v/‖v‖: v̄ = (ū − u (uᵀū)) / ‖v‖, and v̄ = 0 for zero columns (never NaN).
+    Cost 2·N·L² + O(N·L).
+    """
+    P = xp.triu(S_bar, k=1)
+    return normalize_columns_vjp(U, r, U_bar + U @ (P + mT(P)), xp)
+
+
+def normalize_columns_vjp(U: Any, r: Any, U_bar: Any, xp: Any) -> Any:
+    """Backward of :func:`normalize_columns`: v̄ = (ū − u (uᵀū)) / ‖v‖ per column, from
+    du = (I − uuᵀ) dv / ‖v‖; zero columns (r = 0) get v̄ = 0, never NaN."""
+    proj = xp.sum(U * U_bar, axis=-2, keepdims=True)
+    nonzero = r > 0
+    r_safe = xp.where(nonzero, r, xp.ones_like(r))
+    return where0(xp, nonzero, (U_bar - U * proj) / r_safe)
+
+
+def is_lower_trapezoidal(V: Any, xp: Any) -> bool:
+    """Whether V (..., N, L) has only zeros above its diagonal (LAPACK's and oRNN's layout);
+    eager arrays only (one N·L comparison)."""
+    return is_eager(V) and bool(xp.all(xp.triu(V, k=1) == 0))

@@ -1,0 +1,54 @@
+"""The one autodiff switch: which rule table a call runs through.
+
+Every differentiable primitive of the package has one rule per table, with one signature:
+
+=====================  =========================================  ==========================
+rule                   arguments                                  returns
+=====================  =========================================  ==========================
+``cwy_factors``        ``(xp, V)``                                ``(U, T, r)``
+``lowrank``            ``(xp, U, T, h, transpose, mode)``         ``R(h) − U_out M U_inᵀ h``
+``householder_apply``  ``(xp, V, h)``                             ``H(v₁)…H(v_L) h``
+``polar``              ``(xp, X, num_iters, restart)``            ``(Q, info)``
+``cayley``             ``(xp, X, G, step, euclidean)``            ``(Y, drift)``
+``qr_q``               ``(xp, Y)``                                ``qf(Y)``
+=====================  =========================================  ==========================
+
+Tables: :mod:`.plain` (the backend-neutral forward, nothing recorded), :mod:`.torch`
+(``torch.autograd.Function``s whose backward calls our explicit VJPs; torch.func-ready) and
+:mod:`.jax` (``jax.custom_vjp`` rules, compiled once per shape). :func:`route` picks the table
+from the arrays of a call, :func:`call` runs a rule. Tables are imported on first use, so
+torch and JAX are imported only when their arrays arrive. This package imports the layers
+below it (``_lib``, ``_agnostic``, ``_kernels``, ``_interop``), never a public module.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import array_api_compat as aac
+
+from .._lib.tracing import needs_graph
+
+__all__ = ["ROUTES", "call", "route"]
+
+ROUTES = ("plain", "torch", "jax")
+_TABLES: dict[str, dict[str, Any]] = {}
+
+
+def route(xp: Any, *arrays: Any) -> str:
+    """ "jax" for JAX (custom_vjp costs nothing when nothing differentiates), "torch" when a
+    graph will be recorded or a ``torch.func`` transform wraps an input, "plain" otherwise."""
+    if aac.is_jax_namespace(xp):
+        return "jax"
+    if aac.is_torch_namespace(xp) and needs_graph(*arrays):
+        return "torch"
+    return "plain"
+
+
+def call(route: str, rule: str, xp: Any, *args: Any) -> Any:
+    """Run ``rule`` of the table ``route`` (see the module docstring for the signatures)."""
+    table = _TABLES.get(route)
+    if table is None:
+        table = _TABLES[route] = importlib.import_module(f"{__name__}.{route}").RULES
+    return table[rule](xp, *args)

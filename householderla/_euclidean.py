@@ -1,0 +1,94 @@
+"""Euclidean counterparts of the momentum Stiefel optimizers (Kong, Wang & Tao, ICLR 2023,
+App. P: Stiefel and Euclidean parameters share one set of hyperparameters). Exported by
+:mod:`householderla.stiefel`."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+from ._agnostic.stiefel_flow import StiefelOptimizer
+from ._lib.checks import check_real
+from ._lib.namespace import resolve
+
+__all__ = ["EuclideanAdamState", "EuclideanMomentumState", "euclidean_adam", "euclidean_sgd"]
+
+
+class EuclideanMomentumState(NamedTuple):
+    """State of :func:`euclidean_sgd`: ``count`` (int32) and the velocity ``v`` (shape of x)."""
+
+    count: Any
+    v: Any
+
+
+class EuclideanAdamState(NamedTuple):
+    """State of :func:`euclidean_adam`: ``count``, first moment ``m``, second moment ``s``."""
+
+    count: Any
+    m: Any
+    s: Any
+
+
+def _euclidean_prepare(x: Any, g: Any, xp: Any) -> tuple[Any, Any, Any, Any]:
+    xp, _, dtype, (x,) = resolve([("x", x)], xp)
+    _, _, _, (g,) = resolve([("G", g)], xp)
+    if tuple(g.shape) != tuple(x.shape):
+        raise ValueError(f"G must have the shape of x {tuple(x.shape)}; got {tuple(g.shape)}")
+    return xp, x, (g if g.dtype == dtype else xp.astype(g, dtype)), dtype
+
+
+def euclidean_sgd(lr: float = 0.1, momentum: float = 0.9, *, xp: Any = None) -> StiefelOptimizer:
+    """Heavy-ball momentum SGD on ℝ^{shape}: the Euclidean limit of :func:`momentum_sgd`.
+
+    ``v⁺ = μv − g``, ``x⁺ = x + ηv⁺`` — Algorithm 1 with X unconstrained (only the U part,
+    no projection, no φ̄₃), i.e. ``torch.optim.SGD(lr=η, momentum=μ)`` with v = −buffer.
+    Seed 004 App. P: Stiefel and Euclidean parameters share lr and momentum. Any shape.
+    """
+    lr = check_real("lr", lr, 0.0, math.inf, lo_open=True)
+    mu = check_real("momentum", momentum, 0.0, 1.0)
+    fixed_xp = xp
+
+    def init(x: Any) -> EuclideanMomentumState:
+        xp, device, dtype, (x,) = resolve([("x", x)], fixed_xp)
+        count = xp.asarray(0, dtype=xp.int32, device=device)
+        return EuclideanMomentumState(count, xp.zeros(tuple(x.shape), dtype=dtype, device=device))
+
+    def update(x: Any, g: Any, state: EuclideanMomentumState) -> tuple[Any, Any]:
+        _, x, g, _ = _euclidean_prepare(x, g, fixed_xp)
+        v = mu * state.v - g
+        return x + lr * v, EuclideanMomentumState(state.count + 1, v)
+
+    return StiefelOptimizer(init, update)
+
+
+def euclidean_adam(
+    lr: float = 1e-3, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, *, xp: Any = None
+) -> StiefelOptimizer:
+    """Adam on ℝ^{shape} in the convention of :func:`adam` (Kong, Wang & Tao, ICLR 2023, Algorithm
+    2 without the
+    manifold): ``m⁺ = β₁m − (1 − β₁)g``, ``s⁺ = β₂s + (1 − β₂)g∘g``,
+    ``x⁺ = x + ηκ m⁺ ⊘ (s⁺^{∘½} + ε)``, κ = √(1 − β₂^{t}). Unlike ``torch.optim.Adam`` there
+    is no β₁ bias correction (the paper has none) and ε is not rescaled by κ.
+    """
+    lr = check_real("lr", lr, 0.0, math.inf, lo_open=True)
+    b1 = check_real("b1", b1, 0.0, 1.0)
+    b2 = check_real("b2", b2, 0.0, 1.0)
+    eps = check_real("eps", eps, 0.0, math.inf, lo_open=True)
+    log_b2 = math.log(b2) if b2 > 0 else None
+    fixed_xp = xp
+
+    def init(x: Any) -> EuclideanAdamState:
+        xp, device, dtype, (x,) = resolve([("x", x)], fixed_xp)
+        count = xp.asarray(0, dtype=xp.int32, device=device)
+        zeros = xp.zeros(tuple(x.shape), dtype=dtype, device=device)
+        return EuclideanAdamState(count, zeros, xp.zeros_like(zeros))
+
+    def update(x: Any, g: Any, state: EuclideanAdamState) -> tuple[Any, Any]:
+        xp, x, g, dtype = _euclidean_prepare(x, g, fixed_xp)
+        count = state.count + 1
+        kappa = 1.0 if log_b2 is None else xp.sqrt(-xp.expm1(xp.astype(count, dtype) * log_b2))
+        m = b1 * state.m - (1.0 - b1) * g
+        s = b2 * state.s + (1.0 - b2) * (g * g)
+        return x + (lr * kappa) * (m / (xp.sqrt(s) + eps)), EuclideanAdamState(count, m, s)
+
+    return StiefelOptimizer(init, update)

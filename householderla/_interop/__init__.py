@@ -1,0 +1,1 @@
+"""Interoperability: Dask operands (lazy, chunkwise) and zero-copy DLPack hand-over."""

@@ -1,0 +1,360 @@
+"""NumPy entry points of the Numba kernels for sequential Householder products.
+
+``hprod`` (forward) and ``hgrad`` (backward) validate and lay out NumPy operands (batch axes
+broadcast, dtypes float32/float64, C order, read-only inputs accepted, never written) and
+call the compiled loops of :mod:`householderla._kernels.numba_loops`, whose docstring has the
+algorithms (Mhammedi et al., ICML 2017, Algorithm 1; Zhang, Lei & Dhillon, ICML 2018,
+Algorithms 2–3 and eq. 15) and the numerics.
+
+V is read in place (C order, column k with stride L); batch axes are looped inside the
+kernels (V and h may each be shared across the batch); outputs are allocated by the NumPy
+wrappers and never alias the inputs. The entry kernels have explicit signatures with
+read-only C-contiguous inputs, so writable and read-only arrays share one compiled version
+(float32 and float64 each), compiled when this module is first imported (≈ 26 s of CPU
+for all six, measured cold) and then loaded from Numba's on-disk cache (``cache=True``,
+≈ 1 s). Without Numba the module still imports (``HAVE_NUMBA = False``) and callers use the
+NumPy path.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .._lib.checks import check_finite_norms
+from .._lib.linalg import sum_to_shape
+from .numba_loops import (
+    HAVE_NUMBA,
+    SAFE_EXP,
+    all_taus,
+    apply_one,
+    apply_vec,
+    grad_one,
+    njit,
+    taus,
+)
+
+if HAVE_NUMBA:
+    from numba import types as _nt
+
+__all__ = ["HAVE_NUMBA", "hgrad", "hprod"]
+
+
+# -- entry kernels (explicit signatures: read-only C inputs accept writable arrays too) -------
+
+
+def _sigs(kind: str) -> Any:
+    if not HAVE_NUMBA:
+        return None
+    out = []
+    for f in (_nt.float32, _nt.float64):
+        ro3 = _nt.Array(f, 3, "C", readonly=True)
+        rw3 = _nt.Array(f, 3, "C")
+        b, i = _nt.boolean, _nt.int64
+        if kind == "fp":
+            out.append(i(ro3, ro3, rw3, b, b, i))
+        elif kind == "vec":
+            ro2, ro1 = _nt.Array(f, 2, "C", readonly=True), _nt.Array(f, 1, "C", readonly=True)
+            out.append(i(ro2, ro1, _nt.Array(f, 1, "C"), b, b, i))
+        else:
+            out.append(i(ro3, ro3, ro3, rw3, rw3, b, b, b, i))
+    return out
+
+
+@njit(_sigs("fp"))
+def fp_kernel(V: Any, H: Any, Y: Any, trap: bool, transpose: bool, safe_exp: int) -> int:
+    """Y (P, N, B) ← H(v₁)…H(v_L) H for V (Pv, N, L), H (Ph, N, B), Pv, Ph ∈ {1, P}.
+    Returns −1 (nothing computed) if a column must be rescaled first, else the number of
+    non-finite columns of V."""
+    Pv = V.shape[0]
+    Ph, _, B = H.shape
+    P = Y.shape[0]
+    tau, status = all_taus(V, trap, safe_exp)
+    if status < 0:
+        return status
+    acc = np.empty((4, B), V.dtype)
+    c = np.empty((1, B), V.dtype)
+    for p in range(P):
+        Y[p] = H[p if Ph > 1 else 0]
+        pv = p if Pv > 1 else 0
+        apply_one(V[pv], tau[pv], Y[p], trap, transpose, acc, c)
+    return status
+
+
+@njit(_sigs("vec"))
+def fp_vec_kernel(V: Any, h: Any, y: Any, trap: bool, transpose: bool, safe_exp: int) -> int:
+    """y (N,) ← H(v₁)…H(v_L) h for one V (N, L) and one vector: :func:`_fp_kernel` without
+    the batch axes (the common tiny call, whose NumPy-side reshapes cost as much as
+    the kernel's arithmetic at N = 128, L = 16)."""
+    tau = np.empty(V.shape[1], V.dtype)
+    nonfinite, outside = taus(V, trap, safe_exp, tau)
+    if outside:
+        return -1
+    y[:] = h
+    apply_vec(V, tau, y, trap, transpose)
+    return nonfinite
+
+
+@njit(_sigs("bp"))
+def bp_kernel(
+    V: Any,
+    X: Any,
+    G: Any,
+    Vb: Any,
+    Hb: Any,
+    from_output: bool,
+    trap: bool,
+    transpose: bool,
+    safe_exp: int,
+) -> int:
+    """V̄ → Vb (Pv, N, L) and H̄ → Hb (Ph, N, B) (summed over broadcast batch entries) for
+    V (Pv, N, L), G (P, N, B), and X (Px, N, B) the input h (``from_output=False``: the
+    output is recomputed first) or the output y. Status as :func:`_fp_kernel`."""
+    Pv, n, _ = V.shape
+    Px, _, B = X.shape
+    P = G.shape[0]
+    Ph = Hb.shape[0]
+    tau, status = all_taus(V, trap, safe_exp)
+    if status < 0:
+        return status
+    Y = np.empty((n, B), V.dtype)
+    Gw = np.empty((n, B), V.dtype)
+    acc = np.empty((4, B), V.dtype)
+    c = np.empty((2, B), V.dtype)
+    Vb[:] = 0
+    Hb[:] = 0
+    for p in range(P):
+        pv = p if Pv > 1 else 0
+        Y[:] = X[p if Px > 1 else 0]
+        if not from_output:
+            apply_one(V[pv], tau[pv], Y, trap, transpose, acc, c)
+        Gw[:] = G[p]
+        grad_one(V[pv], tau[pv], Y, Gw, Vb[pv], trap, transpose, acc, c)
+        Hb[p if Ph > 1 else 0] += Gw
+    return status
+
+
+# -- NumPy wrappers ---------------------------------------------------------------------------
+
+_F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
+
+
+def _dtype_of(*arrays: np.ndarray) -> Any:
+    """The common dtype, float32 or float64 (identity checks first: this runs per call)."""
+    dt = arrays[0].dtype
+    for a in arrays[1:]:
+        if a.dtype is not dt:
+            dt = np.result_type(*arrays)
+            break
+    if dt is _F64 or dt is _F32:
+        return dt
+    if dt == _F64 or dt == _F32:  # non-native byte order
+        return _F64 if dt == _F64 else _F32
+    raise TypeError(f"the Numba kernels take float32 or float64 arrays; got {dt}")
+
+
+def _as3(a: np.ndarray, batch: tuple[int, ...], P: int, tail: tuple[int, ...], dtype: Any) -> Any:
+    """``a`` (…, *tail) as a C-contiguous (P', *tail) with P' = 1 or P = prod(batch); copies
+    only where the layout, dtype or a genuine broadcast needs it (never writes into ``a``)."""
+    own = a.shape[: a.ndim - len(tail)]
+    if own == batch:
+        a3 = a.reshape((P, *tail))
+    elif math.prod(own) == 1:
+        a3 = a.reshape((1, *tail))
+    else:
+        a3 = np.broadcast_to(a, batch + tail).reshape((P, *tail))
+    if a3.dtype is not dtype or not a3.flags.c_contiguous:
+        a3 = np.ascontiguousarray(a3, dtype=dtype)
+    return a3
+
+
+def _shapes(V: np.ndarray, h: np.ndarray, name: str = "h") -> tuple:
+    """N, L, the broadcast batch shape, whether h is a vector, and B."""
+    if V.ndim < 2 or V.shape[-1] > V.shape[-2]:
+        raise ValueError(f"V must have shape (..., N, L) with L <= N; got {tuple(V.shape)}")
+    n = V.shape[-2]
+    vector = h.ndim == 1
+    if h.ndim == 0 or h.shape[-1 if vector else -2] != n:
+        raise ValueError(f"{name} must have shape ({n},) or (..., {n}, B); got {tuple(h.shape)}")
+    vb = V.shape[:-2]
+    hb = () if vector else h.shape[:-2]
+    if vb == hb or not hb:
+        batch = vb
+    elif not vb:
+        batch = hb
+    else:
+        batch = tuple(np.broadcast_shapes(vb, hb))
+    return n, V.shape[-1], batch, vector, 1 if vector else h.shape[-1]
+
+
+def _operands(V: np.ndarray, x: np.ndarray, name: str) -> tuple:
+    """(dtype, n, L, batch, P, vector, B, V3 (Pv, n, L), X3 (Px, n, B)) for the kernels.
+    Unbatched contiguous inputs take a short path: this is most of a tiny call's overhead."""
+    dtype = _dtype_of(V, x)
+    if V.ndim == 2 and 1 <= x.ndim <= 2:
+        n, L = V.shape
+        if L > n:
+            raise ValueError(f"V must have shape (..., N, L) with L <= N; got {V.shape}")
+        if x.shape[0] != n:
+            raise ValueError(f"{name} must have shape ({n},) or (..., {n}, B); got {x.shape}")
+        B = 1 if x.ndim == 1 else x.shape[1]
+        V3 = V[None]
+        if V.dtype is not dtype or not V.flags.c_contiguous:
+            V3 = np.ascontiguousarray(V3, dtype=dtype)
+        X3 = x.reshape((1, n, B))
+        if x.dtype is not dtype or not X3.flags.c_contiguous:
+            X3 = np.ascontiguousarray(X3, dtype=dtype)
+        return dtype, n, L, (), 1, x.ndim == 1, B, V3, X3
+    n, L, batch, vector, B = _shapes(V, x, name)
+    P = math.prod(batch)
+    if P == 0:
+        return dtype, n, L, batch, 0, vector, B, None, None
+    V3 = _as3(V, batch, P, (n, L), dtype)
+    X3 = _as3(x, batch, P, (n,), dtype) if vector else _as3(x, batch, P, (n, B), dtype)
+    return dtype, n, L, batch, P, vector, B, V3, X3.reshape((X3.shape[0], n, B))
+
+
+def _rescaled(V3: np.ndarray, trapezoidal: bool) -> tuple[np.ndarray, np.ndarray]:
+    """V3 with each finite nonzero column multiplied by c = 2^−e, its max-abs entry m = f·2^e
+    (f ∈ [½, 1)), computed in float64 (exact), and c (Pv, 1, L). H(c v) = H(v)."""
+    W = np.tril(V3) if trapezoidal else V3
+    m = np.max(np.abs(W), axis=-2, keepdims=True).astype(np.float64)
+    ok = np.isfinite(m) & (m > 0)
+    c = np.where(ok, np.ldexp(1.0, -np.frexp(np.where(ok, m, 1.0))[1]), 1.0)
+    with np.errstate(over="ignore", invalid="ignore"):  # entries above a trapezoid: unused
+        Vs = (V3.astype(np.float64) * c).astype(V3.dtype)
+    return Vs, c
+
+
+def _raise_nonfinite(V: Any, trapezoidal: bool) -> None:
+    W = np.tril(V) if trapezoidal else V
+    check_finite_norms(np.max(np.abs(W), axis=-2, keepdims=True), np)
+
+
+def hprod(
+    V: Any, h: Any, *, trapezoidal: bool = False, transpose: bool = False, check: bool = True
+) -> np.ndarray:
+    """y = H(v₁)(H(v₂)(…H(v_L) h)) (``transpose``: H(v_L)…H(v₁) h) by the Numba kernel.
+
+    Parameters
+    ----------
+    V : ndarray, shape (..., N, L), L ≤ N
+        Unnormalised reflection vectors; a zero column is the identity. Read, never written.
+    h : ndarray, shape (N,) or (..., N, B)
+        Right operand (``matmul`` rules; batch axes broadcast with V's).
+    trapezoidal : bool
+        Column k is zero above row k (oRNN layout); those entries are not read.
+    transpose : bool
+        Apply Qᵀ = H(v_L)…H(v₁) instead of Q.
+    check : bool
+        Raise ``ValueError`` for NaN/Inf in V (else they propagate as NaN).
+
+    Returns
+    -------
+    ndarray, shape (..., N) or (..., N, B), dtype of the inputs (float32 or float64)
+        Freshly allocated. 4·N·L·B flops (dense), (4N − L + 2)·L·B (trapezoidal, Mhammedi et al.,
+        ICML 2017
+        Table 2), plus 2·N·L for the ‖v_k‖².
+    """
+    V, h = np.asarray(V), np.asarray(h)
+    dt = V.dtype
+    if (  # one vector, one V, contiguous, same dtype: the short path of a tiny call
+        V.ndim == 2
+        and h.ndim == 1
+        and h.dtype is dt
+        and (dt is _F64 or dt is _F32)
+        and V.shape[1] <= V.shape[0] == h.shape[0]
+        and V.flags.c_contiguous
+        and h.flags.c_contiguous
+    ):
+        y = np.empty_like(h)
+        status = fp_vec_kernel(V, h, y, trapezoidal, transpose, SAFE_EXP[dt])
+        if status >= 0:
+            if status and check:
+                _raise_nonfinite(V, trapezoidal)
+            return y
+    dtype, n, _, batch, P, vector, B, V3, H3 = _operands(V, h, "h")
+    Y = np.empty((*batch, n) if vector else (*batch, n, B), dtype)
+    if P == 0:
+        return Y
+    Y3 = Y.reshape((P, n, B))
+    status = fp_kernel(V3, H3, Y3, trapezoidal, transpose, SAFE_EXP[dtype])
+    if status < 0:  # some ‖v_k‖² outside the safe range: rescale those columns (exact)
+        status = fp_kernel(
+            _rescaled(V3, trapezoidal)[0], H3, Y3, trapezoidal, transpose, SAFE_EXP[dtype]
+        )
+    if status and check:
+        _raise_nonfinite(V, trapezoidal)
+    return Y
+
+
+def hgrad(
+    V: Any,
+    g: Any,
+    *,
+    h: Any = None,
+    y: Any = None,
+    trapezoidal: bool = False,
+    transpose: bool = False,
+    check: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Backward of :func:`hprod`: (V̄, h̄) for the cotangent ``g`` of y = hprod(V, h).
+
+    Give the input ``h`` (the output is recomputed, 4·N·L·B more flops) or the output ``y``
+    (Mhammedi et al., ICML 2017, Algorithm 1's BP, which starts from C = y). Exactly one of them.
+
+    Returns
+    -------
+    V_bar : ndarray, shape of V
+        Full gradient with respect to the unnormalised columns (Zhang, Lei & Dhillon, ICML 2018 eq.
+        15); zero
+        columns get zero; with ``trapezoidal`` the entries above the diagonal get zero.
+    h_bar : ndarray, shape of h (or of y)
+        H(v_L)…H(v₁) g (Mhammedi et al., ICML 2017 eq. 15), summed over the batch axes h was
+        broadcast along.
+
+    Notes
+    -----
+    11·N·L·B flops (dense; Zhang, Lei & Dhillon, ICML 2018, Table 1: Hgrad 3n + 6k plus the 4k
+    recomputation) with
+    O(N·B) working memory: each reflection's input is recovered from its output. Non-finite
+    V gives NaN (``check=False``, like the NumPy VJP) or raises (``check=True``).
+    """
+    if (h is None) == (y is None):
+        raise ValueError("give exactly one of h (the input) or y (the output)")
+    x_name = "h" if y is None else "y"
+    V, x, g = np.asarray(V), np.asarray(h if y is None else y), np.asarray(g)
+    dtype, n, _, batch, P, vector, B, V3, X3 = _operands(V, x, x_name)
+    gshape = (*batch, n) if vector else (*batch, n, B)
+    if g.shape != gshape:
+        raise ValueError(f"g must have the shape of the output {gshape}; got {tuple(g.shape)}")
+    if y is not None and x.shape != gshape:
+        raise ValueError(f"y must have the shape of the output {gshape}; got {tuple(x.shape)}")
+    if P == 0:
+        return np.zeros(V.shape, dtype), np.zeros(x.shape, dtype)
+    G3 = g.reshape((P, n, B))
+    if g.dtype is not dtype or not G3.flags.c_contiguous:
+        G3 = np.ascontiguousarray(G3, dtype=dtype)
+    Vb = np.empty(V3.shape, dtype)
+    Hb = np.empty(X3.shape, dtype)
+    args = (y is not None, trapezoidal, transpose, SAFE_EXP[dtype])
+    status = bp_kernel(V3, X3, G3, Vb, Hb, *args)
+    if status < 0:  # rescale the columns whose ‖v‖² is out of range; v̄ = c·v̄' (degree −1)
+        Vs, c = _rescaled(V3, trapezoidal)
+        status = bp_kernel(Vs, X3, G3, Vb, Hb, *args)
+        with np.errstate(over="ignore"):  # a gradient beyond the dtype's range is ±inf
+            Vb = (Vb * c).astype(dtype)
+    if status and check:
+        _raise_nonfinite(V, trapezoidal)
+    V_bar = _unbroadcast(Vb, tuple(V.shape), batch)
+    h_bar = _unbroadcast(Hb, (*x.shape, 1) if vector else tuple(x.shape), batch)
+    return V_bar, (h_bar.reshape(x.shape) if vector else h_bar)
+
+
+def _unbroadcast(a3: np.ndarray, shape: tuple[int, ...], batch: tuple[int, ...]) -> np.ndarray:
+    """The kernel's (P', *tail) gradient back to ``shape`` (sum over broadcast batch axes)."""
+    if a3.shape[0] == 1 or a3.size == math.prod(shape):
+        return a3.reshape(shape)
+    return sum_to_shape(a3.reshape((*batch, *a3.shape[1:])), shape, np)

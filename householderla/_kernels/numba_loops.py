@@ -1,0 +1,443 @@
+"""Compiled Numba loops of the sequential Householder paths (NumPy, CPU, float32/float64).
+
+``hprod``: y = H(v₁)(H(v₂)(…H(v_L) h)) one reflection at a time, with H(v) = I − τ v vᵀ,
+τ = 2/‖v‖² computed here from the *unnormalised* columns (τ = 0 for v = 0: H(0) = I). This is
+the forward loop of Mhammedi et al., ICML 2017, Algorithm 1 (lines 7–10) and Zhang, Lei & Dhillon,
+ICML 2018, Algorithm 2 (Hprod):
+per reflection and vector γ = vᵀy (2n flops) and y ← y − (τγ) v (2n flops). For one vector
+the update of reflection k and the dot product of the next share one pass over y.
+
+``hgrad``: the backward of Zhang, Lei & Dhillon, ICML 2018, Algorithm 3 (Hgrad) / Mhammedi et al.,
+ICML 2017, Algorithm 1 (lines 11–15),
+with the full gradient with respect to the unnormalised v (Zhang, Lei & Dhillon, ICML 2018 eq. 15,
+the term oRNN
+omits included). It sweeps the reflections in the order opposite to the forward and recovers
+each reflection's input from its output (x = H(v) y, H an involution), so memory is O(N) per
+vector rather than the O(N·L) tape of Mhammedi et al., ICML 2017, Table 2. For y = H(v) x and
+cotangent g of y,
+with γ = vᵀy and β = vᵀg, Zhang, Lei & Dhillon, ICML 2018 eq. 15 (ū = −αg − βx + αβu, α = τ vᵀx, β'
+= τβ) reduces,
+using vᵀx = −vᵀy and x = y − τγ v, to
+
+    v̄ = τ (γ g − β y),        x̄ = H(v) g = g − (τβ) v,        x = y − (τγ) v,
+
+7n flops for (v̄, x̄) plus 4n to recover x: 11n per reflection and vector (Zhang, Lei & Dhillon,
+ICML 2018, Table 1
+counts Hgrad + the recomputation as 3n + 10k).
+
+``trapezoidal=True`` is oRNN's layout (Mhammedi et al., ICML 2017 eq. 9): column k is taken to be
+zero above
+row k, and only rows k…N−1 are read or written, which gives Mhammedi et al., ICML 2017, Table 2's
+(4n − m + 2)m forward flops; the entries above the diagonal are never read (LAPACK-style
+packed storage works) and get no gradient (they are not parameters).
+
+Numerics, chosen to stay within a few ulps of the Array API path
+(:func:`householderla.householder.householder_apply`):
+
+* everything is in the input dtype (float32 stays float32, like the NumPy path);
+* every dot product uses four partial sums by row index mod 4 — a fixed order that does not
+  depend on the batch width, the start row or the machine, so the result for one column of a
+  block equals the result for that column alone, and trapezoidal mode equals dense mode on a
+  lower-trapezoidal V, bit for bit; no ``fastmath`` (no reassociation, no FMA contraction);
+* columns whose ‖v‖² leaves [2^−e, 2^e] (e = 500 for float64, 60 for float32) are rescaled
+  by a power of two in a copy first (exact; H(cv) = H(v)); the gradient is scaled back
+  (v̄ = c·v̄' since H is homogeneous of degree 0). Non-finite columns either raise
+  (``check=True``, the forward's rule) or give τ = NaN, which propagates like the NumPy path.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+# imported lazily (householderla._kernels.load_numba): ``import householderla`` never imports numba
+try:
+    import numba
+
+    HAVE_NUMBA = True
+except ImportError:  # pragma: no cover - exercised only without numba
+    numba = None
+    HAVE_NUMBA = False
+
+__all__ = [
+    "HAVE_NUMBA",
+    "SAFE_EXP",
+    "all_taus",
+    "apply_one",
+    "apply_vec",
+    "grad_one",
+    "njit",
+    "taus",
+]
+
+
+def njit(sigs: Any = None, inline: str = "never") -> Any:
+    """``numba.njit(cache=True)`` (with ``sigs`` when given); identity without numba."""
+
+    def deco(fn: Any) -> Any:
+        if not HAVE_NUMBA:
+            return fn
+        if sigs is None:
+            return numba.njit(cache=True, nogil=True, inline=inline)(fn)
+        return numba.njit(sigs, cache=True, nogil=True)(fn)
+
+    return deco
+
+
+#: log2 of the safe range of ‖v‖² per dtype: inside it τ = 2/‖v‖², the products τ·γ and the
+#: squares v_i² neither overflow nor lose precision to underflow.
+SAFE_EXP = {np.dtype(np.float64): 500, np.dtype(np.float32): 60}
+
+
+# -- inner loops (inlined into the entry kernels) --------------------------------------------
+# V is (N, L) C-contiguous and read in place, column k with stride L: at the sizes where the
+# sequential path wins, V stays in L1/L2 and this beat a transposed copy (N=128, L=16, one
+# vector: 1.5 µs vs 3.4 µs; N=512, L=64: 49 µs vs 242 µs, CPU time on the 2-core VM).
+
+
+@njit(inline="always")
+def _lane_add(r: int, p: Any, s0: Any, s1: Any, s2: Any, s3: Any) -> Any:
+    if r == 0:
+        return s0 + p, s1, s2, s3
+    if r == 1:
+        return s0, s1 + p, s2, s3
+    if r == 2:
+        return s0, s1, s2 + p, s3
+    return s0, s1, s2, s3 + p
+
+
+@njit()
+def _dot_col(V: Any, k: int, y: Any, start: int) -> Any:
+    """Σ_{i ≥ start} V[i, k] y_i in V's dtype: four partial sums by i mod 4, then
+    ((s0 + s1) + (s2 + s3)). The grouping depends on the row index only, so neither the start
+    row nor the batch width changes the rounding."""
+    n = y.shape[0]
+    z = V.dtype.type(0)
+    s0 = z
+    s1 = z
+    s2 = z
+    s3 = z
+    i = start
+    while i < n and (i & 3) != 0:
+        p = V[i, k] * y[i]
+        r = i & 3
+        if r == 1:
+            s1 += p
+        elif r == 2:
+            s2 += p
+        else:
+            s3 += p
+        i += 1
+    while i + 4 <= n:
+        s0 += V[i, k] * y[i]
+        s1 += V[i + 1, k] * y[i + 1]
+        s2 += V[i + 2, k] * y[i + 2]
+        s3 += V[i + 3, k] * y[i + 3]
+        i += 4
+    while i < n:
+        p = V[i, k] * y[i]
+        r = i & 3
+        if r == 0:
+            s0 += p
+        elif r == 1:
+            s1 += p
+        else:
+            s2 += p
+        i += 1
+    return (s0 + s1) + (s2 + s3)
+
+
+@njit()
+def _dot2_col(V: Any, k: int, y: Any, g: Any, start: int) -> Any:
+    """(Σ V[i, k] y_i, Σ V[i, k] g_i) over i ≥ start in one pass, each in :func:`_dot_col`'s
+    order (eight independent partial sums keep the adder busy)."""
+    n = y.shape[0]
+    z = V.dtype.type(0)
+    a0, a1, a2, a3 = z, z, z, z
+    b0, b1, b2, b3 = z, z, z, z
+    i = start
+    while i < n and (i & 3) != 0:
+        v = V[i, k]
+        a0, a1, a2, a3 = _lane_add(i & 3, v * y[i], a0, a1, a2, a3)
+        b0, b1, b2, b3 = _lane_add(i & 3, v * g[i], b0, b1, b2, b3)
+        i += 1
+    while i + 4 <= n:
+        v0, v1, v2, v3 = V[i, k], V[i + 1, k], V[i + 2, k], V[i + 3, k]
+        a0 += v0 * y[i]
+        a1 += v1 * y[i + 1]
+        a2 += v2 * y[i + 2]
+        a3 += v3 * y[i + 3]
+        b0 += v0 * g[i]
+        b1 += v1 * g[i + 1]
+        b2 += v2 * g[i + 2]
+        b3 += v3 * g[i + 3]
+        i += 4
+    while i < n:
+        v = V[i, k]
+        a0, a1, a2, a3 = _lane_add(i & 3, v * y[i], a0, a1, a2, a3)
+        b0, b1, b2, b3 = _lane_add(i & 3, v * g[i], b0, b1, b2, b3)
+        i += 1
+    return (a0 + a1) + (a2 + a3), (b0 + b1) + (b2 + b3)
+
+
+@njit()
+def _dots_block(V: Any, k: int, Y: Any, start: int, acc: Any, out: Any, row: int) -> None:
+    """out[row, b] = Σ_{i ≥ start} V[i, k] Y[i, b] for every b, in :func:`_dot_col`'s order."""
+    n, B = Y.shape
+    acc[:] = 0
+    for i in range(start, n):
+        r = i & 3
+        vi = V[i, k]
+        for b in range(B):
+            acc[r, b] += vi * Y[i, b]
+    for b in range(B):
+        out[row, b] = (acc[0, b] + acc[1, b]) + (acc[2, b] + acc[3, b])
+
+
+@njit()
+def taus(V: Any, trap: bool, safe_exp: int, tau: Any) -> Any:
+    """τ_k = 2/‖v_k‖² into ``tau`` (L,); ‖v_k‖² row by row (vectorised over k) in
+    :func:`_dot_col`'s order. Returns (non-finite columns: τ = NaN; nonzero columns whose
+    ‖v‖² is outside [2^−safe_exp, 2^safe_exp]: τ = 0, the caller rescales them)."""
+    n, L = V.shape
+    two = V.dtype.type(2)
+    lo = math.ldexp(1.0, -safe_exp)
+    hi = math.ldexp(1.0, safe_exp)
+    acc = np.zeros((4, L), V.dtype)
+    for i in range(n):
+        r = i & 3
+        kmax = min(i + 1, L) if trap else L
+        for k in range(kmax):
+            x = V[i, k]
+            acc[r, k] += x * x
+    nonfinite = 0
+    outside = 0
+    for k in range(L):
+        ss = (acc[0, k] + acc[1, k]) + (acc[2, k] + acc[3, k])
+        if lo <= ss <= hi:
+            tau[k] = two / ss
+            continue
+        m = 0.0
+        bad = False
+        for i in range(k if trap else 0, n):
+            a = abs(np.float64(V[i, k]))
+            if not (a <= 1.7976931348623157e308):  # NaN or Inf
+                bad = True
+            elif a > m:
+                m = a
+        tau[k] = 0  # H(0) = I for a zero column
+        if bad:
+            tau[k] = np.nan
+            nonfinite += 1
+        elif m > 0.0:
+            outside += 1
+    return nonfinite, outside
+
+
+@njit(inline="always")
+def _fp_step(V: Any, k: int, t: Any, Y: Any, s: int, acc: Any, c: Any) -> None:
+    """Y[s:] ← H(v_k) Y on rows s…N−1: γ = v_kᵀY, Y −= (τγ) v_k (Mhammedi et al., ICML 2017,
+    Algorithm 1, lines 8–9)."""
+    n, B = Y.shape
+    if B == 1:
+        y = Y.reshape((n,))
+        ct = t * _dot_col(V, k, y, s)
+        for i in range(s, n):
+            y[i] -= ct * V[i, k]
+    else:
+        _dots_block(V, k, Y, s, acc, c, 0)
+        for b in range(B):
+            c[0, b] = t * c[0, b]
+        for i in range(s, n):
+            vi = V[i, k]
+            for b in range(B):
+                Y[i, b] -= c[0, b] * vi
+
+
+@njit(inline="always")
+def _bp_step(V: Any, k: int, t: Any, Y: Any, G: Any, Vb: Any, s: int, acc: Any, c: Any) -> None:
+    """One reflection of the backward sweep on rows s…N−1: with γ = v_kᵀy and β = v_kᵀg,
+    v̄_k += τ(γ g − β y), then y ← H(v_k) y (the reflection's input) and g ← H(v_k) g."""
+    n, B = Y.shape
+    if B == 1:
+        y = Y.reshape((n,))
+        g = G.reshape((n,))
+        gam, bet = _dot2_col(V, k, y, g, s)
+        cg = t * gam
+        cb = t * bet
+        for i in range(s, n):
+            vi = V[i, k]
+            Vb[i, k] += g[i] * cg - y[i] * cb
+            y[i] -= cg * vi
+            g[i] -= cb * vi
+        return
+    _dots_block(V, k, Y, s, acc, c, 0)
+    _dots_block(V, k, G, s, acc, c, 1)
+    for b in range(B):
+        c[0, b] = t * c[0, b]
+        c[1, b] = t * c[1, b]
+    z = V.dtype.type(0)
+    for i in range(s, n):
+        vi = V[i, k]
+        w0 = z
+        w1 = z
+        w2 = z
+        w3 = z
+        b = 0
+        while b + 4 <= B:
+            w0 += G[i, b] * c[0, b] - Y[i, b] * c[1, b]
+            w1 += G[i, b + 1] * c[0, b + 1] - Y[i, b + 1] * c[1, b + 1]
+            w2 += G[i, b + 2] * c[0, b + 2] - Y[i, b + 2] * c[1, b + 2]
+            w3 += G[i, b + 3] * c[0, b + 3] - Y[i, b + 3] * c[1, b + 3]
+            b += 4
+        while b < B:
+            w0 += G[i, b] * c[0, b] - Y[i, b] * c[1, b]
+            b += 1
+        Vb[i, k] += (w0 + w1) + (w2 + w3)
+        for b in range(B):
+            Y[i, b] -= c[0, b] * vi
+            G[i, b] -= c[1, b] * vi
+
+
+@njit(inline="always")
+def _axpy_dot(
+    V: Any, k: int, ct: Any, kn: int, y: Any, s: int, s0: Any, s1: Any, s2: Any, s3: Any
+) -> Any:
+    """For i ≥ s: y_i ← y_i − ct·V[i, k] and accumulate V[i, kn]·y_i (the updated value) into
+    the partial sums s0…s3 by i mod 4; returns ((s0 + s1) + (s2 + s3)). The reflection k and
+    the next reflection's dot product share one pass over y (same operations and rounding
+    as the two passes of :func:`_fp_step`)."""
+    n = y.shape[0]
+    i = s
+    while i < n and (i & 3) != 0:
+        yi = y[i] - ct * V[i, k]
+        y[i] = yi
+        s0, s1, s2, s3 = _lane_add(i & 3, V[i, kn] * yi, s0, s1, s2, s3)
+        i += 1
+    while i + 4 <= n:
+        y0 = y[i] - ct * V[i, k]
+        y1 = y[i + 1] - ct * V[i + 1, k]
+        y2 = y[i + 2] - ct * V[i + 2, k]
+        y3 = y[i + 3] - ct * V[i + 3, k]
+        y[i] = y0
+        y[i + 1] = y1
+        y[i + 2] = y2
+        y[i + 3] = y3
+        s0 += V[i, kn] * y0
+        s1 += V[i + 1, kn] * y1
+        s2 += V[i + 2, kn] * y2
+        s3 += V[i + 3, kn] * y3
+        i += 4
+    while i < n:
+        yi = y[i] - ct * V[i, k]
+        y[i] = yi
+        s0, s1, s2, s3 = _lane_add(i & 3, V[i, kn] * yi, s0, s1, s2, s3)
+        i += 1
+    return (s0 + s1) + (s2 + s3)
+
+
+@njit(inline="always")
+def _next_active(tau: Any, idx: int, transpose: bool) -> Any:
+    """(k, idx + 1) for the first nonzero τ_k at or after position idx of the order
+    (k = idx if transpose else L − 1 − idx); (−1, L) if none."""
+    L = tau.shape[0]
+    while idx < L:
+        k = idx if transpose else L - 1 - idx
+        if tau[k] != 0:
+            return k, idx + 1
+        idx += 1
+    return -1, L
+
+
+@njit()
+def apply_vec(V: Any, tau: Any, y: Any, trap: bool, transpose: bool) -> None:
+    """y (N,) ← H(v₁)…H(v_L) y for one vector, each reflection's axpy fused with the next
+    reflection's dot product (the dot is latency-bound; the axpy rides along for free)."""
+    n = y.shape[0]
+    z = V.dtype.type(0)
+    k, idx = _next_active(tau, 0, transpose)
+    if k < 0:
+        return
+    ct = tau[k] * (_dot_col(V, k, y, k) if trap else _dot_col(V, k, y, 0))
+    while True:
+        kn, idx = _next_active(tau, idx, transpose)
+        if kn < 0:
+            break
+        if trap:  # rows only the next dot reads, or only this axpy writes, come first
+            s0 = z
+            s1 = z
+            s2 = z
+            s3 = z
+            for i in range(kn, k):
+                s0, s1, s2, s3 = _lane_add(i & 3, V[i, kn] * y[i], s0, s1, s2, s3)
+            for i in range(k, kn):
+                y[i] -= ct * V[i, k]
+            d = _axpy_dot(V, k, ct, kn, y, max(k, kn), s0, s1, s2, s3)
+        else:  # literal start row 0: LLVM specialises the loops (1.4 vs 2.3 µs at N=128, L=16)
+            d = _axpy_dot(V, k, ct, kn, y, 0, z, z, z, z)
+        ct = tau[kn] * d
+        k = kn
+    for i in range(k if trap else 0, n):
+        y[i] -= ct * V[i, k]
+
+
+@njit()
+def apply_one(V: Any, tau: Any, Y: Any, trap: bool, transpose: bool, acc: Any, c: Any) -> None:
+    """Y (N, B) ← H(v₁)…H(v_L) Y in place (H(v_L)…H(v₁) Y with ``transpose``)."""
+    n, B = Y.shape
+    if B == 1:
+        apply_vec(V, tau, Y.reshape((n,)), trap, transpose)
+        return
+    L = V.shape[1]
+    for idx in range(L):
+        k = idx if transpose else L - 1 - idx
+        t = tau[k]
+        if t == 0:
+            continue
+        if trap:
+            _fp_step(V, k, t, Y, k, acc, c)
+        else:  # literal start row 0, see apply_vec
+            _fp_step(V, k, t, Y, 0, acc, c)
+
+
+@njit()
+def grad_one(
+    V: Any,
+    tau: Any,
+    Y: Any,
+    G: Any,
+    Vb: Any,
+    trap: bool,
+    transpose: bool,
+    acc: Any,
+    c: Any,
+) -> None:
+    """Backward sweep for one batch entry: Y (N, B) holds the output and ends as the input,
+    G (N, B) holds the cotangent and ends as h̄, Vb (N, L) accumulates v̄."""
+    L = V.shape[1]
+    for idx in range(L):
+        k = L - 1 - idx if transpose else idx  # the forward's order, reversed
+        t = tau[k]
+        if t == 0:
+            continue
+        if trap:
+            _bp_step(V, k, t, Y, G, Vb, k, acc, c)
+        else:
+            _bp_step(V, k, t, Y, G, Vb, 0, acc, c)
+
+
+@njit()
+def all_taus(V: Any, trap: bool, safe_exp: int) -> Any:
+    """τ (Pv, L) for every batch entry; status −1 if a column needs rescaling, else the
+    number of non-finite columns."""
+    Pv, _, L = V.shape
+    tau = np.empty((Pv, L), V.dtype)
+    nonfinite = 0
+    outside = 0
+    for p in range(Pv):
+        a, b = taus(V[p], trap, safe_exp, tau[p])
+        nonfinite += a
+        outside += b
+    return tau, (-1 if outside else nonfinite)

@@ -1,0 +1,332 @@
+"""The compact WY operator machinery shared by :class:`~householderla.CWY`,
+:class:`~householderla.TCWY` and the sides of :class:`~householderla.SVDHouseholder`.
+
+An operator holds the resolved V, never copied or written, and a :class:`LazyFactors` that
+computes U and T = S⁻¹ on the first product (N·L² + L³/3 flops) and shares them with the
+transposed operator. Products go through the autodiff switch (:mod:`householderla._autodiff`):
+plain kernels without autodiff, the torch Functions when a graph will be recorded, the JAX
+rules always. Formulas: Likhosherstov et al., AISTATS 2021, Theorems 2 and 3.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import array_api_compat as aac
+
+from ._agnostic import compact_wy as K
+from ._agnostic import forming as F
+from ._agnostic import trapezoidal as S
+from ._autodiff import call, route
+from ._interop.dask import dask_matmul, dask_rmatmul, is_dask_array
+from ._lib.checks import as_matrix_operand
+from ._lib.namespace import device_of, mT, resolve
+from ._lib.tracing import needs_graph
+from .householder import apply_sequential, sequential_is_faster
+
+__all__ = ["CompactWYOperator", "LazyFactors", "factors_of", "lowrank"]
+
+
+def factors_of(V: Any, xp: Any) -> tuple[Any, Any]:
+    """U and T of ``V``, through the explicit VJP when autodiff may follow."""
+    U, T, _ = call(route(xp, V), "cwy_factors", xp, V)
+    return U, T
+
+
+def lowrank(
+    U: Any, T: Any, h: Any, xp: Any, transpose: bool, mode: str, structured: bool = False
+) -> Any:
+    """R(h) − U_out M U_inᵀ h through the rule table of the call; ``structured`` asks for the
+    blocked trapezoidal products, which only the plain route has."""
+    r = route(xp, U, T, h)
+    if r == "plain" and structured and h is not None:
+        return S.lowrank_apply(U, T, h, xp, transpose=transpose, mode=mode)
+    return call(r, "lowrank", xp, U, T, h, transpose, mode)
+
+
+class LazyFactors:
+    """U and T of V, computed on first use and shared by an operator and its transpose.
+
+    ``cwy(V).matrix()`` for lower-trapezoidal V never needs them. With torch, factors cached
+    without a graph (first used under ``no_grad``) are rebuilt when a later use needs one.
+    Also holds the ``structure`` of V and, for "auto", the result of detecting it (once).
+    """
+
+    __slots__ = (
+        "T",
+        "U",
+        "V",
+        "_trapezoidal",
+        "direct",
+        "direct_type",
+        "sequential_used",
+        "structure",
+        "xp",
+    )
+
+    def __init__(self, V: Any, xp: Any, structure: str = "auto") -> None:
+        self.V, self.xp, self.structure = V, xp, structure
+        self.U = self.T = None
+        self._trapezoidal: bool | None = None
+        self.sequential_used = False
+        # the products of a built single-matrix operator on NumPy / torch without autodiff:
+        # (U, T, Uᵀ, Tᵀ), and the array type they serve (see CompactWYOperator.__matmul__)
+        self.direct: tuple[Any, Any, Any, Any] | None = None
+        self.direct_type = _direct_type(V, xp)
+
+    def trapezoidal(self) -> bool:
+        """Whether V is lower trapezoidal: declared ("trapezoidal"), excluded ("dense"), or
+        detected once on eager arrays ("auto": one N·L comparison; never on lazy arrays)."""
+        if self.structure != "auto":
+            return self.structure == "trapezoidal"
+        if self._trapezoidal is None:
+            self._trapezoidal = K.is_lower_trapezoidal(self.V, self.xp)
+        return self._trapezoidal
+
+    def get(self) -> tuple[Any, Any]:
+        stale = self.U is None or (
+            aac.is_torch_namespace(self.xp) and needs_graph(self.V) and not self.U.requires_grad
+        )
+        if stale:
+            self.U, self.T = factors_of(self.V, self.xp)
+            self.direct = None
+            U, T = self.U, self.T
+            small = self.V.ndim == 2 and self.V.shape[-1] < S.MIN_COLUMNS  # never blocked
+            if self.direct_type is not None and small and not needs_graph(self.V, U):
+                self.direct = (U, T, mT(U), mT(T))
+        return self.U, self.T
+
+
+def _direct_type(V: Any, xp: Any) -> type | None:
+    """The exact array type the direct products of :class:`LazyFactors` serve: NumPy's
+    ndarray, torch's Tensor; None elsewhere (JAX always goes through its custom_vjp rules,
+    other namespaces through the general path)."""
+    if aac.is_numpy_namespace(xp):
+        return type(V) if type(V).__name__ == "ndarray" else None
+    if aac.is_torch_namespace(xp):
+        return sys.modules["torch"].Tensor
+    return None
+
+
+class CompactWYOperator:
+    """Shared machinery of :class:`CWY` and :class:`TCWY` (and their transposes)."""
+
+    _mode_forward = "square"
+    _mode_transpose = "square"
+    # make ``ndarray @ op`` defer to ``op.__rmatmul__`` instead of treating op as a scalar
+    __array_ufunc__ = None
+
+    def __init__(
+        self,
+        V: Any,
+        xp: Any,
+        transposed: bool = False,
+        factors: Any = None,
+        structure: str = "auto",
+    ) -> None:
+        self._V = V  # the given vectors, resolved but never copied or written
+        self._xp = xp
+        self._transposed = transposed
+        self._factors = LazyFactors(V, xp, structure) if factors is None else factors
+
+    # -- array-like metadata -------------------------------------------------------------
+    @property
+    def _U(self) -> Any:
+        return self._factors.get()[0]
+
+    @property
+    def _T(self) -> Any:
+        return self._factors.get()[1]
+
+    @property
+    def _n_rows_cols(self) -> tuple[int, int]:
+        N, m = self._V.shape[-2], self._V.shape[-1]
+        full = (N, N) if self._mode_forward == "square" else (N, m)
+        return (full[1], full[0]) if self._transposed else full
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """``(..., rows, cols)`` of the matrix this operator represents."""
+        return tuple(self._V.shape[:-2]) + self._n_rows_cols
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def dtype(self) -> Any:
+        return self._V.dtype
+
+    @property
+    def device(self) -> Any:
+        return device_of(self._V)
+
+    @property
+    def U(self) -> Any:
+        """Unit reflection vectors, shape (..., N, L) (zero columns stay zero)."""
+        return self._U
+
+    @property
+    def T_factor(self) -> Any:
+        """T = S⁻¹, upper triangular, shape (..., L, L)."""
+        return self._T
+
+    @property
+    def T(self) -> CompactWYOperator:
+        """The transposed operator (for CWY also the inverse); shares the factors."""
+        return type(self)(self._V, self._xp, not self._transposed, self._factors)
+
+    mT = T
+
+    @property
+    def _mode(self) -> str:
+        return self._mode_transpose if self._transposed else self._mode_forward
+
+    def __repr__(self) -> str:
+        t = ".T" if self._transposed else ""
+        return f"{type(self).__name__}(shape={self.shape}, dtype={self.dtype}){t}"
+
+    # -- products ------------------------------------------------------------------------
+    def _operand(self, h: Any) -> Any:
+        """``h`` as an array of this operator's namespace, device and common float dtype."""
+        if aac.is_jax_namespace(self._xp) and aac.is_numpy_array(h):
+            h = self._xp.asarray(h)  # JAX code mixes in NumPy constants routinely
+        if aac.is_array_api_obj(h) and aac.array_namespace(h) is not self._xp:
+            held = type(self._V)
+            raise TypeError(
+                f"h is a {type(h).__module__}.{type(h).__name__} but the operator holds "
+                f"{held.__module__}.{held.__name__} arrays; convert h first"
+            )
+        xp, device, _, (h,) = resolve([("h", h)], self._xp)
+        if device is not None and self.device is not None and device != self.device:
+            raise ValueError(f"h is on device {device} but the operator is on {self.device}")
+        if h.dtype != self.dtype:
+            h = xp.astype(h, xp.result_type(h.dtype, self.dtype))
+        return h
+
+    def __matmul__(self, h: Any) -> Any:
+        """``self @ h`` with ``matmul`` semantics: h (K,) or (..., K, B), K = cols.
+
+        A Dask array ``h`` gives a lazy Dask array computed chunk by chunk
+        (:mod:`householderla._interop.dask`). On NumPy, the first product of an operator whose
+        factors are not built yet may run the reflections one at a time (Numba kernel) when
+        :func:`~householderla.householder.sequential_is_faster` says so for its shape; later
+        products build and reuse U, T.
+        """
+        f = self._factors
+        direct = f.direct
+        if (
+            direct is not None
+            and type(h) is f.direct_type
+            and h.dtype == direct[0].dtype
+            and self._mode == "square"
+            and 1 <= h.ndim <= 2
+            and h.shape[0] == direct[0].shape[0]
+            and (f.direct_type.__name__ == "ndarray" or self._torch_direct(h))
+        ):
+            # the three products and nothing else: Q h = h − U (T (Uᵀ h)), Qᵀ h with Tᵀ
+            U, T, Ut, Tt = direct
+            return h - U @ ((Tt if self._transposed else T) @ (Ut @ h))
+        xp = self._xp
+        if is_dask_array(h):
+            return dask_matmul(self, h)
+        h = self._operand(h)
+        y = self._first_product_sequential(h)
+        if y is not None:
+            return y
+        U, T = self._U, self._T
+        if U.dtype != h.dtype:
+            U, T = xp.astype(U, h.dtype), xp.astype(T, h.dtype)
+        hm, vector = as_matrix_operand(h, self._n_rows_cols[1])
+        structured = self._use_structured(hm.shape[-1])
+        y = lowrank(U, T, hm, xp, self._transposed, self._mode, structured)
+        return y[..., 0] if vector else y
+
+    def _torch_direct(self, h: Any) -> bool:
+        """A torch product may skip the general path: same device, no graph to record."""
+        return h.device == self._V.device and not needs_graph(self._V, h)
+
+    @property
+    def structure(self) -> str:
+        """The ``structure`` given to :func:`cwy` / :func:`tcwy`: auto, trapezoidal or dense."""
+        return self._factors.structure
+
+    def _use_structured(self, B: int) -> bool:
+        """Blocked trapezoidal products for ``@`` with B right-hand sides: V lower trapezoidal
+        and a shape where they were measured faster (``trapezoidal.use_structured``)."""
+        N, L = self._V.shape[-2], self._V.shape[-1]
+        return S.use_structured(N, L, B) and self._factors.trapezoidal()
+
+    def _first_product_sequential(self, h: Any) -> Any:
+        """Q h by sequential reflections (Numba) for the operator's first NumPy product when
+        the measured crossover favours it over building U, T; None otherwise."""
+        f = self._factors
+        if f.U is not None or f.sequential_used or self._mode != "square":
+            return None
+        if not aac.is_numpy_namespace(self._xp):
+            return None
+        N, L = self._V.shape[-2], self._V.shape[-1]
+        B = 1 if h.ndim == 1 else h.shape[-1]
+        if not sequential_is_faster(N, L, B, h.dtype):
+            return None
+        f.sequential_used = True  # the next product builds the factors and reuses them
+        V = self._V if self._V.dtype == h.dtype else self._xp.astype(self._V, h.dtype)
+        return apply_sequential(V, h, transpose=self._transposed, xp=self._xp)
+
+    def __rmatmul__(self, h: Any) -> Any:
+        """``h @ self`` = (selfᵀ @ hᵀ)ᵀ; h (K,) or (..., B, K), K = rows."""
+        if is_dask_array(h):
+            return dask_rmatmul(self, h)
+        h = self._operand(h)
+        if h.ndim == 1:
+            return self.T @ h
+        return mT(self.T @ mT(h))
+
+    def mv(self, h: Any) -> Any:
+        """Apply to a stack of vectors along the last axis: h (..., K) -> (..., rows)."""
+        h = self._operand(h)
+        if h.ndim == 0:
+            raise ValueError(f"h must have shape (..., {self._n_rows_cols[1]}); got a scalar")
+        return (self @ h[..., None])[..., 0]
+
+    def _direct_dense(self) -> Any:
+        """The dense matrix straight from V when no autodiff follows (NumPy/CuPy/torch):
+        orgqr-style for lower-trapezoidal V, else the one-shot I − V S⁻¹ Vᵀ."""
+        xp, V = self._xp, self._V
+        if V is None or not (
+            aac.is_numpy_namespace(xp)
+            or aac.is_cupy_namespace(xp)
+            or (aac.is_torch_namespace(xp) and not needs_graph(V))
+        ):
+            return None
+        ncols = None if self._mode_forward == "square" else V.shape[-1]
+        if self._factors.trapezoidal():
+            return F.structured_matrix(V, xp, ncols)
+        return F.dense_matrix(V, xp, ncols)
+
+    def matrix(self) -> Any:
+        """The dense matrix, shape ``self.shape``.
+
+        Lower-trapezoidal V (LAPACK's layout, and what :func:`householder_vectors` returns)
+        on NumPy/torch/CuPy without autodiff: blocked like LAPACK orgqr on the trailing
+        submatrices (:func:`~householderla._agnostic.forming.structured_matrix`, 4N³/3 flops for
+        L = N, float64 ‖QᵀQ − I‖ at orgqr's level); any other V there: the one-shot
+        I − V S⁻¹ Vᵀ with unnormalised factors
+        (:func:`~householderla._agnostic.forming.dense_matrix`:
+        syrk, one triangular solve, one GEMM). With autodiff or on other namespaces:
+        I − U (T Uᵀ) through the differentiable factors (2·N²·L flops for CWY, 2·N·M² for
+        T-CWY). float32 input is formed in float64 on CPU.
+        """
+        mode = self._mode_forward
+        dense = self._direct_dense()
+        if dense is not None:
+            return mT(dense) if self._transposed else dense
+        out = lowrank(self._U, self._T, None, self._xp, False, mode)
+        if self._transposed:
+            return (
+                mT(out)
+                if mode == "embed"
+                else lowrank(self._U, self._T, None, self._xp, True, mode)
+            )
+        return out

@@ -1,0 +1,264 @@
+"""The package's layers, read from its import graph (AST; function-level imports included).
+
+``docs/design.rst`` has the picture. Layers, bottom to top::
+
+    0  _lib                          namespaces, dtypes, checks, linear-algebra shims, jit
+    1  _agnostic | _kernels | _interop   backend-neutral math | compiled kernels | Dask, DLPack
+    2  _autodiff                     route/call and one rule table per framework
+    3  public modules                cwy, householder, ornn, svd, retractions, stiefel, vjp
+                                     (and their private helpers _operator, _svd_vjp, _euclidean)
+    4  adapters                      torch, jax, _torch_optim, _optax
+    5  __init__
+
+A module may import from a lower layer, or from its own group of the same layer (a module of
+``_agnostic`` from another one of ``_agnostic``, a public module from another public module),
+never upwards and never across the three groups of layer 1. The graph has no cycle, no
+private name (``_x``) is imported or read from another module, no module is longer than
+``MAX_LINES``, and ``import householderla`` imports no framework.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "householderla"
+MAX_LINES = 450  # "about 400": a module past this wants splitting by topic
+
+GROUPS = {
+    "_lib": (0, "_lib"),
+    "_agnostic": (1, "_agnostic"),
+    "_kernels": (1, "_kernels"),
+    "_interop": (1, "_interop"),
+    "_autodiff": (2, "_autodiff"),
+}
+PUBLIC = {"cwy", "householder", "ornn", "svd", "retractions", "stiefel", "vjp"}
+PUBLIC_PRIVATE = {"_operator", "_svd_vjp", "_euclidean"}
+ADAPTERS = {"torch", "jax", "_torch_optim", "_optax"}
+#: Modules that may import a framework at module level (they are imported only lazily).
+FRAMEWORK_MODULES = {
+    "householderla._autodiff.torch": {"torch"},
+    "householderla._autodiff.jax": {"jax"},
+    "householderla._kernels.numba_loops": {"numba"},
+    "householderla.torch": {"torch"},
+    "householderla.jax": {"jax"},
+    "householderla._torch_optim": {"torch"},
+    "householderla._optax": {"jax"},
+}
+FRAMEWORKS = {"torch", "jax", "jaxlib", "cupy", "cupyx", "numba", "dask"}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def layer(module: str) -> tuple[int, str]:
+    """(rank, group) of a module of the package."""
+    parts = module.split(".")[1:]
+    if not parts:
+        return 5, "__init__"
+    head = parts[0]
+    if head in GROUPS:
+        return GROUPS[head]
+    if head in PUBLIC or head in PUBLIC_PRIVATE:
+        return 3, "public"
+    if head in ADAPTERS:
+        return 4, "adapters"
+    raise AssertionError(f"{module} is in no layer: add it to tests/test_layers.py")
+
+
+def _resolve_from(module: str, node: ast.ImportFrom) -> str:
+    if node.level == 0:
+        return node.module or ""
+    is_pkg = MODULES[module].name == "__init__.py"
+    base = module.split(".")
+    base = base if is_pkg else base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports(module: str) -> list[tuple[str, str | None, int]]:
+    """(imported module, imported name or None, line) for every import in ``module``,
+    function-level ones included; names that are submodules are reported as modules."""
+    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.extend((a.name, None, node.lineno) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            src = _resolve_from(module, node)
+            for a in node.names:
+                sub = f"{src}.{a.name}"
+                if sub in MODULES:
+                    out.append((sub, None, node.lineno))
+                else:
+                    out.append((src, a.name, node.lineno))
+    return out
+
+
+def _internal(target: str) -> str | None:
+    """The package module an import refers to (None outside the package)."""
+    while target and target not in MODULES:
+        if "." not in target:
+            return None
+        target = target.rsplit(".", 1)[0]
+    return target or None
+
+
+def _graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {m: set() for m in MODULES}
+    for m in MODULES:
+        for target, _, _ in imports(m):
+            t = _internal(target)
+            if t is not None and t != m:
+                graph[m].add(t)
+    return graph
+
+
+def test_every_module_is_in_a_layer():
+    for m in MODULES:
+        layer(m)
+
+
+def test_imports_point_down_the_layers():
+    bad = []
+    for m in MODULES:
+        rank, group = layer(m)
+        for target, _, line in imports(m):
+            t = _internal(target)
+            if t is None or t == m:
+                continue
+            trank, tgroup = layer(t)
+            if m.startswith(t + ".") and MODULES[t].name == "__init__.py" and trank == rank:
+                continue  # a module of a package may use its package's __init__
+            if trank > rank or (trank == rank and tgroup != group):
+                bad.append(f"{m}:{line} imports {t} (layer {trank} {tgroup} > {rank} {group})")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycle():
+    graph = _graph()
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for t in sorted(graph[m]):
+            if state.get(t) == 1:
+                cycle = stack[stack.index(t) :] + [t]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if t not in state:
+                visit(t)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def test_no_private_name_crosses_a_module():
+    bad = []
+    for m in MODULES:
+        tree = ast.parse(MODULES[m].read_text(encoding="utf-8"))
+        module_aliases = set()
+        for target, name, line in imports(m):
+            t = _internal(target)
+            if t is not None and name is not None and _private(name):
+                bad.append(f"{m}:{line} imports {name} from {t}")
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for a in node.names:
+                    src = _resolve_from(m, node) if isinstance(node, ast.ImportFrom) else ""
+                    full = f"{src}.{a.name}" if src else a.name
+                    if full in MODULES:
+                        module_aliases.add(a.asname or a.name)
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in module_aliases
+                and _private(node.attr)
+            ):
+                bad.append(f"{m}:{node.lineno} reads {node.value.id}.{node.attr}")
+    assert not bad, "\n".join(bad)
+
+
+def test_modules_stay_small():
+    long = {
+        m: n
+        for m, p in MODULES.items()
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def test_frameworks_only_where_allowed_at_module_level():
+    bad = []
+    for m, path in MODULES.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        allowed = FRAMEWORK_MODULES.get(m, set())
+        for node in tree.body:
+            nodes = [node]
+            if isinstance(node, ast.Try):  # "try: import numba"
+                nodes = node.body
+            for n in nodes:
+                names = []
+                if isinstance(n, ast.Import):
+                    names = [a.name for a in n.names]
+                elif isinstance(n, ast.ImportFrom) and n.level == 0 and n.module:
+                    names = [n.module]
+                for name in names:
+                    top = name.split(".")[0]
+                    if top in FRAMEWORKS and top not in allowed:
+                        bad.append(f"{m}:{n.lineno} imports {name} at module level")
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("framework", sorted(FRAMEWORKS - {"jaxlib", "cupyx"}))
+def test_import_householderla_imports_no_framework(framework):
+    # a NumPy product may load numba (the sequential kernels): only the import for numba
+    product = "" if framework == "numba" else "householderla.cwy(np.eye(3)[:, :2]) @ np.ones(3); "
+    code = (
+        f"import sys, householderla, numpy as np; {product}"
+        f"sys.exit(int({framework!r} in sys.modules))"
+    )
+    env_python = sys.executable
+    assert subprocess.run([env_python, "-c", code], check=False).returncode == 0, (
+        f"import householderla (and a NumPy product) imported {framework}"
+    )
+
+
+def test_the_layer_test_can_fail(monkeypatch):
+    """A climbing import is caught: the public module ``cwy`` seen from ``_lib``."""
+    fake = "householderla._lib.fake"
+    monkeypatch.setitem(MODULES, fake, PACKAGE / "_lib" / "__init__.py")
+    original = imports
+
+    def with_climb(module: str) -> list[tuple[str, str | None, int]]:
+        if module == fake:
+            return [("householderla.cwy", None, 1)]
+        return original(module)
+
+    monkeypatch.setattr(sys.modules[__name__], "imports", with_climb)
+    with pytest.raises(AssertionError, match=r"imports householderla\.cwy"):
+        test_imports_point_down_the_layers()
