@@ -21,27 +21,15 @@ import contextlib
 import importlib
 import os
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import householderla
-
-# == package layout ============================================================================
-# After the "Layers:" commit of main the kernels live in householderla._agnostic (backend
-# neutral) and householderla._kernels. Before it they were top-level private modules.
-# TODO(layers): once main has the layers, keep only the first branch.
-# (Looked up in the imported package's own folder: an editable install of another checkout can
-# make importlib find a submodule this checkout does not have.)
-if any((Path(p) / "_agnostic").is_dir() for p in householderla.__path__):  # layered paths
-    _COMPACT_WY = "householderla._agnostic.compact_wy"
-    _TRAPEZOIDAL = "householderla._agnostic.trapezoidal"
-    NUMBA_MODULE = "householderla._kernels.numba"
-else:  # pre-layers paths
-    _COMPACT_WY = "householderla._compact_wy"
-    _TRAPEZOIDAL = "householderla._structured"
-    NUMBA_MODULE = "householderla._numba_kernels"
-# ==============================================================================================
+# The private modules used (the package's layers: _agnostic is backend-neutral, _kernels holds
+# the Numba kernels). Before the "Layers:" commit they were householderla._compact_wy,
+# householderla._structured and householderla._numba_kernels.
+_COMPACT_WY = "householderla._agnostic.compact_wy"
+_TRAPEZOIDAL = "householderla._agnostic.trapezoidal"
+NUMBA_MODULE = "householderla._kernels.numba"
 
 
 def compact_wy() -> ModuleType:
@@ -62,11 +50,9 @@ def numba_kernels() -> ModuleType:
 
 
 def entry_kernels() -> tuple[Any, Any, Any]:
-    """(forward, forward for one vector, backward) @njit kernels; public names in the
-    layered package, underscored before it."""
+    """(forward, forward for one vector, backward) @njit kernels."""
     nk = numba_kernels()
-    names = ("fp_kernel", "fp_vec_kernel", "bp_kernel")
-    return tuple(getattr(nk, n, None) or getattr(nk, "_" + n) for n in names)
+    return nk.fp_kernel, nk.fp_vec_kernel, nk.bp_kernel
 
 
 @contextlib.contextmanager
