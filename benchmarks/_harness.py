@@ -68,9 +68,7 @@ def jsonable(x: Any) -> Any:
         return x.item()
     if isinstance(x, float) and not math.isfinite(x):
         return str(x)
-    if isinstance(x, (str, int, float, bool)) or x is None:
-        return x
-    return str(x)
+    return x if isinstance(x, (str, int, float, bool, type(None))) else str(x)
 
 
 def write(path: Path, content: Any) -> None:
@@ -107,10 +105,8 @@ class _Enough(Exception):
 
 def calibrate(timer: timeit.Timer, target_s: float) -> tuple[int, float]:
     """Loops per sample by :meth:`timeit.Timer.autorange` (1, 2, 5, 10, 20, … loops until a
-    sample takes ≥ 0.2 s), stopped as soon as a sample takes ≥ ``target_s`` when that is
-    shorter (through autorange's callback). Returns (loops, seconds of that sample)."""
-    if target_s >= 0.2:
-        return timer.autorange()
+    sample takes ≥ 0.2 s), stopped through its callback as soon as a sample takes
+    ≥ ``target_s`` when that is shorter. Returns (loops, seconds of that sample)."""
     found: list[tuple[int, float]] = []
 
     def enough(number: int, taken: float) -> None:
@@ -194,7 +190,7 @@ class Bench:
         return res
 
     def time(self, label: str, fn: Callable[[], Any], **kw: Any) -> dict[str, Any]:
-        return self.side_by_side(label, {"": fn}, **kw)[""]
+        return self.side_by_side(label, {"": fn}, **kw)[""]  # one method
 
 
 # -- machine -----------------------------------------------------------------------------------
@@ -229,11 +225,8 @@ def machine_info() -> dict[str, Any]:
         **{name: _version(name) for name in VERSIONS},
         "pyperf_metadata": meta,
     }
-    try:
-        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
-        info["numpy_blas"] = {k: blas.get(k) for k in ("name", "version", "openblas configuration")}
-    except Exception:  # pragma: no cover - older numpy
-        info["numpy_blas"] = None
+    blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]  # numpy >= 2 (required)
+    info["numpy_blas"] = {k: blas.get(k) for k in ("name", "version", "openblas configuration")}
     info["threadpools"] = threadpool_info()  # BLAS / OpenMP libraries loaded, their threads
     if "torch" in sys.modules:
         info["torch_threads"] = sys.modules["torch"].get_num_threads()
@@ -297,12 +290,8 @@ class LoadMonitor:
         wall, busy1 = time.perf_counter() - self.wall0, _cpu_busy_s()
         t = os.times()
         own = t.user + t.system - self.own0
-        out: dict[str, Any] = {
-            "loadavg_start": self.load_start,
-            "loadavg_end": _loadavg(),
-            "own_cpu_s": own,
-            "wall_s": wall,
-        }
+        out = {"loadavg_start": self.load_start, "loadavg_end": _loadavg(), "own_cpu_s": own}
+        out["wall_s"] = wall
         if self.busy0 is not None and busy1 is not None:
             foreign = max(0.0, (busy1 - self.busy0) - own)
             out["foreign_cpu_s"] = foreign
@@ -311,8 +300,8 @@ class LoadMonitor:
 
 
 def load_warning(load: dict[str, Any]) -> str | None:
-    frac = load.get("foreign_cpu_fraction")
-    if frac is not None and frac > 0.1:
+    frac = load.get("foreign_cpu_fraction") or 0.0
+    if frac > 0.1:
         return (
             f"warning: other processes used {100 * frac:.0f}% of the machine's CPU during the "
             "run; rerun on an idle machine for trustworthy timings"
