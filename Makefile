@@ -33,7 +33,7 @@ docs: $(STAMP)
 	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
 
 # every benchmark script, tiny sizes: a smoke test that they run (timings are not checked)
-BENCH_SCRIPTS := run retractions sequential structured svd training_step stiefel
+BENCH_SCRIPTS := run retractions sequential structured svd training_step stiefel dispatch
 
 bench-quick: $(STAMP)
 	for s in $(BENCH_SCRIPTS); do $(PY) -m benchmarks.$$s --quick --out $(VENV)/bench-quick || exit 1; done

@@ -2,13 +2,13 @@
 Cayley by Sherman–Morrison–Woodbury vs the dense N×N Cayley transform (CPU, NumPy backend).
 
 Run ``python -m benchmarks.retractions`` (full, < 3 min on 2 cores; writes
-``benchmarks/results/retractions.json``) or ``python -m benchmarks.retractions --quick``
-(small sizes, < 20 s; writes ``benchmarks/results/quick/retractions.json``).
+``benchmarks/results/retractions.{json,md}``) or ``python -m benchmarks.retractions --quick``
+(small sizes, < 20 s; writes ``benchmarks/results/quick/``); ``--out DIR`` elsewhere.
 
-Every row is measured side by side in one run: one warm-up call, then the median of
-``repeats`` timed calls (``time.perf_counter``); the number of repeats adapts to the call's
-duration. Orthogonality is ‖QᵀQ − I‖_F computed in float64. Memory is the tracemalloc peak of
-one call (NumPy allocations; LAPACK workspaces are not traced).
+Every row is measured side by side in one run (``benchmarks/_harness.py``: the methods of a
+row timed round-robin, median of the samples; README "Method"). Orthogonality is
+‖QᵀQ − I‖_F computed in float64. Memory is the tracemalloc peak of one call (NumPy
+allocations; LAPACK workspaces are not traced).
 
 Tables:
 
@@ -26,28 +26,16 @@ Tables:
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
-import os
-import platform
-import statistics
-import sys
 import time
-import tracemalloc
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import numpy as np
+import scipy.linalg
 
-import numpy as np  # noqa: E402
-import scipy  # noqa: E402
-import scipy.linalg  # noqa: E402
-
-import householderla as hl  # noqa: E402
+import householderla as hl
+from benchmarks import _harness as H
+from benchmarks._harness import orth_err, peak_bytes
 
 FULL = {
     "polar_shapes": [(1000, 10), (4096, 256), (2048, 1024)],
@@ -55,8 +43,7 @@ FULL = {
     "cayley_N": [256, 1024, 4096],
     "cayley_M": 16,
     "vjp_shape": (4096, 256),
-    "min_total": 0.3,
-    "max_rep": 15,
+    "profile": H.Profile(sample_s=2e-3, min_total=0.3, max_total=2.0, max_rep=15),
 }
 QUICK = {
     "polar_shapes": [(1000, 10), (512, 64)],
@@ -64,39 +51,18 @@ QUICK = {
     "cayley_N": [128, 512],
     "cayley_M": 16,
     "vjp_shape": (1000, 32),
-    "min_total": 0.05,
-    "max_rep": 5,
+    "profile": H.Profile(sample_s=0.0, min_total=0.05, max_total=0.5, max_rep=5),
 }
+METHODS = 5  # one-shot polar methods per (shape, dtype)
 
 
-def timeit(fn: Callable[[], Any], min_total: float, max_rep: int) -> dict[str, Any]:
-    """One warm-up call, then the median of 3..max_rep calls (≥ min_total seconds together,
-    a single call when the warm-up alone took more than 2 s)."""
-    s = time.perf_counter()
-    fn()
-    warm = time.perf_counter() - s
-    reps = 1 if warm > 2.0 else min(max(3, int(min_total / max(warm, 1e-9)) + 1), max_rep)
-    times = []
-    for _ in range(reps):
-        s = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - s)
-    return {"median_s": statistics.median(times), "min_s": min(times), "repeats": reps}
-
-
-def peak_bytes(fn: Callable[[], Any]) -> int:
-    tracemalloc.start()
-    try:
-        fn()
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-
-
-def orth_err(Q: np.ndarray) -> float:
-    Q = np.asarray(Q, dtype=np.float64)
-    E = Q.T @ Q - np.eye(Q.shape[1])
-    return float(np.sqrt(np.sum(E * E)))
+def planned(cfg: dict[str, Any]) -> int:
+    return (
+        len(cfg["polar_shapes"]) * 2 * METHODS
+        + len(cfg["tangent_shapes"]) * 3
+        + len(cfg["cayley_N"]) * 2
+        + 8
+    )
 
 
 def reference_polar(X: np.ndarray) -> np.ndarray:
@@ -134,7 +100,7 @@ def dense_cayley(X: np.ndarray, G: np.ndarray, eta: float) -> np.ndarray:
     return np.linalg.solve(eye + 0.5 * eta * A, X - 0.5 * eta * (A @ X))
 
 
-def bench_polar(cfg: dict[str, Any], rng: np.random.Generator) -> list[dict[str, Any]]:
+def bench_polar(b: H.Bench, cfg: dict[str, Any], rng: np.random.Generator) -> list[dict]:
     rows = []
     for N, M in cfg["polar_shapes"]:
         X64 = rng.standard_normal((N, M))
@@ -150,8 +116,9 @@ def bench_polar(cfg: dict[str, Any], rng: np.random.Generator) -> list[dict[str,
                 "scipy.linalg.polar (SVD)": lambda X=X: scipy.linalg.polar(X)[0],
                 "reference NS (Frobenius, 10 it.)": lambda X=X: reference_polar(X),
             }
+            ts = b.side_by_side(f"polar {N}×{M} {np.dtype(dtype).name}", methods)
             for name, fn in methods.items():
-                t = timeit(fn, cfg["min_total"], cfg["max_rep"])
+                t = ts[name]
                 rows.append(
                     {
                         "N": N,
@@ -166,14 +133,14 @@ def bench_polar(cfg: dict[str, Any], rng: np.random.Generator) -> list[dict[str,
     return rows
 
 
-def bench_tangent(cfg: dict[str, Any], rng: np.random.Generator) -> list[dict[str, Any]]:
+def bench_tangent(b: H.Bench, cfg: dict[str, Any], rng: np.random.Generator) -> list[dict]:
     rows = []
     for N, M in cfg["tangent_shapes"]:
         X = stiefel(rng, N, M)
         for norm2, target in ((0.01, 2), (0.3, 4), (1.5, 9)):
             Y = X + tangent(rng, X, norm2)
             Q, info = hl.polar(Y, return_info=True)
-            t = timeit(lambda Y=Y: hl.polar(Y), cfg["min_total"], cfg["max_rep"])
+            t = b.time(f"polar from X + ξ {N}×{M} ‖ξ‖={norm2}", lambda Y=Y: hl.polar(Y))
             rows.append(
                 {
                     "N": N,
@@ -192,7 +159,7 @@ def bench_tangent(cfg: dict[str, Any], rng: np.random.Generator) -> list[dict[st
     return rows
 
 
-def bench_cayley(cfg: dict[str, Any], rng: np.random.Generator) -> list[dict[str, Any]]:
+def bench_cayley(b: H.Bench, cfg: dict[str, Any], rng: np.random.Generator) -> list[dict]:
     rows = []
     M = cfg["cayley_M"]
     for N in cfg["cayley_N"]:
@@ -202,7 +169,9 @@ def bench_cayley(cfg: dict[str, Any], rng: np.random.Generator) -> list[dict[str
         smw = lambda X=X, G=G, eta=eta: hl.cayley_retraction(X, G, eta)  # noqa: E731
         dense = lambda X=X, G=G, eta=eta: dense_cayley(X, G, eta)  # noqa: E731
         diff = float(np.max(np.abs(smw() - dense())))
-        for name, fn in (("SMW (ours)", smw), ("dense N×N solve", dense)):
+        fns = {"SMW (ours)": smw, "dense N×N solve": dense}
+        ts = b.side_by_side(f"Cayley N={N} M={M}", fns)
+        for name, fn in fns.items():
             rows.append(
                 {
                     "N": N,
@@ -211,13 +180,13 @@ def bench_cayley(cfg: dict[str, Any], rng: np.random.Generator) -> list[dict[str
                     "peak_bytes": peak_bytes(fn),
                     "orth_err": orth_err(fn()),
                     "max_diff_smw_vs_dense": diff,
-                    **timeit(fn, cfg["min_total"], cfg["max_rep"]),
+                    **ts[name],
                 }
             )
     return rows
 
 
-def bench_vjp(cfg: dict[str, Any], rng: np.random.Generator) -> list[dict[str, Any]]:
+def bench_vjp(b: H.Bench, cfg: dict[str, Any], rng: np.random.Generator) -> list[dict]:
     N, M = cfg["vjp_shape"]
     X = stiefel(rng, N, M)
     Z = tangent(rng, X, 0.3)
@@ -239,43 +208,10 @@ def bench_vjp(cfg: dict[str, Any], rng: np.random.Generator) -> list[dict[str, A
     }
     rows = []
     for name, (fwd, bwd) in pairs.items():
-        tf = timeit(fwd, cfg["min_total"], cfg["max_rep"])["median_s"]
-        tb = timeit(bwd, cfg["min_total"], cfg["max_rep"])["median_s"]
+        t = b.side_by_side(f"VJP {name}", {"fwd": fwd, "bwd": bwd})
+        tf, tb = t["fwd"]["median_s"], t["bwd"]["median_s"]
         rows.append({"map": name, "N": N, "M": M, "forward_s": tf, "vjp_s": tb, "ratio": tb / tf})
     return rows
-
-
-def machine_info() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        load = os.getloadavg()
-    except OSError:  # pragma: no cover
-        load = None
-    blas = None
-    try:
-        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"].get("name")
-    except Exception:  # pragma: no cover
-        pass
-    return {
-        "cpu_model": cpu,
-        "cpu_count": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "scipy": scipy.__version__,
-        "blas": blas,
-        "householderla": hl.__version__,
-        "loadavg_at_start": load,
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-    }
 
 
 def _fmt_t(s: float) -> str:
@@ -287,10 +223,10 @@ def _fmt_b(b: float) -> str:
 
 
 def report(res: dict[str, Any]) -> str:
-    m = res["machine"]
+    frac = res["load"].get("foreign_cpu_fraction")
     out = [
-        f"machine: {m['cpu_model']}, {m['cpu_count']} cores, numpy {m['numpy']} ({m['blas']}), "
-        f"scipy {m['scipy']}, load at start {m['loadavg_at_start']}",
+        f"machine: {H.machine_line(res['machine'])}; other load during run "
+        + ("?" if frac is None else f"{100 * frac:.0f}%"),
         "",
         "1. one-shot polar of a Gaussian X: time and ‖QᵀQ − I‖_F",
         f"{'shape':>10} {'dtype':>8} {'method':<34} {'time':>12} {'‖QᵀQ−I‖_F':>11} "
@@ -339,27 +275,25 @@ def report(res: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes, a smoke test (< 20 s)")
-    ap.add_argument("--out", type=Path, default=None, help="output directory")
-    args = ap.parse_args(argv)
+    args = H.parser(__doc__, "small sizes, a smoke test (< 20 s)").parse_args(argv)
     cfg = QUICK if args.quick else FULL
-    out_dir = args.out or ROOT / "benchmarks" / "results" / ("quick" if args.quick else "")
+    out_dir = H.out_dir(args)
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()
-    res: dict[str, Any] = {"machine": machine_info(), "quick": args.quick, "config": cfg}
-    res["polar"] = bench_polar(cfg, rng)
-    res["tangent"] = bench_tangent(cfg, rng)
-    res["cayley"] = bench_cayley(cfg, rng)
-    res["vjp"] = bench_vjp(cfg, rng)
+    res: dict[str, Any] = {"machine": H.machine_info(), "quick": args.quick, "config": cfg}
+    monitor = H.LoadMonitor()
+    with H.Bench(cfg["profile"], planned(cfg), "retractions") as b:
+        res["polar"] = bench_polar(b, cfg, rng)
+        res["tangent"] = bench_tangent(b, cfg, rng)
+        res["cayley"] = bench_cayley(b, cfg, rng)
+        res["vjp"] = bench_vjp(b, cfg, rng)
+    res["load"] = monitor.result(res["machine"]["cores_available"])
     res["wall_s"] = time.perf_counter() - t0
     text = report(res)
     print(text)
     print(f"\nwall time {res['wall_s']:.1f} s")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "retractions.json"
-    path.write_text(json.dumps(res, indent=1, default=str))
-    print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+    H.write(out_dir / "retractions.json", res)
+    H.write(out_dir / "retractions.md", text)
     return 0
 
 

@@ -8,11 +8,12 @@ Run ``python -m benchmarks.sequential`` (full, a few minutes on 2 cores; writes
 Tables:
 
 1. *Tiny-shape latency*, N = 128, L = 16, one vector, float64 and float32: the Numba kernel
-   (``_numba_kernels.hprod``, and the public ``hl.householder_apply`` with its argument
-   resolution) vs CWY with precomputed factors ``h - U @ (T @ (U.T @ h))`` in NumPy, vs a
-   prebuilt ``hl.cwy(V)`` operator's ``@``, vs the pure-NumPy sequential loop
-   (``HL_DISABLE_NUMBA=1``). The same for the VJP (Numba ``hgrad`` vs the NumPy sequential
-   VJP vs ``hl.vjp.cwy_apply``). Target: kernel no slower than precomputed CWY.
+   (``hprod`` of the kernel module, see ``benchmarks/_internals.py``, and the public
+   ``hl.householder_apply`` with its argument resolution) vs CWY with precomputed factors
+   ``h - U @ (T @ (U.T @ h))`` in NumPy, vs a prebuilt ``hl.cwy(V)`` operator's ``@``, vs
+   the pure-NumPy sequential loop (``HL_DISABLE_NUMBA=1``). The same for the VJP (Numba
+   ``hgrad`` vs the NumPy sequential VJP vs ``hl.vjp.cwy_apply``). Target: kernel no slower
+   than precomputed CWY.
 2. *Crossover grid*: N ∈ {32, 64, 128, 256, 512}, L ∈ {4, 16, 64, N}, B ∈ {1, 4, 16, 64}:
    ``apply_sequential(V, h)`` (the Numba kernel behind the public wrapper) vs ``hl.cwy(V) @ h``
    on a fresh operator (factors built in the call) and vs a prebuilt operator (factors cached).
@@ -26,46 +27,32 @@ Tables:
    also times a cold compile in a subprocess with an empty ``NUMBA_CACHE_DIR``. Compile time is
    never part of the timings above (every method is warmed up first).
 
-Timing: one warm-up call, then the number of calls per sample is calibrated so that a sample
-takes ≥ ``sample_s`` (2 ms full, 1 ms quick); ``repeats`` samples (7 / 5) are taken with
-``time.perf_counter`` and the best and the median per call are reported. The machine is a
-2-core VM shared with other jobs while these numbers were taken: re-run on a quiet machine.
+Timing (``benchmarks/_harness.py``): one warm-up call, then the calls per sample are
+calibrated (``timeit.Timer.autorange``) so that a sample takes ≥ 2 ms (quick: 1 ms); 7 (5)
+samples of every method of a row are taken round-robin and the best and the median per call
+are reported. The methods that need ``HL_DISABLE_NUMBA=1`` are timed in a group of their own.
+On a shared machine re-run when the load line says other processes were busy.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-import householderla as hl  # noqa: E402
-from benchmarks.retractions import machine_info as _machine_info  # noqa: E402
-from householderla import householder as hh  # noqa: E402
-from householderla._compact_wy import cwy_factors  # noqa: E402
-
-try:  # tqdm is a bench extra; fall back to silence without it
-    from tqdm import tqdm
-except ImportError:  # pragma: no cover
-    tqdm = None
+import householderla as hl
+from benchmarks import _harness as H
+from benchmarks import _internals as I
 
 FULL = {
-    "sample_s": 2e-3,
-    "repeats": 7,
+    "profile": H.Profile(sample_s=2e-3, min_total=0.0, max_total=2.0, min_rep=7, max_rep=7),
     "grid_N": [32, 64, 128, 256, 512],
     "grid_L": [4, 16, 64, "N"],
     "grid_B": [1, 4, 16, 64],
@@ -74,8 +61,7 @@ FULL = {
     "cold_compile": True,
 }
 QUICK = {
-    "sample_s": 1e-3,
-    "repeats": 5,
+    "profile": H.Profile(sample_s=1e-3, min_total=0.0, max_total=0.5, min_rep=5, max_rep=5),
     "grid_N": [32, 128],
     "grid_L": [4, 16],
     "grid_B": [1, 16],
@@ -85,57 +71,8 @@ QUICK = {
 }
 
 
-def timeit(fn: Callable[[], Any], sample_s: float, repeats: int) -> dict[str, Any]:
-    """Warm-up, calibrate calls per sample to ≥ sample_s, then best/median per call."""
-    fn()
-    number = 1
-    while True:
-        s = time.perf_counter()
-        for _ in range(number):
-            fn()
-        dt = time.perf_counter() - s
-        if dt >= sample_s or number >= 1 << 20:
-            break
-        number = min(1 << 20, max(2 * number, int(number * sample_s / max(dt, 1e-9)) + 1))
-    per_call = []
-    for _ in range(repeats):
-        s = time.perf_counter()
-        for _ in range(number):
-            fn()
-        per_call.append((time.perf_counter() - s) / number)
-    return {
-        "best_s": min(per_call),
-        "median_s": statistics.median(per_call),
-        "number": number,
-        "repeats": repeats,
-    }
-
-
-@contextlib.contextmanager
-def numba_disabled() -> Iterator[None]:
-    old = os.environ.get("HL_DISABLE_NUMBA")
-    os.environ["HL_DISABLE_NUMBA"] = "1"
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ["HL_DISABLE_NUMBA"]
-        else:
-            os.environ["HL_DISABLE_NUMBA"] = old
-
-
-class Progress:
-    def __init__(self, total: int) -> None:
-        self.bar = tqdm(total=total, file=sys.stderr, unit="meas") if tqdm else None
-
-    def step(self, label: str) -> None:
-        if self.bar is not None:
-            self.bar.set_description(label[:40])
-            self.bar.update(1)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+ENTRY = "numba entry kernel only (fp_kernel, operands prepared)"
+HPROD = "numba kernel (kernel module hprod)"
 
 
 def grid_shapes(cfg: dict[str, Any]) -> list[tuple[int, int, int]]:
@@ -151,14 +88,14 @@ def grid_shapes(cfg: dict[str, Any]) -> list[tuple[int, int, int]]:
 def load_kernels() -> tuple[Any, dict[str, Any]]:
     """Import the kernel module (compiles, or loads Numba's cache) and time it."""
     s = time.perf_counter()
-    from householderla import _numba_kernels as nk
+    nk = I.numba_kernels()
 
     info: dict[str, Any] = {"import_s": time.perf_counter() - s, "have_numba": nk.HAVE_NUMBA}
     if nk.HAVE_NUMBA:
         import numba
 
         info["numba"] = numba.__version__
-        st = [k.stats for k in (nk._fp_kernel, nk._fp_vec_kernel, nk._bp_kernel)]
+        st = [k.stats for k in I.entry_kernels()]
         info["cache_hits"] = sum(sum(x.cache_hits.values()) for x in st)
         info["cache_misses"] = sum(sum(x.cache_misses.values()) for x in st)
     return nk, info
@@ -168,11 +105,10 @@ def cold_compile_s() -> float | None:
     """Seconds to import the kernel module in a fresh interpreter with an empty Numba cache,
     minus the same import with the cache it just wrote (the import of numba itself)."""
     code = (
-        "import time; s=time.perf_counter(); import householderla._numba_kernels; "
-        "print(time.perf_counter()-s)"
+        f"import time; s=time.perf_counter(); import {I.NUMBA_MODULE}; print(time.perf_counter()-s)"
     )
     with tempfile.TemporaryDirectory() as d:
-        env = dict(os.environ, NUMBA_CACHE_DIR=d, PYTHONPATH=str(ROOT))
+        env = dict(os.environ, NUMBA_CACHE_DIR=d, PYTHONPATH=str(H.ROOT))
         run = [sys.executable, "-c", code]
         try:
             cold = float(subprocess.run(run, env=env, capture_output=True, check=True).stdout)
@@ -185,36 +121,35 @@ def cold_compile_s() -> float | None:
 # -- 1. tiny-shape latency ---------------------------------------------------------------------
 
 
-def bench_latency(cfg: dict[str, Any], nk: Any, rng: np.random.Generator, pr: Progress) -> list:
+def bench_latency(b: H.Bench, nk: Any, rng: np.random.Generator) -> list:
     rows: list[dict[str, Any]] = []
     for dtype in (np.float64, np.float32):
-        rows += _latency_rows(cfg, nk, rng, pr, np.dtype(dtype))
+        rows += _latency_rows(b, nk, rng, np.dtype(dtype))
     return rows
 
 
-def _latency_rows(
-    cfg: dict[str, Any], nk: Any, rng: np.random.Generator, pr: Progress, dtype: Any
-) -> list:
+def _latency_rows(b: H.Bench, nk: Any, rng: np.random.Generator, dtype: Any) -> list:
     N, L = 128, 16
     rows = []
     V = rng.standard_normal((N, L)).astype(dtype)
     h = rng.standard_normal(N).astype(dtype)
     g = rng.standard_normal(N).astype(dtype)
-    U, T, _ = cwy_factors(V, np)
+    U, T, _ = I.compact_wy().cwy_factors(V, np)
     Q = hl.cwy(V)
     Q @ h  # build and cache the factors
     y = nk.hprod(V, h)
     ref = h - U @ (T @ (U.T @ h))
     V3, H3, Y3 = V[None], h.reshape(1, N, 1), np.empty((1, N, 1), dtype)
     se = nk.SAFE_EXP[np.dtype(dtype)]
+    fp_kernel = I.entry_kernels()[0]
 
     def entry() -> Any:
-        nk._fp_kernel(V3, H3, Y3, False, False, se)
+        fp_kernel(V3, H3, Y3, False, False, se)
         return Y3[0, :, 0]
 
     fwd: dict[str, tuple[Callable[[], Any], bool]] = {
-        "numba entry kernel only (_fp_kernel, operands prepared)": (entry, False),
-        "numba kernel (_numba_kernels.hprod)": (lambda: nk.hprod(V, h), False),
+        ENTRY: (entry, False),
+        HPROD: (lambda: nk.hprod(V, h), False),
         "public hl.householder_apply (numba)": (lambda: hl.householder_apply(V, h), False),
         "precomputed CWY: h - U @ (T @ (U.T @ h))": (lambda: h - U @ (T @ (U.T @ h)), False),
         "prebuilt operator: Q @ h": (lambda: Q @ h, False),
@@ -225,7 +160,7 @@ def _latency_rows(
         ),
     }
     bwd: dict[str, tuple[Callable[[], Any], bool]] = {
-        "numba hgrad from h (_numba_kernels.hgrad)": (lambda: nk.hgrad(V, g, h=h), False),
+        "numba hgrad from h (kernel module hgrad)": (lambda: nk.hgrad(V, g, h=h), False),
         "numba hgrad from y": (lambda: nk.hgrad(V, g, y=y), False),
         "public hl.vjp.householder_apply (numba)": (
             lambda: hl.vjp.householder_apply(V, h, g),
@@ -238,12 +173,15 @@ def _latency_rows(
         "CWY VJP: hl.vjp.cwy_apply": (lambda: hl.vjp.cwy_apply(V, h, g), False),
     }
     for kind, methods in (("forward", fwd), ("vjp", bwd)):
-        for name, (fn, disable) in methods.items():
-            pr.step(f"latency {np.dtype(dtype).name} {name}")
-            ctx = numba_disabled() if disable else contextlib.nullcontext()
-            with ctx:
-                t = timeit(fn, cfg["sample_s"], cfg["repeats"])
-                out = fn()
+        times, outs = {}, {}
+        for disable in (False, True):
+            group = {k: fn for k, (fn, d) in methods.items() if d == disable}
+            label = f"latency {np.dtype(dtype).name} {kind}" + (" NumPy loop" if disable else "")
+            with I.numba_disabled() if disable else contextlib.nullcontext():
+                times.update(b.side_by_side(label, group))
+                outs.update({k: fn() for k, fn in group.items()})
+        for name in methods:
+            t, out = times[name], outs[name]
             diff = None
             if kind == "forward":
                 diff = float(np.max(np.abs(np.asarray(out, np.float64) - ref)))
@@ -265,7 +203,8 @@ def _latency_rows(
 # -- 2. crossover grid -------------------------------------------------------------------------
 
 
-def bench_grid(cfg: dict[str, Any], rng: np.random.Generator, pr: Progress) -> list:
+def bench_grid(b: H.Bench, cfg: dict[str, Any], rng: np.random.Generator) -> list:
+    hh = I.householder()
     rows = []
     for dname in cfg["grid_dtypes"]:
         dtype = np.dtype(dname)
@@ -280,13 +219,11 @@ def bench_grid(cfg: dict[str, Any], rng: np.random.Generator, pr: Progress) -> l
                 "cwy_prebuilt": lambda Q=Q, h=h: Q @ h,
             }
             row: dict[str, Any] = {"N": N, "L": L, "B": B, "dtype": dname}
-            for name, fn in methods.items():
-                pr.step(f"grid {dname} N={N} L={L} B={B} {name}")
-                row[name] = timeit(fn, cfg["sample_s"], cfg["repeats"])
+            row.update(b.side_by_side(f"grid {dname} N={N} L={L} B={B}", methods))
             # best-of ratios: on a loaded machine the minimum is the robust statistic
-            seq = row["sequential"]["best_s"]
-            row["ratio_seq_over_fresh"] = seq / row["cwy_fresh"]["best_s"]
-            row["ratio_seq_over_prebuilt"] = seq / row["cwy_prebuilt"]["best_s"]
+            seq = row["sequential"]["min_s"]
+            row["ratio_seq_over_fresh"] = seq / row["cwy_fresh"]["min_s"]
+            row["ratio_seq_over_prebuilt"] = seq / row["cwy_prebuilt"]["min_s"]
             med = row["sequential"]["median_s"]
             row["median_ratio_seq_over_fresh"] = med / row["cwy_fresh"]["median_s"]
             row["median_ratio_seq_over_prebuilt"] = med / row["cwy_prebuilt"]["median_s"]
@@ -314,7 +251,7 @@ def flop_counts(n: int, m: int) -> dict[str, int]:
     }
 
 
-def bench_flops(cfg: dict[str, Any], nk: Any, rng: np.random.Generator, pr: Progress) -> list:
+def bench_flops(b: H.Bench, cfg: dict[str, Any], nk: Any, rng: np.random.Generator) -> list:
     rows = []
     for n, m in cfg["flop_shapes"]:
         for dtype in (np.float64, np.float32):
@@ -322,13 +259,14 @@ def bench_flops(cfg: dict[str, Any], nk: Any, rng: np.random.Generator, pr: Prog
             h = rng.standard_normal(n).astype(dtype)
             g = rng.standard_normal(n).astype(dtype)
             y = nk.hprod(V, h, trapezoidal=True)
-            pr.step(f"flops n={n} m={m} FP")
-            tf = timeit(lambda V=V, h=h: nk.hprod(V, h, trapezoidal=True), **_tk(cfg))
-            pr.step(f"flops n={n} m={m} BP")
-            tb = timeit(
-                lambda V=V, g=g, y=y: nk.hgrad(V, g, y=y, trapezoidal=True),
-                **_tk(cfg),
+            t = b.side_by_side(
+                f"flops n={n} m={m} {np.dtype(dtype).name}",
+                {
+                    "fp": lambda V=V, h=h: nk.hprod(V, h, trapezoidal=True),
+                    "bp": lambda V=V, g=g, y=y: nk.hgrad(V, g, y=y, trapezoidal=True),
+                },
             )
+            tf, tb = t["fp"], t["bp"]
             c = flop_counts(n, m)
             rows.append(
                 {
@@ -338,28 +276,16 @@ def bench_flops(cfg: dict[str, Any], nk: Any, rng: np.random.Generator, pr: Prog
                     "fp": tf,
                     "bp": tb,
                     "flops": c,
-                    "gflops_fp_seed001": c["fp_seed001"] / tf["best_s"] / 1e9,
-                    "gflops_bp_seed001_regen": c["bp_seed001_regen"] / tb["best_s"] / 1e9,
-                    "gflops_fp_seed002": c["fp_seed002"] / tf["best_s"] / 1e9,
-                    "gflops_bp_seed002": c["bp_seed002"] / tb["best_s"] / 1e9,
+                    "gflops_fp_seed001": c["fp_seed001"] / tf["min_s"] / 1e9,
+                    "gflops_bp_seed001_regen": c["bp_seed001_regen"] / tb["min_s"] / 1e9,
+                    "gflops_fp_seed002": c["fp_seed002"] / tf["min_s"] / 1e9,
+                    "gflops_bp_seed002": c["bp_seed002"] / tb["min_s"] / 1e9,
                 }
             )
     return rows
 
 
-def _tk(cfg: dict[str, Any]) -> dict[str, Any]:
-    return {"sample_s": cfg["sample_s"], "repeats": cfg["repeats"]}
-
-
 # -- report ------------------------------------------------------------------------------------
-
-
-def machine_info() -> dict[str, Any]:
-    """The shared machine record plus the BLAS thread setting (the kernels are single-threaded,
-    the CWY side is not)."""
-    info = _machine_info()
-    info["openblas_num_threads"] = os.environ.get("OPENBLAS_NUM_THREADS")
-    return info
 
 
 def _us(s: float) -> str:
@@ -367,13 +293,12 @@ def _us(s: float) -> str:
 
 
 def report(res: dict[str, Any]) -> str:
-    m, jit = res["machine"], res["jit"]
+    jit, frac = res["jit"], res["load"].get("foreign_cpu_fraction")
     out = [
         "# Sequential Householder kernels vs compact WY",
         "",
-        f"machine: {m['cpu_model']}, {m['cpu_count']} cores, numpy {m['numpy']} ({m['blas']}), "
-        f"numba {jit.get('numba')}, load at start {m['loadavg_at_start']}, "
-        f"load at end {res.get('loadavg_at_end')}",
+        f"machine: {H.machine_line(res['machine'])}; numba {jit.get('numba')}; other load "
+        "during run " + ("?" if frac is None else f"{100 * frac:.0f}%"),
         "",
         f"JIT: importing the kernel module took {jit['import_s']:.2f} s here "
         f"(cache hits {jit.get('cache_hits')}, misses {jit.get('cache_misses')}); "
@@ -388,18 +313,15 @@ def report(res: dict[str, Any]) -> str:
     for r in res["latency"]:
         d = "" if r["max_abs_diff_vs_cwy"] is None else f"{r['max_abs_diff_vs_cwy']:.1e}"
         out.append(
-            f"| {r['dtype']} | {r['kind']} | {r['method']} | {_us(r['best_s'])} | "
+            f"| {r['dtype']} | {r['kind']} | {r['method']} | {_us(r['min_s'])} | "
             f"{_us(r['median_s'])} | {d} |"
         )
     out.append("")
     for dt in sorted({r["dtype"] for r in res["latency"]}):
         rows = {r["method"]: r for r in res["latency"] if r["dtype"] == dt}
-        c = rows["precomputed CWY: h - U @ (T @ (U.T @ h))"]["best_s"]
-        for label, name in (
-            ("entry kernel", "numba entry kernel only (_fp_kernel, operands prepared)"),
-            ("hprod (kernel + NumPy wrapper)", "numba kernel (_numba_kernels.hprod)"),
-        ):
-            k = rows[name]["best_s"]
+        c = rows["precomputed CWY: h - U @ (T @ (U.T @ h))"]["min_s"]
+        for label, name in (("entry kernel", ENTRY), ("hprod (kernel + NumPy wrapper)", HPROD)):
+            k = rows[name]["min_s"]
             out.append(
                 f"- {dt}, {label} / precomputed CWY (best of repeats) = {k / c:.2f}: target "
                 f"(no slower than CWY) {'met' if k <= c else 'NOT met'}"
@@ -449,23 +371,21 @@ def report(res: dict[str, Any]) -> str:
     ]
     for r in res["flops"]:
         out.append(
-            f"| {r['n']} | {r['m']} | {r['dtype']} | {_us(r['fp']['best_s'])} | "
-            f"{r['gflops_fp_seed001']:.2f} | {_us(r['bp']['best_s'])} | "
+            f"| {r['n']} | {r['m']} | {r['dtype']} | {_us(r['fp']['min_s'])} | "
+            f"{r['gflops_fp_seed001']:.2f} | {_us(r['bp']['min_s'])} | "
             f"{r['gflops_bp_seed001_regen']:.2f} | {r['gflops_bp_seed002']:.2f} | "
-            f"{r['bp']['best_s'] / r['fp']['best_s']:.2f} |"
+            f"{r['bp']['min_s'] / r['fp']['min_s']:.2f} |"
         )
     return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="small grid, a smoke test (< 30 s)")
-    ap.add_argument("--out", type=Path, default=None, help="output directory")
-    args = ap.parse_args(argv)
+    args = H.parser(__doc__, "small grid, a smoke test (< 30 s)").parse_args(argv)
     cfg = QUICK if args.quick else FULL
-    out_dir = args.out or ROOT / "benchmarks" / "results" / ("quick" if args.quick else "")
+    out_dir = H.out_dir(args)
     t0 = time.perf_counter()
-    res: dict[str, Any] = {"machine": machine_info(), "quick": args.quick, "config": cfg}
+    res: dict[str, Any] = {"machine": H.machine_info(), "quick": args.quick, "config": cfg}
+    monitor = H.LoadMonitor()
     nk, res["jit"] = load_kernels()
     if not nk.HAVE_NUMBA:
         print("numba is not installed: nothing to benchmark", file=sys.stderr)
@@ -474,22 +394,17 @@ def main(argv: list[str] | None = None) -> int:
         res["jit"]["cold_compile_s"] = cold_compile_s()
     rng = np.random.default_rng(0)
     n_grid = len(grid_shapes(cfg)) * 3 * len(cfg["grid_dtypes"])
-    pr = Progress(2 * 12 + n_grid + 4 * len(cfg["flop_shapes"]))
-    try:
-        res["latency"] = bench_latency(cfg, nk, rng, pr)
-        res["grid"] = bench_grid(cfg, rng, pr)
-        res["flops"] = bench_flops(cfg, nk, rng, pr)
-    finally:
-        pr.close()
-    res["loadavg_at_end"] = os.getloadavg()
+    with H.Bench(cfg["profile"], 2 * 12 + n_grid + 4 * len(cfg["flop_shapes"]), "sequential") as b:
+        res["latency"] = bench_latency(b, nk, rng)
+        res["grid"] = bench_grid(b, cfg, rng)
+        res["flops"] = bench_flops(b, cfg, nk, rng)
+    res["load"] = monitor.result(res["machine"]["cores_available"])
     res["wall_s"] = time.perf_counter() - t0
     text = report(res)
     print(text)
     print(f"\nwall time {res['wall_s']:.1f} s")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "sequential.json").write_text(json.dumps(res, indent=1, default=str))
-    (out_dir / "sequential.md").write_text(text + "\n")
-    print(f"wrote {out_dir / 'sequential.json'} and sequential.md")
+    H.write(out_dir / "sequential.json", res)
+    H.write(out_dir / "sequential.md", text)
     return 0
 
 

@@ -37,7 +37,8 @@ the run ≤ 3e-15 (float64) and ≤ 5e-7 (float32) for ours.
 
 Timing (Fig. 3(c, d)): time per iteration *excluding the gradient* (seed 004 footnote 7) vs n
 (m fixed) and vs m (n fixed), float64, the median of repeated calls of one update with a
-fixed X, G and state (one warm-up call first). Timings on a shared machine are noisy; on a
+fixed X, G and state: the four methods of one shape timed side by side, round-robin, after one
+warm-up call each (``benchmarks/_harness.py``). Timings on a shared machine are noisy; on a
 loaded 2-core machine threaded OpenBLAS stalls between consecutive small calls (see
 benchmarks/README.md), so the committed run uses ``OPENBLAS_NUM_THREADS=1`` (recorded in the
 machine line).
@@ -45,29 +46,16 @@ machine line).
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-import householderla as hl  # noqa: E402
-from benchmarks.retractions import machine_info, timeit  # noqa: E402
-
-try:  # tqdm is a bench extra; run silently without it
-    from tqdm import tqdm
-except ImportError:  # pragma: no cover
-    tqdm = None
+import householderla as hl
+from benchmarks import _harness as H
 
 FULL = {
     "n": 1000,
@@ -78,8 +66,7 @@ FULL = {
     "time_m_fixed": 16,
     "time_m": [4, 16, 64, 256],
     "time_n_fixed": 4096,
-    "min_total": 0.3,
-    "max_rep": 15,
+    "profile": H.Profile(sample_s=2e-3, min_total=0.3, max_total=2.0, max_rep=15),
 }
 QUICK = {
     "n": 200,
@@ -90,8 +77,7 @@ QUICK = {
     "time_m_fixed": 8,
     "time_m": [4, 16],
     "time_n_fixed": 1024,
-    "min_total": 0.05,
-    "max_rep": 5,
+    "profile": H.Profile(sample_s=0.0, min_total=0.05, max_total=0.5, max_rep=5),
 }
 TARGET = {"float64": 3e-15, "float32": 5e-7}
 
@@ -239,13 +225,12 @@ def bench_convergence(cfg: dict[str, Any]) -> list[dict[str, Any]]:
     A, f_star, X0 = problem(cfg["n"], cfg["m"])
     ms = methods()
     total = len(ms) * 2 * cfg["steps"]
-    bar = tqdm(total=total, desc="App. Q runs", file=sys.stderr) if tqdm else None
+    bar = H.progress(total, "App. Q runs", unit="step")
     rows = []
     for dtype in (np.float64, np.float32):
         for name, make in ms.items():
             rows.append(run(name, make(), A, f_star, X0, dtype, cfg, bar))
-    if bar is not None:
-        bar.close()
+    bar.close()
     return rows
 
 
@@ -256,21 +241,19 @@ def bench_time(cfg: dict[str, Any]) -> list[dict[str, Any]]:
     chosen = ["ours SGD η=0.1", "ours Adam η=1e-3", "Wen–Yin η=0.1", "Li et al. η=0.2"]
     ms = methods()
     rows = []
-    it = tqdm(shapes, desc="timing", file=sys.stderr) if tqdm else shapes
-    for n, m, sweep in it:
-        Q, R = np.linalg.qr(rng.standard_normal((n, m)))
-        X = Q * np.sign(np.diag(R))
-        G = 0.01 * rng.standard_normal((n, m))
-        for name in chosen:
-            opt = ms[name]()
-            state = opt.init(X)
-            X1, state = opt.update(X, G, state)  # a state after one step (momenta ≠ 0)
-            t = timeit(
-                lambda opt=opt, X1=X1, G=G, state=state: opt.update(X1, G, state),
-                cfg["min_total"],
-                cfg["max_rep"],
-            )
-            rows.append({"sweep": sweep, "n": n, "m": m, "method": name, **t})
+    with H.Bench(cfg["profile"], len(shapes) * len(chosen), "timing") as b:
+        for n, m, sweep in shapes:
+            Q, R = np.linalg.qr(rng.standard_normal((n, m)))
+            X = Q * np.sign(np.diag(R))
+            G = 0.01 * rng.standard_normal((n, m))
+            fns = {}
+            for name in chosen:
+                opt = ms[name]()
+                state = opt.init(X)
+                X1, state = opt.update(X, G, state)  # a state after one step (momenta ≠ 0)
+                fns[name] = lambda opt=opt, X1=X1, G=G, state=state: opt.update(X1, G, state)
+            t = b.side_by_side(f"time per step n={n} m={m}", fns)
+            rows += [{"sweep": sweep, "n": n, "m": m, "method": k, **t[k]} for k in chosen]
     return rows
 
 
@@ -278,11 +261,11 @@ def bench_time(cfg: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def report(res: dict[str, Any]) -> str:
-    m, cfg = res["machine"], res["config"]
+    cfg, frac = res["config"], res["load"].get("foreign_cpu_fraction")
     out = [
-        f"machine: {m['cpu_model']}, {m['cpu_count']} cores, numpy {m['numpy']} ({m['blas']}), "
-        f"load at start {m['loadavg_at_start']}, BLAS threads env "
-        f"{m.get('blas_threads_env') or 'default'} (shared machine: timings are noisy)",
+        f"machine: {H.machine_line(res['machine'])}; BLAS threads env "
+        f"{res['machine']['thread_env'] or 'default'}; other load during run "
+        + ("?" if frac is None else f"{100 * frac:.0f}%"),
         "",
         f"## App. Q: n = {cfg['n']}, m = {cfg['m']}, {cfg['steps']} steps",
         "",
@@ -322,15 +305,8 @@ def report(res: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def plots(res: dict[str, Any], out_dir: Path) -> list[str]:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:  # pragma: no cover
-        return []
-    written = []
+def plots(res: dict[str, Any], out_dir: Path) -> None:
+    plt = H.pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(12, 8), sharex=True)
     for j, dt in enumerate(("float64", "float32")):
         for r in (r for r in res["convergence"] if r["dtype"] == dt):
@@ -346,11 +322,7 @@ def plots(res: dict[str, Any], out_dir: Path) -> list[str]:
         axes[1, j].set_xlabel("iteration")
     axes[0, 0].legend(fontsize=7)
     fig.suptitle(f"App. Q, n = {res['config']['n']}, m = {res['config']['m']}")
-    fig.tight_layout()
-    p = out_dir / "stiefel_convergence.png"
-    fig.savefig(p, dpi=100)
-    plt.close(fig)
-    written.append(p.name)
+    H.save_figure(fig, out_dir / "stiefel_convergence.png", dpi=100)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, sweep, var in ((axes[0], "n", "n"), (axes[1], "m", "m")):
         for name in sorted({r["method"] for r in res["time"]}):
@@ -361,38 +333,29 @@ def plots(res: dict[str, Any], out_dir: Path) -> list[str]:
         ax.set_ylabel("seconds per iteration")
         ax.set_title(f"time vs {var} ({'m' if sweep == 'n' else 'n'} = {fixed})")
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    p = out_dir / "stiefel_time.png"
-    fig.savefig(p, dpi=100)
-    plt.close(fig)
-    written.append(p.name)
-    return written
+    H.save_figure(fig, out_dir / "stiefel_time.png", dpi=100)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes, a smoke test (< 40 s)")
-    ap.add_argument("--out", type=Path, default=None, help="output directory")
+    ap = H.parser(__doc__, "small sizes, a smoke test (< 40 s)")
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args(argv)
     cfg = QUICK if args.quick else FULL
-    out_dir = args.out or ROOT / "benchmarks" / "results" / ("quick" if args.quick else "")
+    out_dir = H.out_dir(args)
     t0 = time.perf_counter()
-    res: dict[str, Any] = {"machine": machine_info(), "quick": args.quick, "config": cfg}
-    threads = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-    res["machine"]["blas_threads_env"] = {k: os.environ[k] for k in threads if k in os.environ}
+    res: dict[str, Any] = {"machine": H.machine_info(), "quick": args.quick, "config": cfg}
+    monitor = H.LoadMonitor()
     res["convergence"] = bench_convergence(cfg)
     res["time"] = bench_time(cfg)
+    res["load"] = monitor.result(res["machine"]["cores_available"])
     res["wall_s"] = time.perf_counter() - t0
     text = report(res)
     print(text)
     print(f"\nwall time {res['wall_s']:.1f} s")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "stiefel.json").write_text(json.dumps(res, indent=1, default=str))
-    (out_dir / "stiefel.md").write_text(text + "\n")
-    written = [] if args.no_plots else plots(res, out_dir)
-    shown = out_dir.relative_to(ROOT) if out_dir.is_relative_to(ROOT) else out_dir
-    print(f"wrote {shown}/stiefel.json, stiefel.md" + "".join(f", {w}" for w in written))
+    H.write(out_dir / "stiefel.json", res)
+    H.write(out_dir / "stiefel.md", text)
+    if not args.no_plots:
+        plots(res, out_dir)
     return 0
 
 

@@ -10,55 +10,43 @@ Tables:
 
 1. *Apply* y = Q h for V (n, m) lower trapezoidal, n ∈ {256, 512, 1024}, m ∈ {n/4, n/2,
    n − 1} (quick: n ∈ {256, 512}, m ∈ {n/4, n − 1}), B ∈ {1, 64}, from prebuilt factors
-   (U, T): the dense products (:func:`householderla._compact_wy.lowrank_apply`), the blocked
-   products that skip the zeros
-   (:func:`householderla._structured.lowrank_apply`, ours), SciPy BLAS ``trmm`` for the
+   (U, T): the dense products (``lowrank_apply`` of the package's compact-WY kernels), the
+   blocked products that skip the zeros (``lowrank_apply`` of its trapezoidal kernels, ours;
+   both private, imported through ``benchmarks/_internals.py``), SciPy BLAS ``trmm`` for the
    triangles + GEMM for the rest (a reference implementation written here, 2-D NumPy only),
    ``hl.cwy(V) @ h`` as dispatched (structure "auto"), and dense / blocked on torch tensors.
    Achieved GFLOP/s are against seed 001 Table 2's forward count (4n − m + 2)·m·B for every
    method, so they are inverse times on one scale; the dense products spend 4nmB + 2m²B.
 2. *Backward* of the apply (the oRNN VJP's core, from prebuilt factors): dense
-   (``lowrank_vjp`` + ``factors_vjp``) vs blocked (:func:`householderla._structured.apply_vjp`);
+   (``lowrank_vjp`` + ``factors_vjp``) vs blocked (the trapezoidal kernels' ``apply_vjp``);
    GFLOP/s against Table 2's BP count (7n − 2m + 3)·m·B.
 3. *Forming Q* from LAPACK's reflectors (``torch.geqrf``) at n ∈ {256, 512, 1024}:
    ``hl.cwy(V).matrix()`` structured (orgqr-style blocked) vs dense (one-shot I − U T Uᵀ,
    ``structure="dense"``, factors included) vs ``torch.linalg.householder_product`` (LAPACK
    orgqr); GFLOP/s against orgqr's 4n³/3.
 
-Timing: every method of one row is warmed up, then timed round-robin (one call each per
-round, ``rounds`` rounds), so that background load hits all methods alike; the table shows the
-median, the JSON all times and the minimum. Timings on a shared machine are noisy: the load
+Timing (``benchmarks/_harness.py``): every method of one row is warmed up, then timed
+round-robin (one sample each per round, ``rounds`` rounds, loops per sample calibrated to
+≥ 1 ms), so that background load hits all methods alike; the table shows the median, the
+JSON all times and the minimum. Timings on a shared machine are noisy: the load
 other processes put on the CPU during the run is stored and printed.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
-import sys
-import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import array_api_compat as aac
+import numpy as np
+import scipy.linalg.blas as blas
 
-import array_api_compat as aac  # noqa: E402
-import numpy as np  # noqa: E402
-import scipy.linalg.blas as blas  # noqa: E402
+import householderla as hl
+from benchmarks import _harness as H
+from benchmarks import _internals as I
 
-import householderla as hl  # noqa: E402
-from benchmarks.run import LoadMonitor, machine_info  # noqa: E402
-from householderla import _compact_wy as K  # noqa: E402
-from householderla import _structured as S  # noqa: E402
-
-try:
-    from tqdm import tqdm
-except ImportError:  # pragma: no cover
-    tqdm = None
+K = I.compact_wy()  # dense CWY kernels (private)
+S = I.trapezoidal()  # blocked lower-trapezoidal kernels (private)
 
 FULL = {
     "apply_ns": [256, 512, 1024],
@@ -67,6 +55,7 @@ FULL = {
     "dtypes": ["float64", "float32"],
     "form_ns": [256, 512, 1024],
     "rounds": 15,
+    "sample_s": 1e-3,
 }
 QUICK = {
     "apply_ns": [256, 512],
@@ -75,6 +64,7 @@ QUICK = {
     "dtypes": ["float64"],
     "form_ns": [256, 512],
     "rounds": 5,
+    "sample_s": 0.0,
 }
 
 XP_NP = aac.array_namespace(np.empty(0))
@@ -85,20 +75,9 @@ def ms(n: int, cfg: dict[str, Any]) -> list[int]:
     return [n - 1 if (p, q) == (1, 1) else n * p // q for p, q in cfg["apply_m_fracs"]]
 
 
-def round_robin(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, dict[str, Any]]:
-    """Warm up every method, then time one call of each per round."""
-    for fn in fns.values():
-        fn()
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            s = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - s)
-    return {
-        k: {"median_s": statistics.median(t), "min_s": min(t), "times_s": t}
-        for k, t in times.items()
-    }
+def profile(cfg: dict[str, Any], rounds: int | None = None) -> H.Profile:
+    r = rounds or cfg["rounds"]
+    return H.Profile(sample_s=cfg["sample_s"], min_total=0.0, max_total=60.0, min_rep=r, max_rep=r)
 
 
 def trmm_apply(U: np.ndarray, T: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
@@ -139,7 +118,7 @@ def _apply_methods(
     }
 
 
-def bench_apply(cfg: dict[str, Any], rng: np.random.Generator, bar: Any) -> list[dict]:
+def bench_apply(b: H.Bench, cfg: dict[str, Any], rng: np.random.Generator) -> list[dict]:
     import torch
 
     xp_t = aac.array_namespace(torch.empty(0))
@@ -161,7 +140,7 @@ def bench_apply(cfg: dict[str, Any], rng: np.random.Generator, bar: Any) -> list
                         for k, f in fns.items()
                         if k != "dense"
                     }
-                    res = round_robin(fns, cfg["rounds"])
+                    res = b.side_by_side(f"apply {dtype} n={n} m={m} B={B}", fns)
                     table2 = (4 * n - m + 2) * m * B
                     dense_flops = 4 * n * m * B + 2 * m * m * B
                     for k, r in res.items():
@@ -181,11 +160,10 @@ def bench_apply(cfg: dict[str, Any], rng: np.random.Generator, bar: Any) -> list
                                 **r,
                             }
                         )
-                    bar.update(1)
     return rows
 
 
-def bench_vjp(cfg: dict[str, Any], rng: np.random.Generator, bar: Any) -> list[dict]:
+def bench_vjp(b: H.Bench, cfg: dict[str, Any], rng: np.random.Generator) -> list[dict]:
     rows = []
     for n in cfg["apply_ns"]:
         for m in ms(n, cfg):
@@ -204,9 +182,11 @@ def bench_vjp(cfg: dict[str, Any], rng: np.random.Generator, bar: Any) -> list[d
                         U, T, r, h, g, XP_NP
                     ),
                 }
-                a, b = dense(), fns["blocked (ours)"]()
-                diff = max(float(np.max(np.abs(a[0] - b[0]))), float(np.max(np.abs(a[1] - b[1]))))
-                res = round_robin(fns, cfg["rounds"])
+                d1, d2 = dense(), fns["blocked (ours)"]()
+                diff = max(
+                    float(np.max(np.abs(d1[0] - d2[0]))), float(np.max(np.abs(d1[1] - d2[1])))
+                )
+                res = b.side_by_side(f"vjp n={n} m={m} B={B}", fns)
                 table2 = (7 * n - 2 * m + 3) * m * B
                 for k, t in res.items():
                     rows.append(
@@ -222,17 +202,10 @@ def bench_vjp(cfg: dict[str, Any], rng: np.random.Generator, bar: Any) -> list[d
                             **t,
                         }
                     )
-                bar.update(1)
     return rows
 
 
-def orth_err(Q: Any) -> float:
-    Q = np.asarray(Q, dtype=np.float64)
-    E = Q.T @ Q - np.eye(Q.shape[1])
-    return float(np.sqrt(np.sum(E * E)))
-
-
-def bench_form(cfg: dict[str, Any], rng: np.random.Generator, bar: Any) -> list[dict]:
+def bench_form(b: H.Bench, cfg: dict[str, Any], rng: np.random.Generator) -> list[dict]:
     import torch
 
     rows = []
@@ -249,7 +222,7 @@ def bench_form(cfg: dict[str, Any], rng: np.random.Generator, bar: Any) -> list[
             ),
         }
         ref = fns["torch.linalg.householder_product (orgqr)"]().numpy()
-        res = round_robin(fns, max(3, cfg["rounds"] // 3))
+        res = b.side_by_side(f"form n={n}", fns, min_rep=max(3, cfg["rounds"] // 3))
         flops = 4 * n**3 / 3
         for k, t in res.items():
             Q = np.asarray(fns[k]())
@@ -259,12 +232,11 @@ def bench_form(cfg: dict[str, Any], rng: np.random.Generator, bar: Any) -> list[
                     "method": k,
                     "flops_orgqr": flops,
                     "gflops": flops / t["median_s"] / 1e9,
-                    "orth_err": orth_err(Q),
+                    "orth_err": H.orth_err(Q),
                     "max_abs_diff_vs_orgqr": float(np.max(np.abs(Q - ref))),
                     **t,
                 }
             )
-        bar.update(1)
     return rows
 
 
@@ -273,15 +245,12 @@ def _t(s: float) -> str:
 
 
 def report(res: dict[str, Any]) -> str:
-    m = res["machine"]
-    load = res["load"]
-    frac = load.get("foreign_cpu_fraction")
+    frac = res["load"].get("foreign_cpu_fraction")
     out = [
         "# Structured (lower-trapezoidal) CWY benchmark",
         "",
-        f"machine: {m['cpu_model']}, {m['cores_available']} cores, numpy {m['numpy']}, "
-        f"torch {m.get('torch')}, threads env {m['thread_env'] or 'default'}; other processes "
-        f"used {'?' if frac is None else f'{100 * frac:.0f}'}% of the CPU during the run",
+        f"machine: {H.machine_line(res['machine'])}; other processes used "
+        f"{'?' if frac is None else f'{100 * frac:.0f}'}% of the CPU during the run",
         "(timings on a shared machine are noisy; medians of round-robin repeats)",
         "",
         "## 1. Apply y = Q h (prebuilt factors); GFLOP/s against seed 001 Table 2 (4n − m + 2)·m·B",
@@ -324,39 +293,26 @@ def report(res: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes, a smoke test")
-    ap.add_argument("--out", type=Path, default=None, help="output directory")
-    args = ap.parse_args(argv)
+    args = H.parser(__doc__).parse_args(argv)
     cfg = QUICK if args.quick else FULL
-    out_dir = args.out or ROOT / "benchmarks" / "results" / ("quick" if args.quick else "")
+    out_dir = H.out_dir(args)
     rng = np.random.default_rng(0)
     rows = len(cfg["apply_ns"]) * len(cfg["apply_m_fracs"]) * len(cfg["apply_bs"])
-    total = (len(cfg["dtypes"]) + 1) * rows + len(cfg["form_ns"])
-    bar = tqdm(total=total, file=sys.stderr, unit="row") if tqdm else _Silent()
-    info = machine_info()
-    mon = LoadMonitor()
+    total = (len(cfg["dtypes"]) * 6 + 2) * rows + 3 * len(cfg["form_ns"])
+    info = H.machine_info()
+    mon = H.LoadMonitor()
     res: dict[str, Any] = {"machine": info, "quick": args.quick, "config": cfg}
-    res["apply"] = bench_apply(cfg, rng, bar)
-    res["vjp"] = bench_vjp(cfg, rng, bar)
-    res["form"] = bench_form(cfg, rng, bar)
-    bar.close()
-    res["load"] = mon.result(info["cores_available"] or 1)
+    with H.Bench(profile(cfg), total, "structured") as b:
+        res["apply"] = bench_apply(b, cfg, rng)
+        res["vjp"] = bench_vjp(b, cfg, rng)
+        res["form"] = bench_form(b, cfg, rng)
+    res["load"] = mon.result(info["cores_available"])
     text = report(res)
     print(text)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "structured.json").write_text(json.dumps(res, indent=1, default=str))
-    (out_dir / "structured.md").write_text(text + "\n")
-    print(f"\nwrote {out_dir / 'structured.json'} and structured.md")
+    print()
+    H.write(out_dir / "structured.json", res)
+    H.write(out_dir / "structured.md", text)
     return 0
-
-
-class _Silent:  # pragma: no cover - without tqdm
-    def update(self, n: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 if __name__ == "__main__":

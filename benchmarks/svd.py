@@ -26,38 +26,35 @@ local forward pass with structured reflectors, (4n(m₁+m₂) − 2m₁² − 2m
 (6n(m₁+m₂) − 1.5m₁² − 1.5m₂²)·B for the VJP row. GFLOP/s = flops / median time, for both
 counts.
 
-Timing: one warm-up call, then the median of 3..max_rep calls (≥ min_total seconds
-together). The machine's load during the run is stored (other processes on a 2-core VM make
+Timing (``benchmarks/_harness.py``): the methods of one (N, dtype) timed side by side,
+round-robin, after one warm-up call each; the median of 3..max_rep samples (≥ min_total
+seconds together). The machine's load during the run is stored (other processes on a 2-core VM make
 BLAS timings noisy by up to 2×; see benchmarks/README.md).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import numpy as np
 
-import numpy as np  # noqa: E402
+import householderla as hl
+from benchmarks import _harness as H
+from householderla.svd import svd_householder, svd_householder_apply_vjp
 
-import householderla as hl  # noqa: E402
-from benchmarks.retractions import timeit  # noqa: E402
-from benchmarks.run import LoadMonitor, machine_info  # noqa: E402
-from householderla.svd import svd_householder, svd_householder_apply_vjp  # noqa: E402
-
-try:  # tqdm is a bench extra; fall back to no progress bar without it
-    from tqdm import tqdm
-except ImportError:  # pragma: no cover
-    tqdm = None
-
-FULL = {"N": [128, 256, 512, 1024], "B": 64, "min_total": 0.3, "max_rep": 15, "seq_max_N": 1024}
-QUICK = {"N": [64, 128], "B": 16, "min_total": 0.05, "max_rep": 5, "seq_max_N": 128}
+FULL = {
+    "N": [128, 256, 512, 1024],
+    "B": 64,
+    "profile": H.Profile(sample_s=2e-3, min_total=0.3, max_total=3.0, max_rep=15),
+    "seq_max_N": 1024,
+}
+QUICK = {
+    "N": [64, 128],
+    "B": 16,
+    "profile": H.Profile(sample_s=0.0, min_total=0.05, max_total=0.5, max_rep=5),
+    "seq_max_N": 128,
+}
 METHODS = [
     "ours: build + apply",
     "ours: apply",
@@ -96,7 +93,7 @@ def executed_flops(N: int, k: int, B: int) -> dict[str, float]:
     }
 
 
-def bench(cfg: dict[str, Any], rng: np.random.Generator, bar: Any) -> list[dict[str, Any]]:
+def bench(b: H.Bench, cfg: dict[str, Any], rng: np.random.Generator) -> list[dict[str, Any]]:
     rows = []
     B = cfg["B"]
     for N in cfg["N"]:
@@ -134,8 +131,8 @@ def bench(cfg: dict[str, Any], rng: np.random.Generator, bar: Any) -> list[dict[
             scale = float(np.max(np.abs(ref)))
             t1 = table1(N, N, N, B)
             flops = executed_flops(N, N, B)
+            times = b.side_by_side(f"N={N} {np.dtype(dtype).name}", fns)
             for name in METHODS:
-                bar.set_description(f"N={N} {np.dtype(dtype).name} {name}"[:48])
                 if name not in fns:
                     rows.append(
                         {
@@ -145,10 +142,9 @@ def bench(cfg: dict[str, Any], rng: np.random.Generator, bar: Any) -> list[dict[
                             "skipped": "N > seq_max_N (pure-Python loop of 2N steps)",
                         }
                     )
-                    bar.update(1)
+                    b.step(f"N={N} {name} skipped")
                     continue
-                fn = fns[name]
-                t = timeit(fn, cfg["min_total"], cfg["max_rep"])
+                fn, t = fns[name], times[name]
                 out = fn()
                 err = None
                 if name != "ours: VJP":
@@ -169,7 +165,6 @@ def bench(cfg: dict[str, Any], rng: np.random.Generator, bar: Any) -> list[dict[
                         **t,
                     }
                 )
-                bar.update(1)
     return rows
 
 
@@ -178,11 +173,10 @@ def _fmt_t(s: float) -> str:
 
 
 def report(res: dict[str, Any]) -> str:
-    m = res["machine"]
     load = res["load"]
     frac = load.get("foreign_cpu_fraction")
     lines = [
-        f"machine: {m['cpu_model']}, {m['cpu_count']} cores, numpy {m['numpy']}, "
+        f"machine: {H.machine_line(res['machine'])}; "
         f"loadavg {load.get('loadavg_start')} -> {load.get('loadavg_end')}, "
         f"other processes used {'?' if frac is None else f'{100 * frac:.0f}%'} of the CPU",
         "",
@@ -211,39 +205,20 @@ def report(res: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes, a smoke test")
-    ap.add_argument("--out", type=Path, default=None, help="output directory")
-    args = ap.parse_args(argv)
+    args = H.parser(__doc__).parse_args(argv)
     cfg = QUICK if args.quick else FULL
-    out_dir = args.out or ROOT / "benchmarks" / "results" / ("quick" if args.quick else "")
+    out_dir = H.out_dir(args)
     rng = np.random.default_rng(0)
-    monitor = LoadMonitor()
-    res: dict[str, Any] = {"machine": machine_info(), "quick": args.quick, "config": cfg}
-    total = len(cfg["N"]) * 2 * len(METHODS)
-    if tqdm is not None:
-        bar = tqdm(total=total, file=sys.stderr, unit="meas", dynamic_ncols=True)
-    else:  # pragma: no cover
-
-        class _NoBar:
-            def set_description(self, _: str) -> None: ...
-            def update(self, _: int) -> None: ...
-            def close(self) -> None: ...
-
-        bar = _NoBar()
-    try:
-        res["rows"] = bench(cfg, rng, bar)
-    finally:
-        bar.close()
-    res["load"] = monitor.result(res["machine"].get("cores_available") or 1)
+    monitor = H.LoadMonitor()
+    res: dict[str, Any] = {"machine": H.machine_info(), "quick": args.quick, "config": cfg}
+    with H.Bench(cfg["profile"], len(cfg["N"]) * 2 * len(METHODS), "svd") as b:
+        res["rows"] = bench(b, cfg, rng)
+    res["load"] = monitor.result(res["machine"]["cores_available"])
     text = report(res)
     print(text)
     print(f"\nwall time {res['load']['wall_s']:.1f} s")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "svd.json").write_text(json.dumps(res, indent=1, default=str))
-    (out_dir / "svd.md").write_text(text + "\n")
-    shown = out_dir.relative_to(ROOT) if out_dir.is_relative_to(ROOT) else out_dir
-    print(f"wrote {shown}/svd.json and {shown}/svd.md")
+    H.write(out_dir / "svd.json", res)
+    H.write(out_dir / "svd.md", text)
     return 0
 
 

@@ -9,7 +9,8 @@ cores; writes ``benchmarks/results/training_step.{json,md,png}``) or
 One step is ``loss = ⟨G, layer(x)⟩; loss.backward()`` for x of shape (B, N), B = 64, with the
 gradient buffers cleared before each step: the parametrization's forward (forming W or not),
 the layer's product and the whole backward to the trainable parameters. Rows, measured side
-by side in one run (warm-up call, then the median of an adaptive number of repeats):
+by side in one run (``benchmarks/_harness.py``: the methods of one N timed round-robin after
+a warm-up call each, the median of an adaptive number of samples):
 
 * ``hl CWY weight``: ``hl.torch.orthogonal(Linear(N, N), map="cwy")`` — W = I − U T Uᵀ
   formed (2·N²·L + N·L² flops, L = N), then x Wᵀ; backward by the explicit CWY VJPs.
@@ -25,29 +26,19 @@ the ratios (measured in one run, interleaved per N) are what to read.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import torch
+from torch.nn.utils import parametrizations
 
-import torch  # noqa: E402
-from torch.nn.utils import parametrizations  # noqa: E402
+import householderla as hl
+import householderla.torch as hlt
+from benchmarks import _harness as H
 
-import householderla as hl  # noqa: E402
-import householderla.torch as hlt  # noqa: E402
-from benchmarks.retractions import machine_info as _machine_info  # noqa: E402
-from benchmarks.retractions import timeit  # noqa: E402
-
-FULL = {"N": [128, 256, 512, 1024], "B": 64, "min_total": 0.5, "max_rep": 10}
-QUICK = {"N": [128, 256], "B": 64, "min_total": 0.2, "max_rep": 7}
+FULL = {"N": [128, 256, 512, 1024], "B": 64, "profile": H.Profile(min_total=0.5, max_rep=10)}
+QUICK = {"N": [128, 256], "B": 64, "profile": H.Profile(min_total=0.2, max_rep=7)}
 
 
 def _orth_err(W: torch.Tensor) -> float:
@@ -114,31 +105,27 @@ def geotorch_status() -> str:
     return "measured"  # pragma: no cover
 
 
-def machine_info() -> dict[str, Any]:
-    """The shared machine record plus torch's version and thread count."""
-    info = _machine_info()
-    info.update(torch=torch.__version__, torch_threads=torch.get_num_threads())
-    return info
-
-
 def run(cfg: dict[str, Any], progress: bool = True) -> list[dict[str, Any]]:
     rows = []
-    jobs = [(N, name) for N in cfg["N"] for name in make_steps(8, 2)]
-    bar: Any = jobs
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(jobs, desc="training step", unit="case")
-    steps: dict[str, Any] = {}
-    current = None
-    for N, name in bar:
-        if N != current:
-            steps, current = make_steps(N, cfg["B"]), N
-        if progress:
-            bar.set_postfix(N=N, method=name)
-        step, weight = steps[name]
-        t = timeit(step, cfg["min_total"], cfg["max_rep"])
-        rows.append({"N": N, "B": cfg["B"], "method": name, "orth_err": _orth_err(weight()), **t})
+    names = list(make_steps(8, 2))
+    total = len(cfg["N"]) * len(names) if progress else 0
+    with H.Bench(cfg["profile"], total, "training step", unit="case") as b:
+        for N in cfg["N"]:
+            steps = make_steps(N, cfg["B"])
+            if progress:
+                t = b.side_by_side(f"N={N}", {k: step for k, (step, _) in steps.items()})
+            else:
+                t = H.measure({k: step for k, (step, _) in steps.items()}, cfg["profile"])
+            for name, (_, weight) in steps.items():
+                rows.append(
+                    {
+                        "N": N,
+                        "B": cfg["B"],
+                        "method": name,
+                        "orth_err": _orth_err(weight()),
+                        **t[name],
+                    }
+                )
     for r in rows:
         ref = next(
             x["median_s"] for x in rows if x["N"] == r["N"] and x["method"] == "hl CWY weight"
@@ -148,15 +135,16 @@ def run(cfg: dict[str, Any], progress: bool = True) -> list[dict[str, Any]]:
 
 
 def report_md(res: dict[str, Any]) -> str:
-    m = res["machine"]
+    m, load = res["machine"], res["load"]
+    frac = load.get("foreign_cpu_fraction")
     methods = list(dict.fromkeys(r["method"] for r in res["rows"]))
     lines = [
         "# Training step: forward + backward of an orthogonal N×N layer (float32, CPU)",
         "",
-        f"Machine: {m['cpu_model']}, {m['cpu_count']} cores, torch {m['torch']} "
-        f"({m['torch_threads']} threads), load average {m['loadavg_at_start']} at start, "
-        f"{res['loadavg_at_end']} at end; batch B = {res['config']['B']}; "
-        f"geotorch: {res['geotorch']}. Other jobs shared the CPU: read the ratios.",
+        f"Machine: {H.machine_line(m)}; torch {m['torch_threads']} threads; load average "
+        f"{load['loadavg_start']} at start, {load['loadavg_end']} at end, other processes used "
+        f"{'?' if frac is None else f'{100 * frac:.0f}%'} of the CPU; batch B = "
+        f"{res['config']['B']}; geotorch: {res['geotorch']}. Read the ratios.",
         "",
         "Median time per step (ms); in brackets, time / `hl CWY weight`.",
         "",
@@ -180,12 +168,8 @@ def report_md(res: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(res: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(res: dict[str, Any], path: Any) -> None:
+    plt = H.pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for meth in dict.fromkeys(r["method"] for r in res["rows"]):
         rs = [r for r in res["rows"] if r["method"] == meth]
@@ -200,15 +184,11 @@ def plot(res: dict[str, Any], path: Path) -> None:
     ax.minorticks_off()
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    H.save_figure(fig, path, dpi=110)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes, a smoke test (< 40 s)")
-    ap.add_argument("--out", type=Path, default=None, help="output directory")
+    ap = H.parser(__doc__, "small sizes, a smoke test (< 40 s)")
     ap.add_argument("--no-progress", action="store_true", help="no tqdm bar")
     ap.add_argument(
         "--threads", type=int, default=None, help="torch intra-op threads (default: torch's)"
@@ -217,23 +197,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     cfg = QUICK if args.quick else FULL
-    out_dir = args.out or ROOT / "benchmarks" / "results" / ("quick" if args.quick else "")
+    out_dir = H.out_dir(args)
     t0 = time.perf_counter()
-    res: dict[str, Any] = {"machine": machine_info(), "quick": args.quick, "config": cfg}
+    res: dict[str, Any] = {"machine": H.machine_info(), "quick": args.quick, "config": cfg}
+    monitor = H.LoadMonitor()
     res["geotorch"] = geotorch_status()
     res["rows"] = run(cfg, progress=not args.no_progress)
-    res["loadavg_at_end"] = os.getloadavg()
+    res["load"] = monitor.result(res["machine"]["cores_available"])
     res["wall_s"] = time.perf_counter() - t0
     text = report_md(res)
     print(text)
     print(f"wall time {res['wall_s']:.1f} s")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "training_step.json").write_text(json.dumps(res, indent=1, default=str))
-    (out_dir / "training_step.md").write_text(text)
+    H.write(out_dir / "training_step.json", res)
+    H.write(out_dir / "training_step.md", text)
     plot(res, out_dir / "training_step.png")
-    for name in ("json", "md", "png"):
-        path = out_dir / f"training_step.{name}"
-        print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
     return 0
 
 

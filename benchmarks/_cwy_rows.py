@@ -1,0 +1,238 @@
+"""Rows (a) CWY apply, (d) VJP and the apply-efficiency plot of the headline run
+(``python -m benchmarks.run``); not a script. Imports the harness and the public API only."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.linalg as sla
+
+import householderla as hl
+from benchmarks import _harness as H
+from benchmarks._internals import numba_disabled
+
+
+# -- flop models (useful flops; README "Method") -----------------------------------------------
+def fl_apply(N: int, L: int, B: int) -> float:
+    return 4.0 * N * L * B + L * L * B
+
+
+def fl_two_gemm(N: int, L: int, B: int) -> float:
+    return 4.0 * N * L * B
+
+
+def fl_build(N: int, L: int) -> float:
+    return N * L * L + L**3 / 3.0
+
+
+def fl_vjp(N: int, L: int, B: int) -> float:
+    return fl_build(N, L) + 8.0 * N * L * B + 2.0 * N * L * L
+
+
+def blas_stall_check(b: H.Bench) -> dict[str, Any]:
+    """Back-to-back BLAS calls: on small VMs threaded OpenBLAS can stall for whole scheduler
+    ticks between consecutive calls (a GEMM followed by a triangular solve is the pattern of
+    our build), which inflates every multi-call routine, ours and the anchors' alike; measured
+    so that a run records whether it was affected (README "Method")."""
+    m = 256
+    rng = np.random.default_rng(1)
+    A = rng.standard_normal((m, m))
+    S, eye = np.triu(A) / m + np.eye(m), np.eye(m)
+
+    def trsm() -> Any:
+        return sla.solve_triangular(S, eye, check_finite=False)
+
+    one = b.time(f"BLAS stall check N={m} (GEMM)", lambda: A @ A)["median_s"]
+    tri = b.time(f"BLAS stall check N={m} (trsm)", trsm)["median_s"]
+    two = b.time(f"BLAS stall check N={m} (GEMM+trsm)", lambda: (A @ A, trsm()))["median_s"]
+    return {
+        "blas_pair_check": {"n": m, "gemm_s": one, "trsm_s": tri, "gemm_then_trsm_s": two},
+        "blas_back_to_back_stall_s": max(0.0, two - one - tri),
+    }
+
+
+def built(op: Any) -> Any:
+    """``op`` with its factors U and T computed (operators compute them on first use)."""
+    op.U  # noqa: B018 - property access forces the factors
+    op.T_factor  # noqa: B018
+    return op
+
+
+def _numpy_loop(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` with the Numba kernels switched off (the Array API loop of reflections)."""
+    with numba_disabled():
+        return fn(*args)
+
+
+def time_sequential(
+    b: H.Bench, label: str, fn_of_l: Callable[[int], Any], L: int, skip_s: float
+) -> dict[str, Any]:
+    """Time ``fn_of_l(L)`` whose cost is linear in L (sequential reflections) after a pilot
+    with ≤ 32 reflectors: skipped, with the reason noted, when one call is predicted to take
+    longer than ``skip_s``; a long call (≥ max_total) uses the pilot as its warm-up."""
+    lp = min(L, 32)
+    pilot = math.inf
+    for _ in range(2):  # a second pilot when the first may have paid a first-call cost (JIT)
+        s = time.perf_counter()
+        fn_of_l(lp)
+        pilot = min(pilot, time.perf_counter() - s)
+        if pilot < 0.05:
+            break
+    est = pilot * L / lp
+    if est > skip_s:
+        b.note(
+            f"[skip] {label}: one run predicted at {est:.1f} s "
+            f"(pilot {lp} reflectors: {pilot:.3f} s) > {skip_s:.0f} s"
+        )
+        b.step(label)
+        return {"skipped": True, "predicted_s": est, "reason": "predicted single run too long"}
+    long = est >= b.prof.max_total
+    r = b.time(label, lambda: fn_of_l(L), warmup=not long, max_total=3.0)
+    r.update(predicted_s=est, skipped=False)
+    if long:
+        r["warmup_s"] = "pilot"
+    return r
+
+
+def bench_apply(b: H.Bench, cfg: Any, gflops64: float) -> list[dict[str, Any]]:
+    """(a) CWY apply vs the two GEMMs of the same shapes vs sequential reflections."""
+    rng = np.random.default_rng(2)
+    rows = []
+    for N in cfg.apply_ns:
+        for frac in cfg.apply_l_fracs:
+            L = max(1, N // frac)
+            V = rng.standard_normal((N, L))
+            Ur = rng.standard_normal((N, L))
+            build = b.time(f"build N={N} L={L}", lambda V=V: built(hl.cwy(V)))
+            Q = built(hl.cwy(V))
+            for B in cfg.apply_bs:
+                H_ = rng.standard_normal((N, B))
+                tag = f"N={N} L={L} B={B}"
+                t = b.side_by_side(
+                    f"cwy apply vs 2 GEMMs {tag}",
+                    {
+                        "cwy": lambda Q=Q, H_=H_: Q @ H_,
+                        "two_gemm": lambda Ur=Ur, H_=H_: Ur @ (Ur.T @ H_),
+                    },
+                )
+                t_cwy, t_g2 = t["cwy"], t["two_gemm"]
+                t_seq = time_sequential(
+                    b,
+                    f"sequential {tag}",
+                    lambda k, V=V, H_=H_: hl.householder_apply(V[:, :k], H_),
+                    L,
+                    cfg.seq_skip_s,
+                )
+                t_seq_np = time_sequential(
+                    b,
+                    f"sequential NumPy loop {tag}",
+                    lambda k, V=V, H_=H_: _numpy_loop(hl.householder_apply, V[:, :k], H_),
+                    L,
+                    cfg.seq_skip_s,
+                )
+                err = None
+                if not t_seq.get("skipped"):
+                    err = float(np.max(np.abs(Q @ H_ - hl.householder_apply(V, H_))))
+                cw, g2 = t_cwy["median_s"], t_g2["median_s"]
+                sq = None if t_seq.get("skipped") else t_seq["median_s"]
+                rows.append(
+                    {
+                        "N": N,
+                        "L": L,
+                        "B": B,
+                        "build": build,
+                        "cwy_apply": t_cwy,
+                        "two_gemm": t_g2,
+                        "sequential": t_seq,
+                        "sequential_numpy_loop": t_seq_np,
+                        "ratio_cwy_over_two_gemm": cw / g2,
+                        "speedup_cwy_vs_sequential": None if sq is None else sq / cw,
+                        "gemm_eff_cwy_apply": fl_apply(N, L, B) / cw / 1e9 / gflops64,
+                        "gemm_eff_two_gemm": fl_two_gemm(N, L, B) / g2 / 1e9 / gflops64,
+                        "gemm_eff_build": fl_build(N, L) / build["median_s"] / 1e9 / gflops64,
+                        "gemm_eff_sequential": None
+                        if sq is None
+                        else fl_two_gemm(N, L, B) / sq / 1e9 / gflops64,
+                        "max_abs_diff_cwy_vs_sequential": err,
+                    }
+                )
+    return rows
+
+
+def bench_vjp(b: H.Bench, cfg: Any, gflops64: float) -> dict[str, Any]:
+    """(d) explicit VJP of (V, H) ↦ cwy(V) @ H vs the forward from V."""
+    N, L, B = cfg.vjp_shape
+    rng = np.random.default_rng(5)
+    V, H_, G = (rng.standard_normal(s) for s in ((N, L), (N, B), (N, B)))
+    t = b.side_by_side(
+        f"VJP vs forward N={N} L={L} B={B}",
+        {"forward": lambda: hl.cwy(V) @ H_, "vjp": lambda: hl.vjp.cwy_apply(V, H_, G)},
+    )
+    fwd, vjp = t["forward"], t["vjp"]
+    return {
+        "N": N,
+        "L": L,
+        "B": B,
+        "forward_from_v": fwd,
+        "vjp": vjp,
+        "ratio_vjp_over_forward": vjp["median_s"] / fwd["median_s"],
+        "gemm_eff_forward": (fl_build(N, L) + fl_apply(N, L, B)) / fwd["median_s"] / 1e9 / gflops64,
+        "gemm_eff_vjp": fl_vjp(N, L, B) / vjp["median_s"] / 1e9 / gflops64,
+    }
+
+
+def bench_efficiency(b: H.Bench, cfg: Any, gflops64: float) -> list[dict[str, Any]]:
+    """CWY apply GEMM efficiency vs L and B at fixed N (plot ii)."""
+    N = cfg.eff_n
+    rng = np.random.default_rng(7)
+    rows = []
+    for L in cfg.eff_ls:
+        V = rng.standard_normal((N, L))
+        Ur = rng.standard_normal((N, L))
+        Q = built(hl.cwy(V))
+        for B in cfg.eff_bs:
+            H_ = rng.standard_normal((N, B))
+            t = b.side_by_side(
+                f"eff N={N} L={L} B={B}",
+                {"cwy": lambda Q=Q, H_=H_: Q @ H_, "2gemm": lambda Ur=Ur, H_=H_: Ur @ (Ur.T @ H_)},
+            )
+            c, g = t["cwy"]["median_s"], t["2gemm"]["median_s"]
+            rows.append(
+                {
+                    "N": N,
+                    "L": L,
+                    "B": B,
+                    "cwy_apply_s": c,
+                    "two_gemm_s": g,
+                    "gemm_eff_cwy_apply": fl_apply(N, L, B) / c / 1e9 / gflops64,
+                    "gemm_eff_two_gemm": fl_two_gemm(N, L, B) / g / 1e9 / gflops64,
+                }
+            )
+    return rows
+
+
+def plot_efficiency(rows: list[dict[str, Any]], path: Path, mline: str) -> None:
+    plt = H.pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.8))
+    Bs = sorted({r["B"] for r in rows})
+    Ls = sorted({r["L"] for r in rows})
+    for i, B in enumerate(Bs):
+        sub = sorted((r for r in rows if r["B"] == B), key=lambda r: r["L"])
+        x = [r["L"] for r in sub]
+        ax.plot(x, [100 * r["gemm_eff_cwy_apply"] for r in sub], "o-", color=f"C{i}",
+                label=f"CWY apply, B={B}")  # fmt: skip
+        ax.plot(x, [100 * r["gemm_eff_two_gemm"] for r in sub], ":", color=f"C{i}", alpha=0.7,
+                label=f"two GEMMs, B={B}")  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(Ls, [str(x) for x in Ls])
+    ax.set_xlabel("L (number of reflectors)")
+    ax.set_ylabel("GEMM efficiency [% of the float64 GEMM rate]")
+    ax.set_title(f"CWY apply efficiency, N={rows[0]['N']}, float64", fontsize=11)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    H.save_figure(fig, path, mline)

@@ -1,0 +1,446 @@
+"""The one shared module of the benchmark scripts: timing, machine record, ratio rows,
+writers, plots and the progress bar (README "Harness" and "Method").
+
+Scripts import this module, householderla's public API and, where they must,
+``benchmarks._internals`` (every private import); never another script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import gc
+import importlib.metadata
+import json
+import math
+import os
+import statistics
+import sys
+import textwrap
+import time
+import timeit
+import tracemalloc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run from a checkout without installing
+    sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+from threadpoolctl import threadpool_info, threadpool_limits  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+VERSIONS = "householderla numpy scipy torch jax numba geoopt pyperf threadpoolctl".split()
+
+
+# -- command line and files --------------------------------------------------------------------
+def parser(doc: str | None, quick: str = "small sizes, a smoke test") -> argparse.ArgumentParser:
+    """The options every script takes: ``--quick`` and ``--out DIR``."""
+    p = argparse.ArgumentParser(description=(doc or "").strip().splitlines()[0])
+    p.add_argument("--quick", action="store_true", help=quick)
+    p.add_argument("--out", type=Path, help="results folder (default: benchmarks/results[/quick])")
+    return p
+
+
+def out_dir(args: argparse.Namespace) -> Path:
+    d = args.out or ROOT / "benchmarks" / "results" / ("quick" if args.quick else "")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def shown(path: Path) -> str:
+    full = Path(path).resolve()
+    return str(full.relative_to(ROOT) if full.is_relative_to(ROOT) else path)
+
+
+def jsonable(x: Any) -> Any:
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return jsonable(dataclasses.asdict(x))
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    return x if isinstance(x, (str, int, float, bool, type(None))) else str(x)
+
+
+def write(path: Path, content: Any) -> None:
+    """Write ``content``: a string as it is, anything else as JSON (see :func:`jsonable`)."""
+    if not isinstance(content, str):
+        content = json.dumps(jsonable(content), indent=1, ensure_ascii=False)
+    path.write_text(content.rstrip("\n") + "\n", encoding="utf-8")
+    print(f"wrote {shown(path)}")
+
+
+# -- progress ----------------------------------------------------------------------------------
+def progress(total: int, desc: str = "", unit: str = "meas") -> Any:
+    """A tqdm bar on stderr (stdout keeps the tables)."""
+    return tqdm(total=total, desc=desc, file=sys.stderr, unit=unit, dynamic_ncols=True)
+
+
+# -- timing ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Profile:
+    """How long one measurement takes: loops per sample calibrated so that a sample takes
+    ≥ ``sample_s`` (0: one call per sample), then ``min_rep``..``max_rep`` samples taking
+    ≥ ``min_total`` seconds together, cut to ``max_total`` (1 sample for longer calls)."""
+
+    sample_s: float = 0.0
+    min_total: float = 0.2
+    max_total: float = 2.0
+    min_rep: int = 3
+    max_rep: int = 30
+
+
+class _Enough(Exception):
+    pass
+
+
+def calibrate(timer: timeit.Timer, target_s: float) -> tuple[int, float]:
+    """Loops per sample by :meth:`timeit.Timer.autorange` (1, 2, 5, 10, 20, … loops until a
+    sample takes ≥ 0.2 s), stopped through its callback as soon as a sample takes
+    ≥ ``target_s`` when that is shorter. Returns (loops, seconds of that sample)."""
+    found: list[tuple[int, float]] = []
+
+    def enough(number: int, taken: float) -> None:
+        if taken >= target_s:
+            found.append((number, taken))
+            raise _Enough
+
+    try:
+        return timer.autorange(enough)
+    except _Enough:
+        return found[0]
+
+
+def measure(
+    fns: dict[str, Callable[[], Any]], prof: Profile, *, warmup: bool = True
+) -> dict[str, dict[str, Any]]:
+    """Time the methods of one row side by side (see the module docstring). Returns per method
+    ``median_s`` and ``min_s`` per call, ``times_s`` (every sample), ``repeats``, ``loops``,
+    ``warmup_s``."""
+    timers = {k: timeit.Timer(f) for k, f in fns.items()}
+    warm: dict[str, float | None] = {}
+    loops: dict[str, int] = {}
+    sample: dict[str, float] = {}
+    for k, t in timers.items():
+        warm[k] = t.timeit(1) if warmup else None  # first call: caches, JIT, lazy factors
+        est = math.inf if warm[k] is None else warm[k]
+        if est < prof.max_total:
+            est = t.timeit(1)  # steady state
+        if prof.sample_s > 0 and est < prof.sample_s:
+            loops[k], sample[k] = calibrate(t, prof.sample_s)
+        else:
+            loops[k], sample[k] = 1, est
+    reps = prof.max_rep
+    for s in sample.values():
+        if s >= prof.max_total:
+            reps = 1
+            break
+        r = min(max(prof.min_rep, math.ceil(prof.min_total / max(s, 1e-9))), prof.max_rep)
+        reps = max(1, min(reps, r, int(prof.max_total // max(s, 1e-9))))
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(reps):
+        for k, t in timers.items():
+            times[k].append(t.timeit(loops[k]) / loops[k])
+    out = {k: {"median_s": statistics.median(v), "min_s": min(v)} for k, v in times.items()}
+    for k, o in out.items():
+        o.update(repeats=reps, loops=loops[k], warmup_s=warm[k], times_s=times[k])
+    return out
+
+
+class Bench:
+    """A progress bar (one step per timed method) with the timing profile and the notes of a
+    run. ``with Bench(...) as b:`` closes the bar."""
+
+    def __init__(self, prof: Profile, total: int, desc: str = "", unit: str = "meas") -> None:
+        self.prof = prof
+        self.bar = progress(total, desc, unit)
+        self.notes: list[str] = []
+
+    def __enter__(self) -> Bench:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.bar.close()
+
+    def step(self, label: str, n: int = 1) -> None:
+        self.bar.set_description(label[:48])
+        self.bar.update(n)
+
+    def note(self, msg: str) -> None:
+        self.notes.append(msg)
+        self.bar.write(msg, file=sys.stderr)
+
+    def side_by_side(
+        self, label: str, fns: dict[str, Callable[[], Any]], **kw: Any
+    ) -> dict[str, dict[str, Any]]:
+        """:func:`measure` with this run's profile (``max_total=``, ``warmup=`` override)."""
+        self.bar.set_description(label[:48])
+        warmup = kw.pop("warmup", True)
+        res = measure(fns, dataclasses.replace(self.prof, **kw), warmup=warmup)
+        self.step(label, len(fns))
+        return res
+
+    def time(self, label: str, fn: Callable[[], Any], **kw: Any) -> dict[str, Any]:
+        return self.side_by_side(label, {"": fn}, **kw)[""]  # one method
+
+
+# -- machine -----------------------------------------------------------------------------------
+def _version(name: str) -> str | None:
+    if name == "householderla":  # the imported one (a checkout may differ from the installed)
+        return sys.modules["householderla"].__version__ if name in sys.modules else None
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def machine_info() -> dict[str, Any]:
+    """The machine record every script stores (see the module docstring)."""
+    import pyperf
+
+    meta = pyperf.Run([1.0], collect_metadata=True).get_metadata()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    info: dict[str, Any] = {
+        "hostname": meta.get("hostname"),
+        "cpu_model": meta.get("cpu_model_name"),
+        "cpu_count": os.cpu_count(),
+        "cores_available": cores,
+        "python": meta.get("python_version"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "loadavg_at_start": _loadavg(),
+        "thread_env": {
+            k: os.environ[k]
+            for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+            if k in os.environ
+        },
+        **{name: _version(name) for name in VERSIONS},
+        "pyperf_metadata": meta,
+    }
+    blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]  # numpy >= 2 (required)
+    info["numpy_blas"] = {k: blas.get(k) for k in ("name", "version", "openblas configuration")}
+    info["threadpools"] = threadpool_info()  # BLAS / OpenMP libraries loaded, their threads
+    if "torch" in sys.modules:
+        info["torch_threads"] = sys.modules["torch"].get_num_threads()
+    return info
+
+
+def limit_threads(n: int) -> str:
+    """Limit torch (``set_num_threads``) and every BLAS/OpenMP pool loaded so far
+    (threadpoolctl) to ``n`` threads for the rest of the process; says what was done."""
+    threadpool_limits(limits=n)
+    if "torch" not in sys.modules:
+        return f"{n} thread (threadpoolctl)"
+    sys.modules["torch"].set_num_threads(n)
+    return f"{n} thread (threadpoolctl, torch.set_num_threads)"
+
+
+def machine_line(m: dict[str, Any], gemm: dict[str, Any] | None = None, extra: str = "") -> str:
+    """One line naming the machine: CPU, cores, thread settings, libraries, GEMM rate, date."""
+    blas = m.get("numpy_blas") or {}
+    blas_s = f"{blas.get('name')} {blas.get('version')}" if blas else "unknown BLAS"
+    env = "".join(f", {k}={v}" for k, v in (m.get("thread_env") or {}).items())
+    line = (
+        f"{m['cpu_model']}, {m['cores_available']} cores{env}; numpy {m['numpy']} ({blas_s}), "
+        f"scipy {m['scipy']}, torch {m.get('torch')}"
+    )
+    if gemm:
+        line += (
+            f"; GEMM N={gemm['n']}: {gemm['float64']:.0f} GFLOP/s float64, "
+            f"{gemm['float32']:.0f} GFLOP/s float32"
+        )
+    return line + (f"; {extra}" if extra else "") + f"; {m['date']}"
+
+
+def _loadavg() -> tuple[float, ...] | None:
+    return tuple(round(x, 2) for x in os.getloadavg()) if hasattr(os, "getloadavg") else None
+
+
+def _cpu_busy_s() -> float | None:
+    """Busy CPU seconds of the whole machine since boot (all cores; /proc/stat)."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = v[3] + (v[4] if len(v) > 4 else 0)
+    return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+class LoadMonitor:
+    """CPU time other processes used while we ran: benchmarks on a shared machine are only
+    as good as this number (threaded BLAS stalls when a core is taken)."""
+
+    def __init__(self) -> None:
+        self.load_start = _loadavg()
+        self.wall0, self.busy0 = time.perf_counter(), _cpu_busy_s()
+        t = os.times()
+        self.own0 = t.user + t.system
+
+    def result(self, ncores: int | None = None) -> dict[str, Any]:
+        ncores = ncores or os.cpu_count() or 1
+        wall, busy1 = time.perf_counter() - self.wall0, _cpu_busy_s()
+        t = os.times()
+        own = t.user + t.system - self.own0
+        out = {"loadavg_start": self.load_start, "loadavg_end": _loadavg(), "own_cpu_s": own}
+        out["wall_s"] = wall
+        if self.busy0 is not None and busy1 is not None:
+            foreign = max(0.0, (busy1 - self.busy0) - own)
+            out["foreign_cpu_s"] = foreign
+            out["foreign_cpu_fraction"] = foreign / (wall * ncores)
+        return out
+
+
+def load_warning(load: dict[str, Any]) -> str | None:
+    frac = load.get("foreign_cpu_fraction") or 0.0
+    if frac > 0.1:
+        return (
+            f"warning: other processes used {100 * frac:.0f}% of the machine's CPU during the "
+            "run; rerun on an idle machine for trustworthy timings"
+        )
+    return None
+
+
+def gemm_rates(bench: Bench, n: int) -> dict[str, Any]:
+    """GEMM rate ``A @ B`` (N×N, float64 and float32) in GFLOP/s (2N³ flops)."""
+    rng = np.random.default_rng(1)
+    out: dict[str, Any] = {"n": n}
+    for name, dt in (("float64", np.float64), ("float32", np.float32)):
+        A, B = (rng.standard_normal((n, n)).astype(dt) for _ in range(2))
+        t = bench.time(f"GEMM {name} N={n}", lambda A=A, B=B: A @ B)["median_s"]
+        out[name], out[f"{name}_time_s"] = 2.0 * n**3 / t / 1e9, t
+    return out
+
+
+# -- ratio rows and tables ---------------------------------------------------------------------
+@dataclass
+class Row:
+    """One line of a ratio table: a measure, its anchor and ours side by side (cells as
+    text), and the raw numbers behind them in ``data``."""
+
+    measure: str
+    anchor: str
+    anchor_value: str
+    ours: str
+    ratio: str
+    target: str
+    met: str
+    gemm_efficiency: str = "—"
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+RATIO_COLUMNS = [
+    ("measure", "measure"),
+    ("anchor", "anchor"),
+    ("anchor time", "anchor_value"),
+    ("ours", "ours"),
+    ("ratio", "ratio"),
+    ("target", "target"),
+    ("met", "met"),
+]
+
+
+def ratio_row(
+    measure: str, anchor: str, t_anchor: float, t_ours: float, target: float, **data: Any
+) -> Row:
+    """A time-ratio row ours / anchor with the target "≤ target×"."""
+    r = t_ours / t_anchor
+    return Row(
+        measure,
+        anchor,
+        fmt_t(t_anchor),
+        fmt_t(t_ours),
+        f"{r:.2f}×",
+        f"≤ {target:g}×",
+        "yes" if r <= target else "NO",
+        data={"anchor_s": t_anchor, "ours_s": t_ours, "ratio": r, "target": target, **data},
+    )
+
+
+def _cells(rows: list[Row], columns: list[tuple[str, str]]) -> list[list[str]]:
+    return [[str(getattr(r, k)) for _, k in columns] for r in rows]
+
+
+def table_text(rows: list[Row], columns: list[tuple[str, str]] = RATIO_COLUMNS) -> str:
+    cells = [[h for h, _ in columns], *_cells(rows, columns)]
+    w = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    lines = []
+    for j, row in enumerate(cells):
+        lines.append("  ".join(x.ljust(w[i]) for i, x in enumerate(row)).rstrip())
+        if j == 0:
+            lines.append("  ".join("-" * x for x in w))
+    return "\n".join(lines)
+
+
+def table_markdown(
+    rows: list[Row], mline: str, quick: bool, columns: list[tuple[str, str]] = RATIO_COLUMNS
+) -> str:
+    """``**Machine:** …`` then the table (the format of headline.md, which the README embeds)."""
+    out = [f"**Machine:** {mline}" + ("  *(--quick sizes)*" if quick else ""), ""]
+    out.append("| " + " | ".join(h for h, _ in columns) + " |")
+    out.append("|" + "|".join("---" for _ in columns) + "|")
+    for row in _cells(rows, columns):
+        out.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
+    return "\n".join(out) + "\n"
+
+
+def fmt_t(s: float | None) -> str:
+    if s is None:
+        return "—"
+    if s < 1e-3:
+        return f"{s * 1e6:.{0 if s >= 1e-5 else 1}f} µs"
+    return f"{s * 1e3:.2f} ms" if s < 1.0 else f"{s:.2f} s"
+
+
+# -- plots -------------------------------------------------------------------------------------
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: Path, mline: str | None = None, dpi: int = 130) -> None:
+    """Save and close ``fig``, with the machine line in small grey type at the bottom."""
+    if mline:
+        fig.text(0.01, 0.005, textwrap.fill(mline, 150), fontsize=5.5, color="gray")
+        fig.tight_layout(rect=(0, 0.035, 1, 1))
+    else:
+        fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+    print(f"wrote {shown(path)}")
+
+
+# -- small helpers shared by several scripts ---------------------------------------------------
+def orth_err(Q: Any) -> float:
+    """‖QᵀQ − I‖_F computed in float64."""
+    Q = np.asarray(Q, dtype=np.float64)
+    E = Q.T @ Q - np.eye(Q.shape[1])
+    return float(np.sqrt(np.sum(E * E)))
+
+
+def peak_bytes(fn: Callable[[], Any]) -> int:
+    """Peak bytes newly allocated while ``fn`` runs (tracemalloc; NumPy buffers are traced,
+    LAPACK workspaces are not)."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        out = fn()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    del out
+    return int(peak - base)
