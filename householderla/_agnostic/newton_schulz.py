@@ -15,7 +15,6 @@ after k steps. The derivation is in ``docs/theory/retractions.rst``. Every funct
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
@@ -27,119 +26,34 @@ from .._lib.jit import host, jit_for, kernel_namespace, select
 from .._lib.linalg import eye_like
 from .._lib.namespace import accumulation_dtype_for, device_of, mT
 from .._lib.tracing import is_eager
+from .ns_bounds import (
+    LAZY_ITERS,
+    LAZY_RESTART_ITERS,
+    MAX_ITERS,
+    NEVER,
+    centre_scale,
+    counts,
+    eig_bounds,
+    phi,
+    plan_float,
+    power_bound,
+    power_of_two_scale,
+    spectral_bounds,
+    stage_plan,
+)
 from .retraction import gram, polar_vjp
 
-#: More iterations than this and the eager path falls back to QR + SVD (κ(XᵀX) ≳ 60).
-MAX_ITERS = 10
-#: Fixed first-pass count when values cannot be inspected (under ``jax.jit``): enough for
-#: max|1 − s²λ| ≤ 0.65 after centring in float64 (κ(XᵀX) ≲ 4.8), ≤ 0.8 for float32 input
-#: computed in float64 (κ ≲ 9); the a posteriori residual check sends the rest to QR + SVD.
-LAZY_ITERS = 6
-#: Fixed restart count under ``jax.jit`` (certifies a restart from ‖QᵀQ − I‖ up to ~1e-4).
-LAZY_RESTART_ITERS = 2
-_NEVER = float(MAX_ITERS + 1)  # the count of an element that does not converge
-
-
-def phi(r: Any) -> Any:
-    """One Newton–Schulz step on the scalar residual: r ↦ ¾r² + ¼r³."""
-    return 0.75 * r * r + 0.25 * r * r * r
-
-
-def _shifted(A: Any, c0: Any, xp: Any) -> tuple[Any, Any]:
-    """(E/m, m) for E = A − c₀I and m = max|E| per matrix (1 where E = 0): norms and powers
-    of E/m cannot overflow, whatever c₀."""
-    eye = eye_like(xp, A.shape[-1], A.dtype, device_of(A))
-    E = A - c0[..., None, None] * eye
-    m = xp.max(xp.abs(E), axis=(-2, -1))
-    m = xp.where(m > 0, m, xp.ones_like(m))
-    return E / m[..., None, None], m
-
-
-def spectral_bounds(A: Any, c0: Any, xp: Any) -> tuple[Any, Any, Any]:
-    """Bounds lo ≤ λ_min(A), hi ≥ λ_max(A) for symmetric A (..., M, M), in O(M²), and a
-    lower bound ρ₋ ≤ ρ(A − c₀I).
-
-    Gershgorin's discs intersected with [c₀ − δ, c₀ + δ], δ = ‖A − c₀I‖_F ≥ ‖A − c₀I‖₂ (c₀ has
-    the batch shape; c₀ = 1 for the unscaled XᵀX). The discs lie inside [c₀ − δ∞, c₀ + δ∞],
-    δ∞ = ‖A − c₀I‖_∞, so both cheap norms of A − c₀I bound the spectral radius. Conversely
-    ρ(E) ≥ max|e_ii| (Rayleigh quotients) and ρ(E) ≥ ‖E‖_F/√M.
-    """
-    eye = eye_like(xp, A.shape[-1], A.dtype, device_of(A))
-    d = xp.sum(A * eye, axis=-1)
-    radius = xp.sum(xp.abs(A), axis=-1) - xp.abs(d)
-    En, m = _shifted(A, c0, xp)
-    fro = xp.sqrt(xp.sum(En * En, axis=(-2, -1)))
-    delta = m * fro
-    lo = xp.maximum(xp.min(d - radius, axis=-1), c0 - delta)
-    hi = xp.minimum(xp.max(d + radius, axis=-1), c0 + delta)
-    diag = xp.max(xp.abs(xp.sum(En * eye, axis=-1)), axis=-1)
-    return lo, hi, m * xp.maximum(diag, fro / math.sqrt(A.shape[-1]))
-
-
-def power_bound(A: Any, c0: Any, xp: Any) -> Any:
-    """b ≥ ρ(A − c₀I) from ρ(E) ≤ ‖E^{2^j}‖_∞^{1/2^j}, j = 1, 2, 3 (three M × M products,
-    one Newton–Schulz iteration's worth): for tangent steps at M = 256…1024 the ∞- and
-    Frobenius norms of E overestimate ρ(E) 3–7×, ‖E⁸‖_∞^{1/8} by 1.2× (measured)."""
-    En, m = _shifted(A, c0, xp)
-    bounds = []
-    P = En
-    for j in range(1, 4):
-        P = P @ P
-        bounds.append(xp.max(xp.sum(xp.abs(P), axis=-1), axis=-1) ** (0.5**j))
-    return m * xp.minimum(xp.minimum(bounds[0], bounds[1]), bounds[2])
-
-
-@functools.cache
-def _thresholds(tol: float) -> tuple[float, ...]:
-    """t_j = φ^{-j}(tol), j = 0..MAX_ITERS − 1: φ^j(ρ) ≤ tol ⟺ ρ ≤ t_j (φ increasing on
-    [0, 1)), so the count is a vector comparison. φ^{-1} by bisection on [0, 1]."""
-    out = [tol]
-    for _ in range(MAX_ITERS - 1):
-        y, a, b = out[-1], 0.0, 1.0
-        for _ in range(80):
-            m = 0.5 * (a + b)
-            a, b = (m, b) if phi(m) <= y else (a, m)
-        out.append(a)
-    return tuple(out)
-
-
-def counts(lo: Any, hi: Any, sq: Any, tol: float, xp: Any) -> Any:
-    """Newton–Schulz steps that certify residual ≤ ``tol`` on spec(A) ⊂ [lo, hi] after scaling
-    by ``sq`` (= s²), per batch element, as a float array (MAX_ITERS + 1 = never).
-
-    r₀ ∈ [1 − hi·s², 1 − lo·s²]; φ is increasing in |r| on each side of 0, so the worst first
-    residual is ρ₁ = max(φ(1 − lo·s²), φ(1 − hi·s²)), valid when −2 < r₀ < 1 (λ·s² ∈ (0, 3));
-    then k = 1 + #{j : ρ₁ > φ^{-j}(tol)}.
-    """
-    p, q = 1.0 - lo * sq, 1.0 - hi * sq
-    r0 = xp.maximum(xp.abs(p), xp.abs(q))
-    ok = (lo > 0) & (q > -2.0)
-    pc, qc = (xp.minimum(xp.maximum(r, -4.0), 1.0) for r in (p, q))  # no overflow in φ
-    r1 = xp.where(ok, xp.maximum(phi(pc), phi(qc)), xp.ones_like(p))
-    t = xp.asarray(_thresholds(tol), dtype=p.dtype, device=device_of(p))
-    k = 1.0 + xp.sum(xp.astype(r1[..., None] > t, p.dtype), axis=-1)
-    k = xp.where(ok, k, xp.full_like(p, _NEVER))
-    return xp.where(r0 <= tol, xp.zeros_like(p), k)
-
-
-def centre_scale(lo: Any, hi: Any, xp: Any) -> Any:
-    """s with s²·(lo + hi)/2 ≈ 1, rounded to 8 significant bits so that s² is exact (then
-    scaling X by s only rounds each entry: no systematic error in the 1/√c of the result)."""
-    mid = 0.5 * (xp.maximum(lo, 0.0) + hi)
-    mid = xp.where(mid > 0, mid, xp.ones_like(mid))
-    s = 1.0 / xp.sqrt(mid)
-    e = xp.floor(xp.log2(s))
-    return xp.round(s * 2.0 ** (8.0 - e)) * 2.0 ** (e - 8.0)
-
-
-def power_of_two_scale(X: Any, xp: Any) -> Any:
-    """p = 2^{-e} per matrix, e = ⌊log₂ max|X|⌋ (1 for X = 0; |e| capped so that p² is
-    finite): scaling by it is exact, and after it |x_ij| < 2, so XᵀX neither overflows nor
-    underflows. Shape (...)."""
-    m = xp.max(xp.abs(X), axis=(-2, -1))
-    e = xp.floor(xp.log2(xp.where(m > 0, m, xp.ones_like(m))))
-    cap = float(math.floor(math.log2(float(xp.finfo(X.dtype).max)) / 2) - 2)  # p² finite
-    return 2.0 ** (-xp.minimum(xp.maximum(e, -cap), cap))
+__all__ = [
+    "LAZY_ITERS",
+    "MAX_ITERS",
+    "counts",
+    "ns_delta",
+    "phi",
+    "polar_backward",
+    "polar_forward",
+    "polar_impl",
+    "polar_qr_svd",
+]
 
 
 def _stage_gram(xp: Any, Xw: Any) -> tuple[Any, Any]:
@@ -160,45 +74,6 @@ def _stage_power(xp: Any, A: Any, p: Any, lo: Any, hi: Any) -> tuple[Any, Any]:
     c0 = p * p
     b = power_bound(A, c0, xp)
     return xp.maximum(lo, c0 - b), xp.minimum(hi, c0 + b)
-
-
-def _stage_plan(xp: Any, lo: Any, hi: Any, p: Any, tol: float) -> tuple[Any, Any]:
-    """Per element: the scale s of the prescaled X and the certified count. s = 1/p (X
-    itself, "unscaled") unless centring, s²(lo + hi)/2 ≈ 1, saves iterations."""
-    su = 1.0 / p
-    sc = centre_scale(lo, hi, xp)
-    ku = counts(lo, hi, su * su, tol, xp)
-    kc = counts(lo, hi, sc * sc, tol, xp)
-    unscaled = ku <= kc
-    return xp.where(unscaled, su, sc), xp.where(unscaled, ku, kc)
-
-
-def _count_float(lo: float, hi: float, sq: float, tol: float) -> float:
-    """:func:`counts` for one matrix, in Python floats."""
-    p, q = 1.0 - lo * sq, 1.0 - hi * sq
-    if max(abs(p), abs(q)) <= tol:
-        return 0.0
-    if not (lo > 0 and q > -2.0):
-        return _NEVER
-    r1 = max(phi(min(max(p, -4.0), 1.0)), phi(min(max(q, -4.0), 1.0)))
-    return 1.0 + sum(1.0 for t in _thresholds(tol) if r1 > t)
-
-
-def _centre_scale_float(lo: float, hi: float) -> float:
-    """:func:`centre_scale` for one matrix, in Python floats (``round`` is half-to-even in
-    both)."""
-    mid = 0.5 * (max(lo, 0.0) + hi)
-    s = 1.0 / math.sqrt(mid if mid > 0 else 1.0)
-    e = math.floor(math.log2(s))
-    return round(s * 2.0 ** (8.0 - e)) * 2.0 ** (e - 8.0)
-
-
-def plan_float(lo: float, hi: float, p: float, tol: float) -> tuple[float, float]:
-    """:func:`_stage_plan` for one matrix in Python floats: the eager single-matrix call
-    (an optimizer step) plans in ~5 µs instead of ~60 µs of 0-d array operations."""
-    su, sc = 1.0 / p, _centre_scale_float(lo, hi)
-    ku, kc = _count_float(lo, hi, su * su, tol), _count_float(lo, hi, sc * sc, tol)
-    return (su, ku) if ku <= kc else (sc, kc)
 
 
 def ns_delta(E: Any, k: int, xp: Any) -> Any:
@@ -312,13 +187,6 @@ def _check_rank(sv: Any, xp: Any, N: int, eps: float) -> None:
         )
 
 
-def _eig_bounds(A: Any, lo: Any, hi: Any, xp: Any, eps: float) -> tuple[Any, Any]:
-    """Tighten [lo, hi] with the eigenvalues of A (eager path, when the cheap bounds fail)."""
-    ev = xp.linalg.eigvalsh(A)
-    margin = A.shape[-1] * eps * xp.abs(ev[..., -1])
-    return xp.maximum(lo, ev[..., 0] - margin), xp.minimum(hi, ev[..., -1] + margin)
-
-
 def _tolerances(work: Any, out: Any, restart: bool, xp: Any) -> tuple[float, float]:
     """(first-pass tolerance, restart tolerance) on the per-eigenvalue residual."""
     eps_w = float(xp.finfo(work).eps)
@@ -347,7 +215,7 @@ def polar_impl(
     eps_w = float(xp.finfo(work).eps)
     split = _Split(xp, eager)
     ms = split.small  # the namespace of the M × M work
-    plan = split.jit(_stage_plan, (0, 4))
+    plan = split.jit(stage_plan, (0, 4))
     if split.host:
         # p from the host copy of max|X| (a few NumPy operations on one number per matrix)
         p = power_of_two_scale(split.down(xp.max(xp.abs(Xw), axis=-2))[..., None, :], ms)
@@ -368,11 +236,11 @@ def polar_impl(
             # bound ρ₋ would save iterations: pay three M × M products for ‖E⁸‖_∞^{1/8}
             lo, hi = split.jit(_stage_power)(ms, A, p, lo, hi)
             planned = plan(ms, lo, hi, p, strict)
-        if split.max(planned[1]) == _NEVER:
+        if split.max(planned[1]) == NEVER:
             loose = _tolerances(work, out, True, xp)[0]
-            if split.max(plan(ms, lo, hi, p, loose)[1]) == _NEVER:
+            if split.max(plan(ms, lo, hi, p, loose)[1]) == NEVER:
                 # λ_min cannot be separated from 0 by the cheap bounds: eigenvalues (O(M³))
-                lo, hi = _eig_bounds(A, lo, hi, ms, eps_w)
+                lo, hi = eig_bounds(A, lo, hi, ms, eps_w)
                 planned = None
     if restart is None:
         restart = work == xp.float32
