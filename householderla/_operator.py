@@ -20,6 +20,7 @@ from ._agnostic import forming as F
 from ._agnostic import trapezoidal as S
 from ._autodiff import call, route
 from ._interop.dask import dask_matmul, dask_rmatmul, is_dask_array
+from ._kernels import numba_for_torch
 from ._lib.checks import as_matrix_operand
 from ._lib.namespace import device_of, mT, resolve
 from ._lib.tracing import needs_graph
@@ -259,12 +260,17 @@ class CompactWYOperator:
         return S.use_structured(N, L, B) and self._factors.trapezoidal()
 
     def _first_product_sequential(self, h: Any) -> Any:
-        """Q h by sequential reflections (Numba) for the operator's first NumPy product when
-        the measured crossover favours it over building U, T; None otherwise."""
+        """Q h by sequential reflections (Numba) for the operator's first NumPy product, or
+        CPU torch product without autograd, when the measured crossover favours it over
+        building U, T; None otherwise."""
         f = self._factors
         if f.U is not None or f.sequential_used or self._mode != "square":
             return None
-        if not aac.is_numpy_namespace(self._xp):
+        if not aac.is_numpy_namespace(self._xp) and not (
+            aac.is_torch_namespace(self._xp)
+            and not needs_graph(self._V, h)
+            and numba_for_torch(self._V, h) is not None
+        ):
             return None
         N, L = self._V.shape[-2], self._V.shape[-1]
         B = 1 if h.ndim == 1 else h.shape[-1]

@@ -97,6 +97,11 @@ def to_numpy(x: Any, *, writable: bool = False, name: str = "x") -> np.ndarray:
                 f"{name} requires grad: writing into its memory would bypass autograd; "
                 "pass x.detach() if that is really meant"
             )
+        t = x.detach()
+        if not writable and t.is_contiguous() and not (t.is_conj() or t.is_neg()):
+            out = t.numpy()  # the common call: a zero-copy view in ~1 µs (DLPack: ~5 µs)
+            out.flags.writeable = False
+            return out
         t = _torch_export(x)
         if writable and t.data_ptr() != x.data_ptr():
             raise ValueError(f"{name} is not contiguous; a writable view would write into a copy")
@@ -136,7 +141,8 @@ def from_numpy(a: np.ndarray, like: Any) -> Any:
     """The NumPy array ``a`` (a kernel's fresh result) as an array of ``like``'s type and
     device, without a copy where possible.
 
-    torch CPU: ``torch.from_dlpack`` (shares memory; a read-only ``a`` is copied, since torch
+    torch CPU: ``torch.from_numpy`` (shares memory, as DLPack would, in a quarter of the
+    time; a read-only ``a`` is copied, since torch
     has no read-only tensors). JAX CPU: ``jax.numpy.from_dlpack`` (shares memory when ``a`` is
     64-byte aligned and writable, e.g. from :func:`aligned_empty`; copies otherwise). NumPy:
     ``a`` itself. Other devices: one host-to-device copy (``torch.asarray`` /
@@ -150,7 +156,7 @@ def from_numpy(a: np.ndarray, like: Any) -> Any:
         torch = sys.modules["torch"]
         if like.device.type != "cpu":
             return torch.asarray(a, device=like.device)
-        return torch.from_dlpack(a if a.flags.writeable else a.copy())
+        return torch.from_numpy(a if a.flags.writeable else a.copy())  # shares memory
     if aac.is_jax_array(like):
         jax = sys.modules["jax"]
         if _device_kind(like) != "cpu":

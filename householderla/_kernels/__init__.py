@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from typing import Any
 
 import array_api_compat as aac
 import numpy as np
 
-__all__ = ["load_numba", "numba_enabled", "numba_for"]
+__all__ = ["load_numba", "numba_enabled", "numba_for", "numba_for_torch"]
 
 _FLAG = "HL_DISABLE_NUMBA"
 # os.environ.get encodes the key on every call (~0.9 µs, a third of a tiny kernel call); the
@@ -53,5 +54,23 @@ def numba_for(xp: Any, *arrays: Any) -> Any:
         if type(a) is not np.ndarray:
             return None
     if not aac.is_numpy_namespace(xp):
+        return None
+    return numba_enabled()
+
+
+def numba_for_torch(*tensors: Any) -> Any:
+    """The Numba kernel module for CPU torch tensors of one float32/float64 dtype (the caller
+    hands them over by DLPack, no copy): numba enabled and not under ``torch.compile``;
+    else None. The caller has decided that no autograd graph is needed."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    dtype = tensors[0].dtype
+    if dtype != torch.float32 and dtype != torch.float64:
+        return None
+    for t in tensors:
+        if type(t) is not torch.Tensor or t.device.type != "cpu" or t.dtype != dtype:
+            return None
+    if torch.compiler.is_compiling():
         return None
     return numba_enabled()
