@@ -19,9 +19,10 @@ from ._agnostic import compact_wy as K
 from ._agnostic import forming as F
 from ._agnostic import trapezoidal as S
 from ._autodiff import call, route
+from ._compose import compose, is_operator
 from ._interop.dask import dask_matmul, dask_rmatmul, is_dask_array
 from ._kernels import numba_for_torch
-from ._lib.checks import as_matrix_operand
+from ._lib.checks import as_matrix_operand, broadcast_batch
 from ._lib.namespace import device_of, mT, resolve
 from ._lib.tracing import needs_graph
 from .householder import apply_sequential, sequential_is_faster
@@ -75,6 +76,15 @@ class LazyFactors:
         # (U, T, Uᵀ, Tᵀ), and the array type they serve (see CompactWYOperator.__matmul__)
         self.direct: tuple[Any, Any, Any, Any] | None = None
         self.direct_type = _direct_type(V, xp)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the namespace (a module) is re-derived from V on load
+        return {k: getattr(self, k) for k in self.__slots__ if k != "xp"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+        self.xp = aac.array_namespace(self.V)
 
     def trapezoidal(self) -> bool:
         """Whether V is lower trapezoidal: declared ("trapezoidal"), excluded ("dense"), or
@@ -206,8 +216,25 @@ class CompactWYOperator:
             h = xp.astype(h, xp.result_type(h.dtype, self.dtype))
         return h
 
+    def reflector_sequence(self) -> tuple[Any, Any] | None:
+        """(V, namespace) with V's columns in the order the product applies them: H(v₁)…H(v_L)
+        for a CWY operator, reversed for its transpose; None for T-CWY (not square)."""
+        if self._mode_forward != "square":
+            return None
+        V = self._xp.flip(self._V, axis=-1) if self._transposed else self._V
+        return V, self._xp
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a namespace is a module, which pickle cannot store: re-derived from V on load
+        return {**self.__dict__, "_xp": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._xp = aac.array_namespace(self._V)
+
     def __matmul__(self, h: Any) -> Any:
-        """``self @ h`` with ``matmul`` semantics: h (K,) or (..., K, B), K = cols.
+        """``self @ h`` with ``matmul`` semantics: h (K,) or (..., K, B), K = cols; an
+        operator ``h`` gives the composed operator (:func:`householderla._compose.compose`).
 
         A Dask array ``h`` gives a lazy Dask array computed chunk by chunk
         (:mod:`householderla._interop.dask`). On NumPy, the first product of an operator whose
@@ -232,14 +259,17 @@ class CompactWYOperator:
         xp = self._xp
         if is_dask_array(h):
             return dask_matmul(self, h)
+        if is_operator(h):
+            return compose(self, h)
         h = self._operand(h)
+        hm, vector = as_matrix_operand(h, self._n_rows_cols[1])
+        broadcast_batch([("the operator", self._V.shape[:-2]), ("h", hm.shape[:-2])])
         y = self._first_product_sequential(h)
         if y is not None:
             return y
         U, T = self._U, self._T
         if U.dtype != h.dtype:
             U, T = xp.astype(U, h.dtype), xp.astype(T, h.dtype)
-        hm, vector = as_matrix_operand(h, self._n_rows_cols[1])
         structured = self._use_structured(hm.shape[-1])
         y = lowrank(U, T, hm, xp, self._transposed, self._mode, structured)
         return y[..., 0] if vector else y
@@ -284,6 +314,8 @@ class CompactWYOperator:
         """``h @ self`` = (selfᵀ @ hᵀ)ᵀ; h (K,) or (..., B, K), K = rows."""
         if is_dask_array(h):
             return dask_rmatmul(self, h)
+        if is_operator(h):
+            return compose(h, self)
         h = self._operand(h)
         if h.ndim == 1:
             return self.T @ h
@@ -292,8 +324,12 @@ class CompactWYOperator:
     def mv(self, h: Any) -> Any:
         """Apply to a stack of vectors along the last axis: h (..., K) -> (..., rows)."""
         h = self._operand(h)
-        if h.ndim == 0:
-            raise ValueError(f"h must have shape (..., {self._n_rows_cols[1]}); got a scalar")
+        K = self._n_rows_cols[1]
+        if h.ndim == 0 or h.shape[-1] != K:
+            got = "a scalar" if h.ndim == 0 else f"shape {tuple(h.shape)}"
+            raise ValueError(
+                f"h must have shape (..., {K}) (vectors along the last axis); got {got}"
+            )
         return (self @ h[..., None])[..., 0]
 
     def _direct_dense(self) -> Any:

@@ -22,6 +22,7 @@ adapters, never autodiff through our internals).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ._lib.checks import check_finite_norms, check_reflectors, check_structure
@@ -109,7 +110,7 @@ def _prepare(V: Any, structure: Any, xp: Any) -> tuple[Any, Any, bool, None, str
     structure = check_structure(structure)
     if structure == "trapezoidal":
         V = xp.tril(V)
-    if is_eager(V):  # NaN/Inf raise when the operator is built (one N·L max-abs pass)
+    if is_eager(V) and math.prod(V.shape):  # NaN/Inf raise when the operator is built
         check_finite_norms(xp.max(xp.abs(V), axis=-2, keepdims=True), xp)
     return V, xp, False, None, structure
 

@@ -12,12 +12,13 @@ maps the current k-th
 column x to +‖x‖ e_k, computed without cancellation by Parlett's formula
 v_k = −‖x_{k+1:}‖² / (x_k + ‖x‖) when x_k > 0. For Q ∈ O(N) the first N − 1 steps leave
 R = diag(1, …, 1, ρ) with ρ = (−1)^m det Q, m the number of nonzero reflectors so far; the
-N-th reflector is then 0 (ρ = +1) or −2 e_N (ρ = −1). So N vectors, one possibly zero,
+N-th reflector is then 0 (ρ = +1) or −e_N (ρ = −1). So N vectors, one possibly zero,
 reach both components of O(N), and the number of nonzero vectors has the parity of det Q.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,12 @@ from ._agnostic.reflections import positive_qr_reflectors
 from ._autodiff import call, route
 from ._interop.dlpack import from_numpy, to_numpy
 from ._kernels import numba_enabled, numba_for, numba_for_torch
-from ._lib.checks import as_matrix_operand, check_finite_norms, check_reflectors
+from ._lib.checks import (
+    as_matrix_operand,
+    broadcast_batch,
+    check_finite_norms,
+    check_reflectors,
+)
 from ._lib.jit import jit_for
 from ._lib.linalg import eye_like
 from ._lib.namespace import accumulation_dtype_for, resolve
@@ -95,8 +101,12 @@ def householder_apply(V: Any, h: Any, *, xp: Any = None) -> Any:
     nk = numba_for_torch(V, h) if r == "plain" else None
     if nk is not None:  # CPU tensors: one kernel call instead of ~3 torch operations per reflection
         return from_numpy(nk.hprod(to_numpy(V, name="V"), to_numpy(h, name="h")), like=V)
-    check_finite_norms(xp.max(xp.abs(V), axis=-2, keepdims=True), xp)
+    if math.prod(V.shape):
+        check_finite_norms(xp.max(xp.abs(V), axis=-2, keepdims=True), xp)
     y = call(r, "householder_apply", xp, V, hm)
+    batch = broadcast_batch([("V", V.shape[:-2]), ("h", hm.shape[:-2])])
+    if tuple(y.shape[:-2]) != batch:  # L = 0: no reflection touched h, so V's batch is added
+        y = xp.broadcast_to(y, (*batch, *y.shape[-2:]))
     return y[..., 0] if vector else y
 
 
@@ -211,7 +221,7 @@ def householder_vectors(Q: Any, *, xp: Any = None) -> Any:
     V : array, shape (..., N, N)
         Column k is zero above row k (lower trapezoidal, as in Mhammedi et al., ICML 2017 eq. 9).
         The last
-        column is 0 or −2 e_N, whichever makes (−1)^(number of nonzero columns) = det Q,
+        column is 0 or −e_N, whichever makes (−1)^(number of nonzero columns) = det Q,
         so V ↦ cwy(V) reaches all of O(N) (Likhosherstov et al., AISTATS 2021, Theorem 1 with H(0)
         = I).
 

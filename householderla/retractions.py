@@ -20,15 +20,24 @@ array operations.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import array_api_compat as aac
 
 from ._agnostic import retraction as RK
+from ._agnostic.newton_schulz import polar_qr_svd
 from ._autodiff import call, route
-from ._lib.checks import check_finite_norms, check_like, check_metric, check_stiefel_shape
+from ._lib.checks import (
+    RankDeficientError,
+    check_finite,
+    check_finite_norms,
+    check_like,
+    check_metric,
+    check_stiefel_shape,
+)
 from ._lib.jit import jit_for, kernel_namespace, select
-from ._lib.namespace import accumulation_dtype_for, resolve
+from ._lib.namespace import accumulation_dtype_for, mT, resolve
 from ._lib.tracing import is_eager
 
 __all__ = [
@@ -49,6 +58,8 @@ def as_step(step: Any, xp: Any, dtype: Any, device: Any, batch: tuple[int, ...])
     if isinstance(step, bool):
         raise TypeError("step must be a real number or array; got bool")
     if isinstance(step, (int, float)):
+        if not math.isfinite(step):
+            raise ValueError(f"step must be finite; got {step!r}")
         return float(step)
     if aac.is_array_api_obj(step) and aac.array_namespace(step) is not xp:
         if not aac.is_numpy_array(step):
@@ -65,7 +76,17 @@ def as_step(step: Any, xp: Any, dtype: Any, device: Any, batch: tuple[int, ...])
             f"step must be a scalar or broadcast to the batch shape {batch}; "
             f"got shape {tuple(t.shape)}"
         )
+    check_finite(t, xp, "step")
     return (t if t.dtype == dtype else xp.astype(t, dtype))[..., None, None]
+
+
+def _power_of_two_max(A: Any, xp: Any) -> Any:
+    """2^round(log₂ max|A|) per matrix, shape (..., 1, 1) (1 for A = 0): dividing by it is
+    exact and brings the entries to about 1, so Gram products neither overflow nor
+    underflow. Its derivative is 0 almost everywhere, so autodiff passes through."""
+    m = xp.max(xp.abs(A), axis=(-2, -1), keepdims=True)
+    e = xp.round(xp.log2(xp.where(m > 0, m, xp.ones_like(m))))
+    return 2.0**e
 
 
 def _work(xp: Any, *arrays: Any) -> tuple[Any, list[Any]]:
@@ -74,7 +95,8 @@ def _work(xp: Any, *arrays: Any) -> tuple[Any, list[Any]]:
 
 
 def _check_finite(X: Any, xp: Any, name: str) -> None:
-    if X.shape[-1] and X.shape[-2]:
+    """NaN/Inf in an eager X raise, naming ``name`` and the columns (nothing for empty X)."""
+    if is_eager(X) and math.prod(X.shape):
         check_finite_norms(xp.max(xp.abs(X), axis=-2, keepdims=True), xp, name)
 
 
@@ -88,6 +110,7 @@ def polar(
     *,
     num_iters: int | None = None,
     restart: bool | None = None,
+    rank_deficient: str = "raise",
     return_info: bool = False,
     xp: Any = None,
 ) -> Any:
@@ -95,8 +118,9 @@ def polar(
 
     Parameters
     ----------
-    X : array, shape (..., N, M), M ≤ N
-        Full column rank.
+    X : array, shape (..., N, M)
+        Full rank. A wide X (M > N) gives the factor with orthonormal rows,
+        (XXᵀ)^{-1/2} X = polar(Xᵀ)ᵀ, as ``scipy.linalg.polar`` does.
     num_iters : int, optional
         Newton–Schulz iterations of the first pass. Default: the smallest count that the
         bounds below certify (eager arrays), ``LAZY_ITERS`` = 6 when the values cannot be
@@ -109,6 +133,10 @@ def polar(
         from orthonormal (κ(XᵀX) ≳ 7), where X + XD carries ‖D‖ > 1 times the rounding of X.
         float32 input on CPU is computed in float64 and rounded once: already at float32's
         rounding floor.
+    rank_deficient : {"raise", "svd"}
+        What a rank-deficient eager X gets: ``ValueError`` (default: its polar factor is not
+        unique), or "svd": Q = W Vᵀ from the SVD X = W Σ Vᵀ (of the R factor of X = QR), one
+        of the orthonormal matrices nearest to X, as ``scipy.linalg.polar`` returns.
     return_info : bool
         Also return ``{"method", "iterations", "restart_iterations", "certified"}``.
     xp : namespace, optional
@@ -116,7 +144,8 @@ def polar(
     Returns
     -------
     Q : array, shape (..., N, M)
-        Orthonormal columns, the closest such matrix to X in every unitarily invariant norm.
+        Orthonormal columns (rows when wide), the closest such matrix to X in every unitarily
+        invariant norm. Empty X gives an empty Q of its shape.
 
     Notes
     -----
@@ -131,8 +160,9 @@ def polar(
     that saves iterations. From a tangent step X + ξ: 2 iterations for ‖ξ‖₂ ≤ 0.01, 4 for
     ‖ξ‖₂ ≤ 0.3, 5–6 at 1.5 (up to M = 1024). When the cheap bounds cannot separate λ_min from
     0 the eigenvalues of XᵀX are used (eager); more than ``MAX_ITERS`` = 10 iterations, or an
-    uncertified count, falls back to QR + SVD of R. Rank-deficient X raises ``ValueError`` on
-    eager arrays; under ``jax.jit`` it gets the (orthonormal) QR + SVD result. Cost:
+    uncertified count, falls back to QR + SVD of R. Rank-deficient X raises
+    :class:`ValueError` on eager arrays unless ``rank_deficient="svd"``; under ``jax.jit`` it
+    gets the (orthonormal) QR + SVD result. Cost:
     2·N·M² (Gram) + 2·M³·(3k − 1) + 2·N·M² flops (+ 4·N·M² for a restart).
 
     Examples
@@ -144,14 +174,34 @@ def polar(
     True
     """
     xp, _, _, (X,) = resolve([("X", X)], xp)
-    check_stiefel_shape(X)
+    if X.ndim < 2:
+        raise ValueError(f"X must have shape (..., N, M); got shape {tuple(X.shape)}")
     if num_iters is not None and (int(num_iters) != num_iters or num_iters < 0):
         raise ValueError(f"num_iters must be a non-negative integer; got {num_iters!r}")
-    if X.shape[-1] == 0:
-        Q, info = X, {"method": "empty", "iterations": 0, "restart_iterations": 0}
+    if rank_deficient not in ("raise", "svd"):
+        raise ValueError(f"rank_deficient must be 'raise' or 'svd'; got {rank_deficient!r}")
+    wide = X.shape[-1] > X.shape[-2]
+    Xt = mT(X) if wide else X
+    if math.prod(Xt.shape) == 0:
+        Q, info = Xt, {"method": "empty", "iterations": 0, "restart_iterations": 0}
     else:
-        Q, info = _polar_routed(X, xp, num_iters, restart)
+        try:
+            Q, info = _polar_routed(Xt, xp, num_iters, restart)
+        except RankDeficientError:
+            if rank_deficient == "raise":
+                raise
+            Q, info = _polar_svd(Xt, xp), {"method": "svd", "iterations": None}
+    Q = mT(Q) if wide else Q
     return (Q, info) if return_info else Q
+
+
+def _polar_svd(X: Any, xp: Any) -> Any:
+    """W Vᵀ of the SVD of X (through X = QR), in the accumulation dtype: an orthonormal
+    nearest matrix for any X, rank-deficient included."""
+    ks = kernel_namespace(xp)
+    _, (Xw,) = _work(ks, X)
+    Q = polar_qr_svd(Xw, ks)[0]
+    return Q if Q.dtype == X.dtype else ks.astype(Q, X.dtype)
 
 
 def polar_retraction(X: Any, Z: Any, step: Any = 1.0, *, xp: Any = None) -> Any:
@@ -182,6 +232,8 @@ def polar_retraction(X: Any, Z: Any, step: Any = 1.0, *, xp: Any = None) -> Any:
     check_stiefel_shape(X)
     check_like(Z, X, "Z")
     t = as_step(step, xp, dtype, device, tuple(X.shape[:-2]))
+    _check_finite(X, xp, "X")
+    _check_finite(Z, xp, "Z")
     return polar(X + t * Z, xp=xp)
 
 
@@ -242,13 +294,15 @@ def cayley_retraction(
     if X.shape[-1] == 0:
         return X
     for a, name in ((X, "X"), (G, "G")):
-        if is_eager(a):
-            _check_finite(a, xp, name)
+        _check_finite(a, xp, name)
     r = route(xp, X, G, t)
     xp = kernel_namespace(xp)
     work, (Xw, Gw) = _work(xp, X, G)
     tw = t if isinstance(t, float) or t.dtype == work else xp.astype(t, work)
-    Y, drift = call(r, "cayley", xp, Xw, Gw, tw, euclidean)
+    # ηG enters only as a product: G/c and ηc (c a power of two near max|G|) give the same
+    # map with Gram products of unit scale (G at 1e±160 used to give NaN or 1e-4 errors)
+    c = _power_of_two_max(Gw, xp)
+    Y, drift = call(r, "cayley", xp, Xw, Gw / c, tw * c, euclidean)
     if drift_tol is None:
         drift_tol = DRIFT_FACTOR * X.shape[-1] ** 0.5 * float(xp.finfo(dtype).eps)
     # a Python branch when the drift is concrete; lax.cond / where when any input is traced
@@ -283,9 +337,10 @@ def qr_retraction(X: Any, Z: Any, step: Any = 1.0, *, xp: Any = None) -> Any:
     check_stiefel_shape(X)
     check_like(Z, X, "Z")
     t = as_step(step, xp, dtype, device, tuple(X.shape[:-2]))
+    _check_finite(X, xp, "X")
+    _check_finite(Z, xp, "Z")
     Y = X + t * Z
-    if is_eager(Y):
-        _check_finite(Y, xp, "X + step*Z")
+    _check_finite(Y, xp, "X + step*Z")  # finite X, Z, step can still overflow
     if X.shape[-1] == 0:
         return Y
     r = route(xp, Y)
@@ -324,6 +379,8 @@ def riemannian_gradient(X: Any, G: Any, *, metric: str = "canonical", xp: Any = 
     xp, _, dtype, (X, G) = resolve([("X", X), ("G", G)], xp)
     check_stiefel_shape(X)
     check_like(G, X, "G")
+    _check_finite(X, xp, "X")
+    _check_finite(G, xp, "G")
     xp = kernel_namespace(xp)
     _, (Xw, Gw) = _work(xp, X, G)
     out = jit_for(xp, _riemannian_gradient, (0, 3))(xp, Xw, Gw, euclidean)

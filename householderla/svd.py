@@ -25,6 +25,7 @@ from typing import Any
 import array_api_compat as aac
 
 from ._agnostic.svd import pad, side_mode
+from ._compose import compose, is_operator
 from ._lib.checks import as_matrix_operand, broadcast_batch, check_finite
 from ._lib.jit import jit_for
 from ._lib.namespace import accumulation_dtype_for, device_of, mT, resolve
@@ -65,6 +66,15 @@ class _Side:
         self.N, self.k = V.shape[-2], V.shape[-1]
         self.mode = side_mode(self.N, self.k, r)
         self.factors = LazyFactors(V, xp)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the namespace (a module) is re-derived from V on load
+        return {k: getattr(self, k) for k in self.__slots__ if k != "xp"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+        self.xp = aac.array_namespace(self.V)
 
     def _op(self, cls: type, transposed: bool = False) -> Any:
         return cls(self.V, self.xp, transposed, self.factors)
@@ -107,6 +117,13 @@ class SVDHouseholder:
 
     def __init__(self, left: _Side, sigma: Any, right: _Side, xp: Any) -> None:
         self._left, self._sigma, self._right, self._xp = left, sigma, right, xp
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_xp": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._xp = aac.array_namespace(self._sigma)
 
     # -- metadata -------------------------------------------------------------------------------
     @property
@@ -182,8 +199,11 @@ class SVDHouseholder:
     def __matmul__(self, x: Any) -> Any:
         """``W @ x`` with ``matmul`` semantics: x (n,) or (..., n, B).
 
-        Q_U E_r (σ ⊙ P_r Q_Vᵀ x): two CWY/T-CWY applies and an r·B scaling.
+        Q_U E_r (σ ⊙ P_r Q_Vᵀ x): two CWY/T-CWY applies and an r·B scaling. An operator
+        ``x`` gives the composed operator.
         """
+        if is_operator(x):
+            return compose(self, x)
         x = self._operand(x)
         xm, vector = as_matrix_operand(x, self._right.N, "x")
         s = self._sigma if self._sigma.dtype == x.dtype else self._xp.astype(self._sigma, x.dtype)
@@ -199,6 +219,8 @@ class SVDHouseholder:
 
     def __rmatmul__(self, x: Any) -> Any:
         """``x @ W`` = (Wᵀ xᵀ)ᵀ; x (m,) or (..., B, m)."""
+        if is_operator(x):
+            return compose(x, self)
         x = self._operand(x)
         if x.ndim == 1:
             return self.T @ x
@@ -207,8 +229,10 @@ class SVDHouseholder:
     def mv(self, x: Any) -> Any:
         """Apply to a stack of vectors along the last axis: x (..., n) -> (..., m)."""
         x = self._operand(x)
-        if x.ndim == 0:
-            raise ValueError(f"x must have shape (..., {self._right.N}); got a scalar")
+        n = self._right.N
+        if x.ndim == 0 or x.shape[-1] != n:
+            got = "a scalar" if x.ndim == 0 else f"shape {tuple(x.shape)}"
+            raise ValueError(f"x must have shape (..., {n}) (vectors on the last axis); got {got}")
         return (self @ x[..., None])[..., 0]
 
     def matrix(self) -> Any:
@@ -348,7 +372,7 @@ def _params_core(xp: Any, W: Any) -> tuple[Any, Any, Any]:
     V = mT(Vh)
     square, other = (U, V) if m <= n else (V, U)
     sq_vecs = householder_vectors(square, xp=xp)
-    # the r-th vector is −0.0 or ≈ −2 e_r; in the second case negate the r-th column of both
+    # the r-th vector is 0 or −e_r; in the second case negate the r-th column of both
     # factors (W and σ unchanged), which turns it into the zero vector
     last = sq_vecs[..., r - 1, r - 1]
     sign = xp.where(last < 0, -xp.ones_like(last), xp.ones_like(last))

@@ -43,9 +43,9 @@ def test_theorem1_householder_vectors_both_determinants(bk, n, det, seed):
     back = to_numpy(bk.call(lambda V: hl.cwy(V).matrix(), V))
     np.testing.assert_allclose(back, Q, atol=10 * 2.2e-16 * max(n, 2) ** 2)
     # each nonzero reflector has det −1: their number has the parity of det Q, and the last
-    # one is 0 or −2e_N to make it so
+    # one is 0 or −e_N (H(−e_N) = diag(1, …, 1, −1)) to make it so
     assert np.all(Vn[:-1, -1] == 0)
-    assert Vn[-1, -1] == 0.0 or abs(Vn[-1, -1] + 2.0) <= 1e-12
+    assert Vn[-1, -1] == 0.0 or Vn[-1, -1] == -1.0
     nonzero = np.linalg.norm(Vn, axis=0) > 0
     assert (-1) ** int(np.sum(nonzero)) == det
 

@@ -37,7 +37,7 @@ GROUPS = {
     "_autodiff": (2, "_autodiff"),
 }
 PUBLIC = {"cwy", "householder", "ornn", "svd", "retractions", "stiefel", "vjp"}
-PUBLIC_PRIVATE = {"_operator", "_svd_vjp", "_euclidean"}
+PUBLIC_PRIVATE = {"_operator", "_svd_vjp", "_euclidean", "_compose"}
 ADAPTERS = {"torch", "jax", "_torch_optim", "_optax"}
 #: Modules that may import a framework at module level (they are imported only lazily).
 FRAMEWORK_MODULES = {

@@ -455,10 +455,8 @@ def test_dtypes_follow_x_and_step_does_not_promote():
 
 def test_bad_shapes_and_names():
     X, G = np.eye(5, 2), np.ones((5, 2))
-    with pytest.raises(ValueError, match=r"X must have shape \(\.\.\., N, M\) with M <= N"):
-        hl.polar(np.ones((2, 5)))
-    with pytest.raises(ValueError, match="X must have shape"):
-        hl.polar(np.ones(5))
+    with pytest.raises(ValueError, match=r"X must have shape \(\.\.\., N, M\); got shape \(5,\)"):
+        hl.polar(np.ones(5))  # (a wide X is accepted: tests/test_reliability.py)
     for fn in (hl.polar_retraction, hl.qr_retraction):
         with pytest.raises(ValueError, match="Z must have the shape of X"):
             fn(X, np.ones((5, 3)), 0.1)

@@ -35,6 +35,8 @@ def normalize_columns(V: Any, xp: Any, *, check: bool = False) -> tuple[Any, Any
     (‖v‖ = m ‖v/m‖). Returns ``U`` (..., N, L) and ``r`` (..., 1, L), in ``V``'s dtype.
     With ``check``, NaN/Inf columns raise (eager arrays) before anything divides by them.
     """
+    if V.shape[-2] == 0:  # N = 0: no entries to normalise (max over an empty axis fails)
+        return V, xp.zeros((*V.shape[:-2], 1, V.shape[-1]), dtype=V.dtype, device=device_of(V))
     m = xp.max(xp.abs(V), axis=-2, keepdims=True)
     if check:
         check_finite_norms(m, xp)

@@ -21,7 +21,7 @@ from typing import Any
 import array_api_compat as aac
 import numpy as np
 
-from .._lib.checks import check_finite_norms
+from .._lib.checks import RankDeficientError, check_finite_norms
 from .._lib.jit import host, jit_for, kernel_namespace, select
 from .._lib.linalg import eye_like
 from .._lib.namespace import accumulation_dtype_for, device_of, mT
@@ -181,7 +181,7 @@ def _check_rank(sv: Any, xp: Any, N: int, eps: float) -> None:
     smax = xp.max(sv, axis=-1)
     ratio = host(xp.min(xp.min(sv, axis=-1) / xp.where(smax > 0, smax, xp.ones_like(smax))))
     if not ratio > max(N, sv.shape[-1]) * eps:
-        raise ValueError(
+        raise RankDeficientError(
             "X is rank deficient (smallest/largest singular value "
             f"{ratio:.1e}): its polar factor is not unique"
         )

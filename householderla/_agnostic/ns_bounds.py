@@ -153,7 +153,9 @@ def stage_plan(xp: Any, lo: Any, hi: Any, p: Any, tol: float) -> tuple[Any, Any]
     itself, "unscaled") unless centring, s²(lo + hi)/2 ≈ 1, saves iterations."""
     su = 1.0 / p
     sc = centre_scale(lo, hi, xp)
-    ku = counts(lo, hi, su * su, tol, xp)
+    # hi ≥ max diag(A) ≥ 1 (max|pX| ≥ 1), so any s² ≥ 3 certifies nothing: capping it at 4
+    # keeps lo·s², hi·s² finite for X at 1e±160 and beyond without changing a count
+    ku = counts(lo, hi, xp.minimum(su * su, 4.0), tol, xp)
     kc = counts(lo, hi, sc * sc, tol, xp)
     unscaled = ku <= kc
     return xp.where(unscaled, su, sc), xp.where(unscaled, ku, kc)
@@ -183,7 +185,7 @@ def plan_float(lo: float, hi: float, p: float, tol: float) -> tuple[float, float
     """:func:`_stage_plan` for one matrix in Python floats: the eager single-matrix call
     (an optimizer step) plans in ~5 µs instead of ~60 µs of 0-d array operations."""
     su, sc = 1.0 / p, _centre_scale_float(lo, hi)
-    ku, kc = _count_float(lo, hi, su * su, tol), _count_float(lo, hi, sc * sc, tol)
+    ku, kc = _count_float(lo, hi, min(su * su, 4.0), tol), _count_float(lo, hi, sc * sc, tol)
     return (su, ku) if ku <= kc else (sc, kc)
 
 

@@ -72,7 +72,16 @@ def householder_apply_vjp(V: Any, h: Any, g: Any, xp: Any) -> tuple[Any, Any]:
 
 
 def positive_qr_reflectors(A: Any) -> Any:
-    """Reflectors v₁…v_K of Householder QR of A (..., N, K) with R's diagonal ≥ 0."""
+    """Reflectors v₁…v_K of Householder QR of A (..., N, K) with R's diagonal ≥ 0.
+
+    For the current column x = [α; y] the reflector maps x to ‖x‖e₁: v = [α − ‖x‖; y], with
+    Parlett's α − ‖x‖ = −‖y‖²/(α + ‖x‖) for α > 0 (no cancellation). It is returned divided
+    by ρ = ‖y‖ (H(cv) = H(v)): v = [−ρ/(α + ‖x‖); y/ρ] (α > 0) or [(α − ‖x‖)/ρ; y/ρ], so no
+    square of an entry is ever formed: ρ and ‖x‖ are computed from max-abs-scaled entries, as
+    LAPACK's dnrm2/dlarfg do. Columns at 1e±300, and entries of y tiny next to α (an
+    orthogonal Q with entries near 1e-200), give the same reflections as at unit scale. With
+    y = 0 the reflector is 0 (α ≥ 0: H = I) or −e₁ (α < 0).
+    """
     xp = aac.array_namespace(A)
     K = A.shape[-1]
     batch = tuple(A.shape[:-2])
@@ -83,15 +92,26 @@ def positive_qr_reflectors(A: Any) -> Any:
         x = W[..., :, 0]
         alpha = x[..., 0]
         rest = x[..., 1:]
-        sigma = xp.sum(rest * rest, axis=-1)
-        nrm = xp.sqrt(alpha * alpha + sigma)
+        one, zero = xp.ones_like(alpha), xp.zeros_like(alpha)
+        if rest.shape[-1]:
+            mr = xp.max(xp.abs(rest), axis=-1)
+        else:
+            mr = zero
+        has = mr > 0
+        rs = rest / xp.where(has, mr, one)[..., None]
+        rho = mr * xp.sqrt(xp.sum(rs * rs, axis=-1))  # ‖y‖ without squaring y
+        big = xp.maximum(xp.abs(alpha), rho)
+        big1 = xp.where(big > 0, big, one)
+        a_s, r_s = alpha / big1, rho / big1
+        nrm = big * xp.sqrt(a_s * a_s + r_s * r_s)  # ‖x‖
         pos = alpha > 0
-        one = xp.ones_like(alpha)
-        v0 = xp.where(pos, -sigma / xp.where(pos, alpha + nrm, one), alpha - nrm)
-        v = xp.concat([v0[..., None], rest], axis=-1)
+        rho1 = xp.where(has, rho, one)
+        head = xp.where(pos, -rho / xp.where(pos, alpha + nrm, one), (alpha - nrm) / rho1)
+        v0 = xp.where(has, head, xp.where(alpha < 0, -one, zero))
+        v = xp.concat([v0[..., None], rest / rho1[..., None]], axis=-1)
         if k + 1 < K:
-            vv = v0 * v0 + sigma
-            coef = xp.where(vv > 0, 2.0 / xp.where(vv > 0, vv, one), xp.zeros_like(vv))
+            vv = xp.sum(v * v, axis=-1)  # 1 + v0² when y ≠ 0, 1 or 0 when y = 0: no underflow
+            coef = xp.where(vv > 0, 2.0 / xp.where(vv > 0, vv, one), zero)
             Wr = W[..., :, 1:]
             Wr = Wr - (coef[..., None, None] * v[..., :, None]) * (v[..., None, :] @ Wr)
             W = Wr[..., 1:, :]

@@ -218,14 +218,15 @@ def _operands(V: np.ndarray, x: np.ndarray, name: str) -> tuple:
 
 def _rescaled(V3: np.ndarray, trapezoidal: bool) -> tuple[np.ndarray, np.ndarray]:
     """V3 with each finite nonzero column multiplied by c = 2^−e, its max-abs entry m = f·2^e
-    (f ∈ [½, 1)), computed in float64 (exact), and c (Pv, 1, L). H(c v) = H(v)."""
+    (f ∈ [½, 1)), and the exponents −e (Pv, 1, L). H(c v) = H(v). ``np.ldexp`` scales
+    exactly without forming c, which overflows for subnormal columns (c = 2^1074)."""
     W = np.tril(V3) if trapezoidal else V3
     m = np.max(np.abs(W), axis=-2, keepdims=True).astype(np.float64)
     ok = np.isfinite(m) & (m > 0)
-    c = np.where(ok, np.ldexp(1.0, -np.frexp(np.where(ok, m, 1.0))[1]), 1.0)
+    shift = np.where(ok, -np.frexp(np.where(ok, m, 1.0))[1], 0)
     with np.errstate(over="ignore", invalid="ignore"):  # entries above a trapezoid: unused
-        Vs = (V3.astype(np.float64) * c).astype(V3.dtype)
-    return Vs, c
+        Vs = np.ldexp(V3.astype(np.float64), shift).astype(V3.dtype)
+    return Vs, shift
 
 
 def _raise_nonfinite(V: Any, trapezoidal: bool) -> None:
@@ -342,10 +343,10 @@ def hgrad(
     args = (y is not None, trapezoidal, transpose, SAFE_EXP[dtype])
     status = bp_kernel(V3, X3, G3, Vb, Hb, *args)
     if status < 0:  # rescale the columns whose ‖v‖² is out of range; v̄ = c·v̄' (degree −1)
-        Vs, c = _rescaled(V3, trapezoidal)
+        Vs, shift = _rescaled(V3, trapezoidal)
         status = bp_kernel(Vs, X3, G3, Vb, Hb, *args)
         with np.errstate(over="ignore"):  # a gradient beyond the dtype's range is ±inf
-            Vb = (Vb * c).astype(dtype)
+            Vb = np.ldexp(Vb, shift).astype(dtype)
     if status and check:
         _raise_nonfinite(V, trapezoidal)
     V_bar = _unbroadcast(Vb, tuple(V.shape), batch)

@@ -15,6 +15,7 @@ from .tracing import is_eager
 
 __all__ = [
     "STRUCTURES",
+    "RankDeficientError",
     "as_matrix_operand",
     "broadcast_batch",
     "check_choice",
@@ -31,6 +32,13 @@ __all__ = [
 
 #: Values of the ``structure=`` argument of :func:`householderla.cwy` / ``tcwy``.
 STRUCTURES = ("auto", "trapezoidal", "dense")
+
+
+class RankDeficientError(ValueError):
+    """A matrix that must have full rank does not (a ``ValueError``, so existing handlers
+    catch it); raised on eager arrays only."""
+
+
 #: Values of the ``metric=`` argument of the retractions and optimizers.
 METRICS = ("canonical", "euclidean")
 

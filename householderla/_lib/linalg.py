@@ -13,6 +13,7 @@ anything else             :func:`inv_upper_triangular_recursive` (pure Array API
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import array_api_compat as aac
@@ -44,8 +45,8 @@ def inv_upper_triangular(S: Any, xp: Any) -> Any:
     :func:`inv_upper_triangular_recursive`.
     """
     n = S.shape[-1]
-    if n == 0:  # no reflectors: the empty inverse (LAPACK rejects n = 0)
-        return S
+    if n == 0 or math.prod(S.shape) == 0:  # nothing to invert (LAPACK rejects n = 0, and
+        return S  # SciPy a zero-size batch): the empty result of the right shape
     eye = eye_like(xp, n, S.dtype, device_of(S), tuple(S.shape[:-2]))
     if aac.is_numpy_namespace(xp):
         import numpy as np
@@ -85,6 +86,8 @@ def solve_upper_triangular(S: Any, B: Any, xp: Any) -> Any:
     ``jax.scipy.linalg.solve_triangular``; other namespaces multiply by
     :func:`inv_upper_triangular`.
     """
+    if math.prod(S.shape) == 0 or math.prod(B.shape) == 0:
+        return B if B.shape[-2] == S.shape[-1] else mT(S) @ B  # empty: the right shape
     if aac.is_numpy_namespace(xp):
         import scipy.linalg
 
@@ -104,7 +107,8 @@ def gram_upper(V: Any, xp: Any) -> Any:
     """VᵀV (..., L, L) for V (..., N, L); on a single NumPy matrix only the upper triangle is
     computed (BLAS syrk, N·L² flops instead of 2·N·L²) and the strict lower part is zero.
     Callers must read the upper triangle only."""
-    if aac.is_numpy_namespace(xp) and V.ndim == 2 and V.dtype.kind == "f":
+    if aac.is_numpy_namespace(xp) and V.ndim == 2 and V.dtype.kind == "f" and V.size:
+        # (BLAS rejects N = 0 or L = 0, printing "illegal value" to stderr: matmul then)
         import numpy as np
         import scipy.linalg
 

@@ -1,0 +1,151 @@
+"""Every input gets the right answer or a clear error (issue 12): extreme magnitudes,
+subnormal numbers, empty shapes, non-finite arguments, wide and rank-deficient polar.
+
+Oracles share no code with the library: dense products of the definition
+H(v) = I − 2vvᵀ/‖v‖² (``product_of_reflections``), ``scipy.linalg.polar`` and
+``scipy.linalg.qr``. Scale-invariant maps are compared with their c = 1 answer; tolerances are
+eps·N-scaled (orthogonal outputs have entries of order 1).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import scipy.linalg
+from conftest import to_numpy
+from helpers import EPS, haar_orthogonal
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import householderla as hl
+
+#: Powers of ten from tiny to huge (1e±300 and the 1e±154 edge where squares leave the range).
+SCALES = st.sampled_from([1e-300, 1e-200, 1e-160, 1e-150, 1e-5, 1e5, 1e150, 1e160, 1e200, 1e300])
+TOL = 100 * EPS[np.float64]  # orthogonal results of N ≤ 6: a few eps·N per entry, with margin
+
+
+def _orth(seed: int, n: int, det: int = 1) -> np.ndarray:
+    return haar_orthogonal(np.random.default_rng(seed), n, det)
+
+
+@settings(max_examples=20)
+@given(c=SCALES, det=st.sampled_from([1, -1]))
+def test_constructive_inverses_are_scale_invariant(c, det):
+    """householder_vectors, tcwy_vectors, ornn_params and svd_householder_params of c·Q give
+    the c = 1 matrix (they used to flip the determinant, give NaN or raise at 1e±154)."""
+    Q = _orth(1, 5, det)
+    np.testing.assert_allclose(hl.cwy(hl.householder_vectors(c * Q)).matrix(), Q, atol=TOL)
+    X = Q[:, :3]
+    np.testing.assert_allclose(hl.tcwy(hl.tcwy_vectors(c * X)).matrix(), X, atol=TOL)
+    np.testing.assert_allclose(hl.ornn(*hl.ornn_params(c * Q)).matrix(), Q, atol=TOL)
+    W = hl.svd_householder(*hl.svd_householder_params(c * Q)).matrix()
+    np.testing.assert_allclose(W / c, Q, atol=TOL)
+
+
+def test_orthogonal_q_with_tiny_entries():
+    """A rotation by 1e-200 rad has entries 1e-200 next to 1: the reflector of its first
+    column must not lose them (‖y‖² underflows), or the wrong orthogonal matrix comes back."""
+    for theta in (1e-200, 1e-160, 1e-308):
+        Q = np.eye(4)
+        Q[:2, :2] = [[math.cos(theta), -math.sin(theta)], [math.sin(theta), math.cos(theta)]]
+        np.testing.assert_allclose(hl.cwy(hl.householder_vectors(Q)).matrix(), Q, atol=TOL, rtol=0)
+
+
+@settings(max_examples=15)
+@given(c=SCALES)
+def test_retractions_and_polar_are_scale_invariant(c):
+    """polar(cX) = polar(X); qr_retraction(cX, 0) = qf(X); Cayley with (cG, step/c) equals
+    (G, step): the map depends on step·G only (it used to give NaN or 1e-4 at c = 1e±160)."""
+    rng = np.random.default_rng(2)
+    X = np.linalg.qr(rng.standard_normal((6, 3)))[0]
+    G = rng.standard_normal((6, 3))
+    np.testing.assert_allclose(hl.polar(c * X), scipy.linalg.polar(X)[0], atol=TOL)
+    np.testing.assert_allclose(hl.qr_retraction(c * X, 0 * X), hl.qr_retraction(X, 0 * X), atol=TOL)
+    Y = hl.cayley_retraction(X, c * G, 0.3 / c)
+    np.testing.assert_allclose(Y, hl.cayley_retraction(X, G, 0.3), atol=TOL)
+
+
+def test_subnormal_reflectors_on_every_numpy_path(monkeypatch):
+    """A subnormal column is a valid reflector (H(cv) = H(v)): the Numba kernels (forward and
+    backward) and the Array API path give the answer of the same column scaled to 1
+    (a power-of-two rescale used to overflow to inf and give NaN)."""
+    V = np.array([[5e-324, 1.0], [3e-320, 2.0], [0.0, -1.0], [1e-310, 0.5]])
+    W = np.ldexp(V, np.array([1074, 0]))  # column 0 scaled exactly into the normal range
+    h = np.arange(1.0, 5.0)
+    ref = hl.householder_apply(W, h)
+    np.testing.assert_allclose(hl.householder_apply(V, h), ref, atol=TOL)
+    Vb, hb = hl.vjp.householder_apply(V, h, np.ones(4))
+    Wb, wb = hl.vjp.householder_apply(W, h, np.ones(4))
+    assert np.all(np.isfinite(hb)) and np.allclose(hb, wb, atol=TOL)
+    assert np.isfinite(Vb[:, 1]).all() and np.allclose(Vb[:, 1], Wb[:, 1], atol=TOL)
+    np.testing.assert_allclose(hl.cwy(V).matrix(), hl.cwy(W).matrix(), atol=TOL)
+    monkeypatch.setenv("HL_DISABLE_NUMBA", "1")
+    np.testing.assert_allclose(hl.householder_apply(V, h), ref, atol=TOL)
+
+
+@pytest.mark.parametrize("shape", [(0, 0), (3, 0), (2, 0, 0), (0, 4, 2), (0, 0, 0)])
+def test_empty_shapes_give_empty_results(bk, shape):
+    """N = 0, L = 0 and empty batches: results of the right (empty) shape, no BLAS message,
+    no reduction error."""
+    V = bk.asarray(np.zeros(shape))
+    n = shape[-2]
+    for op in (hl.cwy(V), hl.tcwy(V)):
+        rows, cols = op.shape[-2:]
+        assert to_numpy(op.matrix()).shape == op.shape
+        assert to_numpy(op @ bk.asarray(np.ones(cols))).shape == (*shape[:-2], rows)
+        assert to_numpy(op.T @ bk.asarray(np.ones(rows))).shape == (*shape[:-2], cols)
+    y = hl.householder_apply(V, bk.asarray(np.ones(n)))
+    assert to_numpy(y).shape == (*shape[:-2], n)
+    assert to_numpy(hl.polar(V)).shape == shape
+
+
+def test_empty_operand_columns(bk):
+    op = hl.cwy(bk.asarray(np.random.default_rng(3).standard_normal((5, 2))))
+    assert to_numpy(op @ bk.asarray(np.zeros((5, 0)))).shape == (5, 0)
+
+
+@pytest.mark.parametrize(
+    ("call", "name"),
+    [
+        (lambda X, G: hl.riemannian_gradient(X, G * np.nan), "G"),
+        (lambda X, G: hl.cayley_retraction(X, G, float("nan")), "step"),
+        (lambda X, G: hl.cayley_retraction(X, G * np.inf, 0.1), "G"),
+        (lambda X, G: hl.polar_retraction(X, G * np.nan), "Z"),
+        (lambda X, G: hl.qr_retraction(X, G, float("inf")), "step"),
+        (lambda X, G: hl.qr_retraction(X, G, np.array(np.nan)), "step"),
+        (lambda X, G: hl.qr_retraction(X * np.nan, G), "X"),
+    ],
+)
+def test_non_finite_arguments_are_named(call, name):
+    """A NaN or Inf in a gradient, tangent or step raises ValueError naming that argument
+    (they used to return all-NaN arrays, or blame X)."""
+    rng = np.random.default_rng(4)
+    X = np.linalg.qr(rng.standard_normal((5, 2)))[0]
+    with pytest.raises(ValueError, match=rf"^{name} (contains NaN or Inf|must be finite)"):
+        call(X, rng.standard_normal((5, 2)))
+
+
+def test_polar_wide_matches_scipy(bk):
+    """polar of a wide X has orthonormal rows, as scipy.linalg.polar returns."""
+    X = np.random.default_rng(5).standard_normal((3, 7))
+    Q = to_numpy(bk.call(hl.polar, bk.asarray(X)))
+    np.testing.assert_allclose(Q, scipy.linalg.polar(X)[0], atol=TOL)
+    np.testing.assert_allclose(Q @ Q.T, np.eye(3), atol=TOL)
+
+
+def test_polar_rank_deficient_option():
+    """Default: ValueError (the factor is not unique). rank_deficient="svd": an orthonormal
+    nearest matrix W Vᵀ, which attains ‖X − Q‖_F = ‖X − scipy's polar factor‖_F."""
+    rng = np.random.default_rng(6)
+    X = rng.standard_normal((6, 2)) @ rng.standard_normal((2, 4))  # rank 2, 6 × 4
+    with pytest.raises(ValueError, match="rank deficient"):
+        hl.polar(X)
+    Q, info = hl.polar(X, rank_deficient="svd", return_info=True)
+    assert info["method"] == "svd"
+    np.testing.assert_allclose(Q.T @ Q, np.eye(4), atol=TOL)
+    best = np.linalg.norm(X - scipy.linalg.polar(X)[0])
+    assert np.linalg.norm(X - Q) <= best * (1 + 1e-12)
+    with pytest.raises(ValueError, match="rank_deficient must be"):
+        hl.polar(X, rank_deficient="ignore")
