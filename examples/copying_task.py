@@ -7,13 +7,11 @@ A network without memory outputs blanks and then guesses, with cross-entropy
 
     baseline(T) = 10 · log 8 / (T + 20)
 
-per time step; beating it means the recurrence remembers. The model is the standard orthogonal
-RNN of that literature: h_{t+1} = modReLU(W h_t + U x_t), y_t = O h_t, with W ∈ O(N)
-parametrized by ``hl.torch.orthogonal(..., map="cwy")`` (N reflection vectors, every
-orthogonal matrix reachable, Likhosherstov et al., AISTATS 2021, Theorem 1), so ‖h_t‖ can neither
-explode nor vanish
-through W. The recurrent matrix is formed once per forward pass under
-``torch.nn.utils.parametrize.cached()``.
+per time step; beating it means the recurrence remembers. The model is the standard orthogonal RNN
+of that literature: h_{t+1} = modReLU(W h_t + U x_t), y_t = O h_t, with W ∈ O(N) parametrized by
+``hl.torch.orthogonal(..., map="cwy")`` (N reflection vectors, every orthogonal matrix reachable,
+Likhosherstov et al., AISTATS 2021, Theorem 1), so ‖h_t‖ can neither explode nor vanish through W.
+The recurrent matrix is formed once per forward pass under ``torch.nn.utils.parametrize.cached()``.
 
 Run::
 
@@ -114,9 +112,9 @@ def train(
 ) -> dict[str, list[float]]:
     """Train with RMSprop (the learning rates of Lezcano-Casado & Martínez-Rubio's code, which
     Likhosherstov et al., AISTATS 2021 reuses: 1e-3, and 1e-4 for the reflection vectors); returns
-    the per-step
-    cross-entropy and the orthogonality error ‖WᵀW − I‖_F of every step. ``num_threads``
-    sets torch's intra-op threads for the run (restored afterwards): these matrices are small,
+    the per-step cross-entropy and the orthogonality error ‖WᵀW − I‖_F of every step.
+    ``num_threads`` sets torch's intra-op threads for the run (restored afterwards): these matrices
+    are small,
     and one thread is faster on a busy machine."""
     threads = torch.get_num_threads()
     if num_threads is not None:

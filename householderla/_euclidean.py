@@ -65,10 +65,9 @@ def euclidean_adam(
     lr: float = 1e-3, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, *, xp: Any = None
 ) -> StiefelOptimizer:
     """Adam on ℝ^{shape} in the convention of :func:`adam` (Kong, Wang & Tao, ICLR 2023, Algorithm
-    2 without the
-    manifold): ``m⁺ = β₁m − (1 − β₁)g``, ``s⁺ = β₂s + (1 − β₂)g∘g``,
-    ``x⁺ = x + ηκ m⁺ ⊘ (s⁺^{∘½} + ε)``, κ = √(1 − β₂^{t}). Unlike ``torch.optim.Adam`` there
-    is no β₁ bias correction (the paper has none) and ε is not rescaled by κ.
+    2 without the manifold): ``m⁺ = β₁m − (1 − β₁)g``, ``s⁺ = β₂s + (1 − β₂)g∘g``, ``x⁺ = x + ηκ m⁺
+    ⊘ (s⁺^{∘½} + ε)``, κ = √(1 − β₂^{t}). Unlike ``torch.optim.Adam`` there is no β₁ bias correction
+    (the paper has none) and ε is not rescaled by κ.
     """
     lr = check_real("lr", lr, 0.0, math.inf, lo_open=True)
     b1 = check_real("b1", b1, 0.0, 1.0)

@@ -350,15 +350,13 @@ class CompactWYOperator:
     def matrix(self) -> Any:
         """The dense matrix, shape ``self.shape``.
 
-        Lower-trapezoidal V (LAPACK's layout, and what :func:`householder_vectors` returns)
-        on NumPy/torch/CuPy without autodiff: blocked like LAPACK orgqr on the trailing
-        submatrices (:func:`~householderla._agnostic.forming.structured_matrix`, 4N³/3 flops for
-        L = N, float64 ‖QᵀQ − I‖ at orgqr's level); any other V there: the one-shot
-        I − V S⁻¹ Vᵀ with unnormalised factors
-        (:func:`~householderla._agnostic.forming.dense_matrix`:
-        syrk, one triangular solve, one GEMM). With autodiff or on other namespaces:
-        I − U (T Uᵀ) through the differentiable factors (2·N²·L flops for CWY, 2·N·M² for
-        T-CWY). float32 input is formed in float64 on CPU.
+        Lower-trapezoidal V (LAPACK's layout, and what :func:`householder_vectors` returns) on
+        NumPy/torch/CuPy without autodiff: blocked like LAPACK orgqr on the trailing submatrices
+        (:func:`~householderla._agnostic.forming.structured_matrix`, 4N³/3 flops for L = N, float64
+        ‖QᵀQ − I‖ at orgqr's level); any other V there: the one-shot I − V S⁻¹ Vᵀ with unnormalised
+        factors (:func:`~householderla._agnostic.forming.dense_matrix`: syrk, one triangular solve,
+        one GEMM). With autodiff or on other namespaces: I − U (T Uᵀ) through the differentiable
+        factors (2·N²·L flops for CWY, 2·N·M² for T-CWY). float32 input is formed in float64 on CPU.
         """
         mode = self._mode_forward
         dense = self._direct_dense()

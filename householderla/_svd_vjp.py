@@ -140,10 +140,9 @@ def bounded_sigma_vjp(s_hat: Any, center: Any, radius: Any, g: Any, *, xp: Any =
     """VJP of ŝ ↦ bounded_sigma(ŝ, center, radius) (exported as
     ``householderla.vjp.bounded_sigma``); g has the output's shape.
 
-    ŝ̄ = g · 2r·f(ŝ)(1 − f(ŝ)) = g · 2r·e^{−abs(ŝ)}/(1 + e^{−abs(ŝ)})², f = sigmoid,
-    summed over axes that broadcasting with center/radius added. ``center`` and ``radius``
-    are treated as constants (hyperparameters in Zhang, Lei & Dhillon, ICML 2018, §4); their
-    cotangents, if wanted,
+    ŝ̄ = g · 2r·f(ŝ)(1 − f(ŝ)) = g · 2r·e^{−abs(ŝ)}/(1 + e^{−abs(ŝ)})², f = sigmoid, summed over
+    axes that broadcasting with center/radius added. ``center`` and ``radius`` are treated as
+    constants (hyperparameters in Zhang, Lei & Dhillon, ICML 2018, §4); their cotangents, if wanted,
     are Σ g and Σ g·tanh(ŝ/2) (``docs/theory/svd.rst``), and torch/JAX autodiff of
     :func:`bounded_sigma` gives them. For large abs(ŝ) the factor underflows to the correct
     0, never NaN or a warning.
@@ -186,13 +185,12 @@ def svd_householder_apply_vjp(
     Notes
     -----
     Forward a = P_r Q_Vᵀ x, c = σ ⊙ a, y = Q_U E_r c. Backward, with the CWY apply rule of
-    ``docs/theory/vjp.rst`` for each side: c̄ = P_r Q_Uᵀ g and Ū from (Q_U, h = E_r c, g);
-    σ̄_i = Σ_b c̄_ib a_ib; ā = σ ⊙ c̄; x̄ = Q_V E_r ā and V̄ from (Q_Vᵀ, x, E_r ā). The
-    reflection-vector cotangents go through the normalisation backward, so they are the
-    full gradients of Zhang, Lei & Dhillon, ICML 2018 eq. 15 (not Mhammedi et al.'s fixed-norm eq.
-    14); zero vectors get
-    exactly 0. About twice the forward's flops (8·N·k·B + 2·N·k² per side, on top of the
-    factors), O(N·k + k·B + k²) memory per side.
+    ``docs/theory/vjp.rst`` for each side: c̄ = P_r Q_Uᵀ g and Ū from (Q_U, h = E_r c, g); σ̄_i =
+    Σ_b c̄_ib a_ib; ā = σ ⊙ c̄; x̄ = Q_V E_r ā and V̄ from (Q_Vᵀ, x, E_r ā). The reflection-vector
+    cotangents go through the normalisation backward, so they are the full gradients of Zhang, Lei &
+    Dhillon, ICML 2018 eq. 15 (not Mhammedi et al.'s fixed-norm eq. 14); zero vectors get exactly 0.
+    About twice the forward's flops (8·N·k·B + 2·N·k² per side, on top of the factors), O(N·k + k·B
+    + k²) memory per side.
     """
     xp, (U_vecs, sigma, V_vecs, x, g), (m, n, _) = resolve_params(
         U_vecs, sigma, V_vecs, xp, [("x", x), ("g", g)]

@@ -4,9 +4,8 @@ Algorithms 1, 2, 4, 5).
 :class:`StiefelSGD` and :class:`StiefelAdam` are ``torch.optim.Optimizer`` subclasses that run
 :func:`householderla.stiefel.momentum_sgd` / :func:`~householderla.stiefel.adam` on every
 parameter of a group with ``stiefel=True`` (the default) and the matching Euclidean update
-(:func:`~householderla.stiefel.euclidean_sgd` / :func:`~householderla.stiefel.euclidean_adam`)
-on groups with ``stiefel=False`` — same hyperparameters for both, as Kong, Wang & Tao, ICLR 2023
-App. P
+(:func:`~householderla.stiefel.euclidean_sgd` / :func:`~householderla.stiefel.euclidean_adam`) on
+groups with ``stiefel=False`` — same hyperparameters for both, as Kong, Wang & Tao, ICLR 2023 App. P
 recommends. Re-exported as ``householderla.torch.StiefelSGD`` / ``StiefelAdam``.
 
 Conventions:
@@ -120,8 +119,7 @@ def _state_type(manifold: bool, kind: str) -> Any:
 
 class StiefelSGD(_StiefelOptimizer):
     """Momentum SGD on Stiefel manifolds (Kong, Wang & Tao, ICLR 2023, Algorithm 1; Algorithm 4 for
-    square
-    parameters) as a ``torch.optim.Optimizer``.
+    square parameters) as a ``torch.optim.Optimizer``.
 
     Parameters
     ----------
@@ -196,8 +194,7 @@ class StiefelSGD(_StiefelOptimizer):
 
 class StiefelAdam(_StiefelOptimizer):
     """Adam on Stiefel manifolds (Kong, Wang & Tao, ICLR 2023, Algorithm 2; Algorithm 5 for square
-    parameters)
-    as a ``torch.optim.Optimizer``.
+    parameters) as a ``torch.optim.Optimizer``.
 
     Parameters
     ----------

@@ -1,18 +1,15 @@
 """Compact WY (CWY) and truncated CWY (T-CWY) operators.
 
 ``cwy(V)`` is Q = H(v₁)…H(v_L) = I − U S⁻¹ Uᵀ with S = ½I + striu(UᵀU) (Likhosherstov et al.,
-AISTATS 2021, Theorem 2;
-Mhammedi et al., ICML 2017, Proposition 1); ``tcwy(V)`` is Ω = γ_{N,M}(V) = [I; 0] − U S⁻¹ U₁ᵀ, the
-first M
-columns of H(v₁)…H(v_M) (Likhosherstov et al., AISTATS 2021, Theorem 3). Both are operators: the
-factors U and T = S⁻¹
-are computed once, on the operator's first product (N·L² + L³/3 flops), and every ``@``
-costs two GEMMs and one small L×L product; the N×N (or N×M) matrix is formed only by ``.matrix()``.
+AISTATS 2021, Theorem 2; Mhammedi et al., ICML 2017, Proposition 1); ``tcwy(V)`` is Ω = γ_{N,M}(V) =
+[I; 0] − U S⁻¹ U₁ᵀ, the first M columns of H(v₁)…H(v_M) (Likhosherstov et al., AISTATS 2021, Theorem
+3). Both are operators: the factors U and T = S⁻¹ are computed once, on the operator's first product
+(N·L² + L³/3 flops), and every ``@`` costs two GEMMs and one small L×L product; the N×N (or N×M)
+matrix is formed only by ``.matrix()``.
 
 Lower-trapezoidal V (column j zero above row j: LAPACK's and oRNN's layout, Mhammedi et al., ICML
-2017 eq. 9)
-is exploited by ``.matrix()`` (orgqr-style blocking) and by ``@`` (blocked products that skip
-the zeros, :mod:`householderla._agnostic.trapezoidal`); ``structure=`` declares, detects or
+2017 eq. 9) is exploited by ``.matrix()`` (orgqr-style blocking) and by ``@`` (blocked products that
+skip the zeros, :mod:`householderla._agnostic.trapezoidal`); ``structure=`` declares, detects or
 disables it.
 
 With torch tensors that require grad, and always with JAX arrays, building and applying the
@@ -51,16 +48,14 @@ def cwy(V: Any, *, structure: str = "auto", xp: Any = None) -> CWY:
     ----------
     V : array, shape (..., N, L), L ≤ N
         Reflection vectors as columns; H(0) = I (Zhang, Lei & Dhillon, ICML 2018 eq. 1). Integer
-        input is promoted to
-        the namespace's default float (float64 for NumPy, float32 for torch).
+        input is promoted to the namespace's default float (float64 for NumPy, float32 for torch).
     structure : {"auto", "trapezoidal", "dense"}, default "auto"
         Whether V is lower trapezoidal (V[i, j] = 0 for i < j, Mhammedi et al., ICML 2017 eq. 9),
-        which
-        ``.matrix()`` and ``@`` exploit. "auto" detects it on eager arrays (one N·L
-        comparison, once per operator; never on JAX tracers or other lazy arrays, which are
-        then treated as dense). "trapezoidal" declares it without any check (jit-friendly):
-        the entries above the diagonal are *ignored*, i.e. the operator is built from
-        tril(V), whatever they hold (also NaN). "dense" never uses the structure.
+        which ``.matrix()`` and ``@`` exploit. "auto" detects it on eager arrays (one N·L
+        comparison, once per operator; never on JAX tracers or other lazy arrays, which are then
+        treated as dense). "trapezoidal" declares it without any check (jit-friendly): the entries
+        above the diagonal are *ignored*, i.e. the operator is built from tril(V), whatever they
+        hold (also NaN). "dense" never uses the structure.
     xp : namespace, optional
         Array namespace to use instead of the one inferred from ``V``.
 
@@ -79,14 +74,12 @@ def cwy(V: Any, *, structure: str = "auto", xp: Any = None) -> CWY:
     bounded for any reflectors (diagonal 2, off-diagonal entries
     T_ij = −4 u_iᵀ H(u_{i+1})…H(u_{j−1}) u_j of modulus ≤ 4).
 
-    For lower-trapezoidal V, ``Q @ h`` skips the zeros by blocked GEMMs,
-    4·N·L·B − L²·B + 3·L²·B/k flops with k ≤ 8 column blocks (Mhammedi et al., ICML 2017, Table 2:
-    (4n − m)m
-    per vector), where measured faster (L ≥ 256 and L ≥ N/2; for B < 16 right-hand sides
-    L ≥ 3N/4 and L ≥ 512), on the paths without autodiff wiring (NumPy, array-api-strict,
-    CuPy, torch without grad); JAX and torch with grad use the dense products, with the same
-    values. ``.matrix()`` is blocked like LAPACK orgqr
-    (4N³/3 flops for L = N) on NumPy, CuPy and torch without grad.
+    For lower-trapezoidal V, ``Q @ h`` skips the zeros by blocked GEMMs, 4·N·L·B − L²·B + 3·L²·B/k
+    flops with k ≤ 8 column blocks (Mhammedi et al., ICML 2017, Table 2: (4n − m)m per vector),
+    where measured faster (L ≥ 256 and L ≥ N/2; for B < 16 right-hand sides L ≥ 3N/4 and L ≥ 512),
+    on the paths without autodiff wiring (NumPy, array-api-strict, CuPy, torch without grad); JAX
+    and torch with grad use the dense products, with the same values. ``.matrix()`` is blocked like
+    LAPACK orgqr (4N³/3 flops for L = N) on NumPy, CuPy and torch without grad.
 
     Examples
     --------
@@ -124,12 +117,11 @@ def tcwy(V: Any, *, structure: str = "auto", xp: Any = None) -> TCWY:
         Reflection vectors as columns.
     structure : {"auto", "trapezoidal", "dense"}, default "auto"
         Whether V is lower trapezoidal (V[i, j] = 0 for i < j, Mhammedi et al., ICML 2017 eq. 9),
-        which
-        ``.matrix()`` and ``@`` exploit. "auto" detects it on eager arrays (one N·L
-        comparison, once per operator; never on JAX tracers or other lazy arrays, which are
-        then treated as dense). "trapezoidal" declares it without any check (jit-friendly):
-        the entries above the diagonal are *ignored*, i.e. the operator is built from
-        tril(V), whatever they hold (also NaN). "dense" never uses the structure.
+        which ``.matrix()`` and ``@`` exploit. "auto" detects it on eager arrays (one N·L
+        comparison, once per operator; never on JAX tracers or other lazy arrays, which are then
+        treated as dense). "trapezoidal" declares it without any check (jit-friendly): the entries
+        above the diagonal are *ignored*, i.e. the operator is built from tril(V), whatever they
+        hold (also NaN). "dense" never uses the structure.
     xp : namespace, optional
         Array namespace to use instead of the one inferred from ``V``.
 
@@ -141,11 +133,10 @@ def tcwy(V: Any, *, structure: str = "auto", xp: Any = None) -> TCWY:
 
     Notes
     -----
-    Ω = [I_M; 0] − U S⁻¹ U₁ᵀ with U₁ the top M×M block of U: the first M columns of
-    H(v₁)…H(v_M), a surjection onto St(N, M) (Likhosherstov et al., AISTATS 2021, Theorem 3).
-    Building costs
-    N·M² + M³/3 flops, ``Ω @ x`` 2·M²·B + 2·N·M·B + M²·B, ``.matrix()`` 2·N·M².
-    Lower-trapezoidal V (what :func:`tcwy_vectors` returns) uses the blocked products of
+    Ω = [I_M; 0] − U S⁻¹ U₁ᵀ with U₁ the top M×M block of U: the first M columns of H(v₁)…H(v_M), a
+    surjection onto St(N, M) (Likhosherstov et al., AISTATS 2021, Theorem 3). Building costs N·M² +
+    M³/3 flops, ``Ω @ x`` 2·M²·B + 2·N·M·B + M²·B, ``.matrix()`` 2·N·M². Lower-trapezoidal V (what
+    :func:`tcwy_vectors` returns) uses the blocked products of
     :func:`cwy` for ``@`` under the same conditions (U₁ is then lower triangular).
 
     Examples

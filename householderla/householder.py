@@ -1,19 +1,17 @@
 """Householder reflections: sequential products and the constructive inverses.
 
 H(v) = I − 2 v vᵀ / ‖v‖² for v ≠ 0 and H(0) = I (Zhang, Lei & Dhillon, ICML 2018 eq. 1). The
-sequential path applies
-the reflections one at a time (4·N·L·B flops for L reflections on B vectors): the reference
-implementation against which CWY is tested, and the fastest path for tiny shapes.
+sequential path applies the reflections one at a time (4·N·L·B flops for L reflections on B
+vectors): the reference implementation against which CWY is tested, and the fastest path for tiny
+shapes.
 
 The constructive inverses run Householder QR with a positive diagonal (Mhammedi et al., ICML 2017,
-Algorithm 2;
-the proof of Likhosherstov et al., AISTATS 2021, Theorems 1 and 3, eq. 4–7): the k-th reflector
-maps the current k-th
-column x to +‖x‖ e_k, computed without cancellation by Parlett's formula
-v_k = −‖x_{k+1:}‖² / (x_k + ‖x‖) when x_k > 0. For Q ∈ O(N) the first N − 1 steps leave
-R = diag(1, …, 1, ρ) with ρ = (−1)^m det Q, m the number of nonzero reflectors so far; the
-N-th reflector is then 0 (ρ = +1) or −e_N (ρ = −1). So N vectors, one possibly zero,
-reach both components of O(N), and the number of nonzero vectors has the parity of det Q.
+Algorithm 2; the proof of Likhosherstov et al., AISTATS 2021, Theorems 1 and 3, eq. 4–7): the k-th
+reflector maps the current k-th column x to +‖x‖ e_k, computed without cancellation by Parlett's
+formula v_k = −‖x_{k+1:}‖² / (x_k + ‖x‖) when x_k > 0. For Q ∈ O(N) the first N − 1 steps leave R =
+diag(1, …, 1, ρ) with ρ = (−1)^m det Q, m the number of nonzero reflectors so far; the N-th
+reflector is then 0 (ρ = +1) or −e_N (ρ = −1). So N vectors, one possibly zero, reach both
+components of O(N), and the number of nonzero vectors has the parity of det Q.
 """
 
 from __future__ import annotations
@@ -72,11 +70,10 @@ def householder_apply(V: Any, h: Any, *, xp: Any = None) -> Any:
     Notes
     -----
     4·N·L·B flops in L sequential steps (Mhammedi et al., ICML 2017, Algorithm 1, forward). Same
-    result as
-    ``cwy(V) @ h``; cheaper than building CWY when L·B is small. NumPy float32/float64
-    inputs run the Numba kernel (:func:`householderla._kernels.numba.hprod`: τ = 2/‖v‖² from
-    the unnormalised columns, agreeing with the Array API loop to a few ulps per reflection)
-    when numba is installed and ``HL_DISABLE_NUMBA`` is unset.
+    result as ``cwy(V) @ h``; cheaper than building CWY when L·B is small. NumPy float32/float64
+    inputs run the Numba kernel (:func:`householderla._kernels.numba.hprod`: τ = 2/‖v‖² from the
+    unnormalised columns, agreeing with the Array API loop to a few ulps per reflection) when numba
+    is installed and ``HL_DISABLE_NUMBA`` is unset.
 
     Examples
     --------
@@ -220,17 +217,15 @@ def householder_vectors(Q: Any, *, xp: Any = None) -> Any:
     -------
     V : array, shape (..., N, N)
         Column k is zero above row k (lower trapezoidal, as in Mhammedi et al., ICML 2017 eq. 9).
-        The last
-        column is 0 or −e_N, whichever makes (−1)^(number of nonzero columns) = det Q,
-        so V ↦ cwy(V) reaches all of O(N) (Likhosherstov et al., AISTATS 2021, Theorem 1 with H(0)
+        The last column is 0 or −e_N, whichever makes (−1)^(number of nonzero columns) = det Q, so V
+        ↦ cwy(V) reaches all of O(N) (Likhosherstov et al., AISTATS 2021, Theorem 1 with H(0)
         = I).
 
     Notes
     -----
     Householder QR with positive diagonal (Mhammedi et al., ICML 2017, Algorithm 2), 4N³/3 flops,
-    computed in
-    float64 for float32 inputs on CPU backends. For a non-orthogonal full-rank Q the result
-    parametrises the orthogonal factor of Q = QR with diag(R) > 0.
+    computed in float64 for float32 inputs on CPU backends. For a non-orthogonal full-rank Q the
+    result parametrises the orthogonal factor of Q = QR with diag(R) > 0.
 
     Examples
     --------

@@ -11,16 +11,14 @@ column. We append H_1(s), s ∈ {+1, −1}, as one more CWY column, 0 for s = +1
 e_n for s = −1 (H(e_n) = diag(I, −1)); with m = n − 1 this is the paper's full map M₁, whose
 image is all of O(n) (Theorem 1; :func:`ornn_params` is the constructive inverse).
 
-The operator is :func:`householderla.cwy` of V = [tril(U), (1 − s)/2 · e_n] with the
-structure declared ("trapezoidal"), so products skip the zeros where that is faster
+The operator is :func:`householderla.cwy` of V = [tril(U), (1 − s)/2 · e_n] with the structure
+declared ("trapezoidal"), so products skip the zeros where that is faster
 (:mod:`householderla._agnostic.trapezoidal`; Mhammedi et al., ICML 2017, Table 2). Entries of U
-above the
-diagonal are not parameters: they are masked out, and their gradient is exactly 0.
+above the diagonal are not parameters: they are masked out, and their gradient is exactly 0.
 
 The explicit VJPs give the *full* gradient with respect to the unnormalised u_k (Zhang, Lei &
-Dhillon, ICML 2018
-eq. 15), not Mhammedi et al., ICML 2017 eq. 14, which treats ‖u_k‖ as fixed (docs/theory/vjp.rst,
-docs/theory/ornn.rst).
+Dhillon, ICML 2018 eq. 15), not Mhammedi et al., ICML 2017 eq. 14, which treats ‖u_k‖ as fixed
+(docs/theory/vjp.rst, docs/theory/ornn.rst).
 """
 
 from __future__ import annotations
@@ -130,14 +128,13 @@ def ornn(U: Any, sign: Any = 1, *, xp: Any = None) -> CWY:
     ----------
     U : array, shape (..., n, m), m ≤ n − 1
         Column j (0-based) holds u_{n−j} ∈ ℝ^{n−j} in rows j, …, n − 1 (Mhammedi et al., ICML 2017
-        eq. 9). The
-        entries above the diagonal are not parameters: they are ignored (masked to zero), and
-        their gradient is exactly zero. A zero column is the identity (H(0) = I).
+        eq. 9). The entries above the diagonal are not parameters: they are ignored (masked to
+        zero), and their gradient is exactly zero. A zero column is the identity (H(0) = I).
     sign : {+1, −1} or array of shape (...), default +1
         H_1 = diag(I_{n−1}, sign) (Mhammedi et al., ICML 2017 eq. 7), applied last (rightmost). An
-        int/float
-        array broadcasts against U's batch shape; eager values must be ±1 (under ``jax.jit``
-        sign > 0 is read as +1, anything else as −1). Not differentiable (a discrete choice).
+        int/float array broadcasts against U's batch shape; eager values must be ±1 (under
+        ``jax.jit`` sign > 0 is read as +1, anything else as −1). Not differentiable (a discrete
+        choice).
     xp : namespace, optional
         Array namespace to use instead of the one inferred from ``U``.
 
@@ -221,9 +218,8 @@ def ornn_apply_vjp(U: Any, sign: Any, h: Any, g: Any, *, xp: Any = None) -> tupl
 
     Parameters
     ----------
-    U, sign : as for :func:`ornn`
-    h : array, shape (n,) or (..., n, B)
-    g : array, the shape of the output ``ornn(U, sign) @ h``
+    U, sign : as for :func:`ornn` h : array, shape (n,) or (..., n, B) g : array, the shape of the
+    output ``ornn(U, sign) @ h``
 
     Returns
     -------
@@ -235,14 +231,13 @@ def ornn_apply_vjp(U: Any, sign: Any, h: Any, g: Any, *, xp: Any = None) -> tupl
     Notes
     -----
     The full gradient with respect to the unnormalised u_k (Zhang, Lei & Dhillon, ICML 2018 eq. 15;
-    Mhammedi et al., ICML 2017
-    eq. 14 omits the radial term): the CWY backward of docs/theory/vjp.rst on
-    V = [tril(U), c·e_n], then the mask. Where the blocked products are faster (L = m + 1 ≥
-    256, L ≥ n/2) every product skips the zeros of U
-    (:func:`householderla._agnostic.trapezoidal.apply_vjp`): 10·n·L·B − 3·L²·B + 2·n·L² − L³
-    flops plus the factors (n·L² + L³/3), against 10·n·L·B + 4·L²·B + 2·n·L² dense. Seed 001
-    Table 2's BP, (7n − 2m + 3)·m per vector, stores the m + 1 intermediate vectors per
-    right-hand side (and has no 2·n·L² term because it runs the reflections one by one).
+    Mhammedi et al., ICML 2017 eq. 14 omits the radial term): the CWY backward of
+    docs/theory/vjp.rst on V = [tril(U), c·e_n], then the mask. Where the blocked products are
+    faster (L = m + 1 ≥ 256, L ≥ n/2) every product skips the zeros of U
+    (:func:`householderla._agnostic.trapezoidal.apply_vjp`): 10·n·L·B − 3·L²·B + 2·n·L² − L³ flops
+    plus the factors (n·L² + L³/3), against 10·n·L·B + 4·L²·B + 2·n·L² dense. Seed 001 Table 2's BP,
+    (7n − 2m + 3)·m per vector, stores the m + 1 intermediate vectors per right-hand side (and has
+    no 2·n·L² term because it runs the reflections one by one).
     """
     xp, U, V, (h, g) = _prepare(U, sign, xp, [("h", h), ("g", g)])
     n, m = U.shape[-2], U.shape[-1]

@@ -1,14 +1,12 @@
 """Retractions onto the Stiefel manifold St(N, M) = {X ∈ ℝ^{N×M} : XᵀX = I}.
 
 ``polar`` (Newton–Schulz with an a priori iteration count, Kong, Wang & Tao, ICLR 2023 eq. 13 and
-Algorithm 3),
-``polar_retraction`` (polar(X + tZ)), ``cayley_retraction`` (Cayley(ηA)X by
+Algorithm 3), ``polar_retraction`` (polar(X + tZ)), ``cayley_retraction`` (Cayley(ηA)X by
 Sherman–Morrison–Woodbury, Likhosherstov et al., AISTATS 2021 App. B Lemma 1), ``qr_retraction``
-(qf(X + tZ)) and
-``riemannian_gradient`` (A X, Likhosherstov et al., AISTATS 2021, §2.2.2). All batched over leading
-dimensions, float32
-and float64, on every Array API namespace; float32 input is computed in float64 on CPU
-backends and rounded once. The mathematics is in ``docs/theory/retractions.rst``.
+(qf(X + tZ)) and ``riemannian_gradient`` (A X, Likhosherstov et al., AISTATS 2021, §2.2.2). All
+batched over leading dimensions, float32 and float64, on every Array API namespace; float32 input is
+computed in float64 on CPU backends and rounded once. The mathematics is in
+``docs/theory/retractions.rst``.
 
 Autodiff: with torch tensors that need a graph (or are wrapped by ``torch.func``) and always
 with JAX arrays, ``polar`` (hence ``polar_retraction`` and Cayley's drift guard), the SMW
@@ -150,17 +148,16 @@ def polar(
     Notes
     -----
     Coupled Newton–Schulz on A = s²XᵀX (Higham 1997; Kong, Wang & Tao, ICLR 2023, Algorithm 3, App.
-    M.1) in delta
-    form (Q = X + XD). The count k is fixed before the loop from bounds [a, b] ∋ spec(XᵀX):
-    Gershgorin ∩ [1 − δ, 1 + δ], δ = ‖XᵀX − I‖_F (O(M²)), tightened for large M by
-    ρ(E) ≤ ‖E⁸‖_∞^{1/8}, E = XᵀX − I, when that can save iterations. On each eigenvalue the
-    residual r = 1 − λz² obeys r ← ¾r² + ¼r³, so k is the number of steps that takes the
-    worst endpoint below the tolerance (eps of the dtype); the result is then checked on the
-    M × M matrices, ‖(I + D)A(I + D) − I‖_F. X is scaled (s² ≈ 2/(a + b), exactly) only when
-    that saves iterations. From a tangent step X + ξ: 2 iterations for ‖ξ‖₂ ≤ 0.01, 4 for
-    ‖ξ‖₂ ≤ 0.3, 5–6 at 1.5 (up to M = 1024). When the cheap bounds cannot separate λ_min from
-    0 the eigenvalues of XᵀX are used (eager); more than ``MAX_ITERS`` = 10 iterations, or an
-    uncertified count, falls back to QR + SVD of R. Rank-deficient X raises
+    M.1) in delta form (Q = X + XD). The count k is fixed before the loop from bounds [a, b] ∋
+    spec(XᵀX): Gershgorin ∩ [1 − δ, 1 + δ], δ = ‖XᵀX − I‖_F (O(M²)), tightened for large M by ρ(E) ≤
+    ‖E⁸‖_∞^{1/8}, E = XᵀX − I, when that can save iterations. On each eigenvalue the residual r = 1
+    − λz² obeys r ← ¾r² + ¼r³, so k is the number of steps that takes the worst endpoint below the
+    tolerance (eps of the dtype); the result is then checked on the M × M matrices, ‖(I + D)A(I + D)
+    − I‖_F. X is scaled (s² ≈ 2/(a + b), exactly) only when that saves iterations. From a tangent
+    step X + ξ: 2 iterations for ‖ξ‖₂ ≤ 0.01, 4 for ‖ξ‖₂ ≤ 0.3, 5–6 at 1.5 (up to M = 1024). When
+    the cheap bounds cannot separate λ_min from 0 the eigenvalues of XᵀX are used (eager); more than
+    ``MAX_ITERS`` = 10 iterations, or an uncertified count, falls back to QR + SVD of R.
+    Rank-deficient X raises
     :class:`ValueError` on eager arrays unless ``rank_deficient="svd"``; under ``jax.jit`` it
     gets the (orthonormal) QR + SVD result. Cost:
     2·N·M² (Gram) + 2·M³·(3k − 1) + 2·N·M² flops (+ 4·N·M² for a restart).
@@ -317,9 +314,8 @@ def qr_retraction(X: Any, Z: Any, step: Any = 1.0, *, xp: Any = None) -> Any:
 
     Parameters
     ----------
-    X : array, shape (..., N, M), M ≤ N
-    Z : array, shape of X
-    step : float or array broadcasting to X's batch shape
+    X : array, shape (..., N, M), M ≤ N Z : array, shape of X step : float or array broadcasting to
+    X's batch shape
 
     Returns
     -------
@@ -359,9 +355,7 @@ def riemannian_gradient(X: Any, G: Any, *, metric: str = "canonical", xp: Any = 
 
     Parameters
     ----------
-    X : array, shape (..., N, M)
-    G : array, shape of X
-    metric : {"canonical", "euclidean"}
+    X : array, shape (..., N, M) G : array, shape of X metric : {"canonical", "euclidean"}
 
     Returns
     -------

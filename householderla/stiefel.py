@@ -7,12 +7,11 @@ dtype (a JAX pytree, so ``update`` runs under ``jax.jit``). Everything is batche
 dimensions: one manifold St(N, M) per matrix, every moment per matrix.
 
 Notation (Kong, Wang & Tao, ICLR 2023, §2, App. M.4–M.5): a < 1 is the metric parameter of
-Definition 1
-(a = ½ canonical, a = 0 Euclidean), b = a/(a − 1), c = (1 − b)/2 = 1/(2(1 − a)),
-d = (3a − 2)/2; η is ``lr``, μ ``momentum``. The momentum Q = XY + V (eq. 8) is stored
-rescaled as Z (M×M, skew) and U (N×M, XᵀU = 0). float32 input is computed in the library's
-accumulation dtype (float64 on CPU backends) and rounded once per step. The mathematics, the
-product count and the large-step analysis are in ``docs/theory/stiefel.rst``.
+Definition 1 (a = ½ canonical, a = 0 Euclidean), b = a/(a − 1), c = (1 − b)/2 = 1/(2(1 − a)), d =
+(3a − 2)/2; η is ``lr``, μ ``momentum``. The momentum Q = XY + V (eq. 8) is stored rescaled as Z
+(M×M, skew) and U (N×M, XᵀU = 0). float32 input is computed in the library's accumulation dtype
+(float64 on CPU backends) and rounded once per step. The mathematics, the product count and the
+large-step analysis are in ``docs/theory/stiefel.rst``.
 """
 
 from __future__ import annotations
@@ -179,8 +178,7 @@ def momentum_sgd(
     xp: Any = None,
 ) -> StiefelOptimizer:
     """Momentum (S)GD on St(N, M) by the splitting integrator φ̄₃ ∘ φ̃₁ ∘ φ̄₂ (Kong, Wang & Tao,
-    ICLR 2023
-    Algorithm 1; Algorithm 4 for M = N).
+    ICLR 2023 Algorithm 1; Algorithm 4 for M = N).
 
     Parameters
     ----------

@@ -12,9 +12,8 @@ full-length columns are allowed here. Applying W never forms an m×m or n×n mat
     W x = Q_U E_r (σ ⊙ P_r (Q_Vᵀ x)),   E_r = [I_r; 0],  P_r = E_rᵀ,
 
 where Q E_r is T-CWY (Likhosherstov et al., AISTATS 2021, Theorem 3) when the side has exactly r
-reflectors, so the
-rectangular side costs 2·(N + r)·k·B instead of 4·N·k·B. The explicit VJPs compose the CWY
-backward passes of :mod:`householderla._agnostic.compact_wy`; they are derived in
+reflectors, so the rectangular side costs 2·(N + r)·k·B instead of 4·N·k·B. The explicit VJPs
+compose the CWY backward passes of :mod:`householderla._agnostic.compact_wy`; they are derived in
 ``docs/theory/svd.rst``.
 """
 
@@ -274,12 +273,10 @@ def svd_householder(U_vecs: Any, sigma: Any, V_vecs: Any, *, xp: Any = None) -> 
     Notes
     -----
     W = Q_U Σ Q_Vᵀ, Σ = diag(σ) padded with zeros to m×n (Zhang, Lei & Dhillon, ICML 2018 eq. 3 for
-    m = n, eq. 17
-    otherwise; the paper's H_i(u_i) with u_i ∈ ℝⁱ padded by m − i leading zeros is our
+    m = n, eq. 17 otherwise; the paper's H_i(u_i) with u_i ∈ ℝⁱ padded by m − i leading zeros is our
     column m − i + 1, see ``docs/theory/svd.rst``). By Theorems 2 and 4 of Zhang, Lei & Dhillon,
-    ICML 2018 every real
-    m×n matrix is reached; :func:`svd_householder_params` constructs the vectors with
-    2·min(m, n) − 1 reflectors in total.
+    ICML 2018 every real m×n matrix is reached; :func:`svd_householder_params` constructs the
+    vectors with 2·min(m, n) − 1 reflectors in total.
 
     ``W @ x`` for x (n, B) costs, per side with N rows and k reflectors, 4·N·k·B + k²·B
     (T-CWY side, k = r < N: 2·(N + r)·k·B + k²·B), plus r·B for σ — two GEMM pairs, no
@@ -319,13 +316,11 @@ def svd_householder_params(W: Any, *, xp: Any = None) -> tuple[Any, Any, Any]:
 
     Returns
     -------
-    U_vecs : array, shape (..., m, k₁)
-    sigma : array, shape (..., r), r = min(m, n)
+    U_vecs : array, shape (..., m, k₁) sigma : array, shape (..., r), r = min(m, n)
         The singular values as the SVD returns them (≥ 0, descending).
     V_vecs : array, shape (..., n, k₂)
-        Lower-trapezoidal reflection vectors with
-        ``svd_householder(U_vecs, sigma, V_vecs).matrix() ≈ W``, where
-        (k₁, k₂) = (r − 1, r) for m ≤ n and (r, r − 1) for m > n: 2·min(m, n) − 1
+        Lower-trapezoidal reflection vectors with ``svd_householder(U_vecs, sigma, V_vecs).matrix()
+        ≈ W``, where (k₁, k₂) = (r − 1, r) for m ≤ n and (r, r − 1) for m > n: 2·min(m, n) − 1
         reflectors in total, one fewer than Zhang, Lei & Dhillon, ICML 2018, Theorem 4.
 
     Notes

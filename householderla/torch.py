@@ -91,8 +91,7 @@ def householder_apply(V: Any, h: Any, *, kernel: str = "torch") -> torch.Tensor:
     ----------
     V : Tensor, shape (..., N, L)
         Reflection vectors as columns (L ≤ N); H(0) = I.
-    h : Tensor, shape (N,) or (..., N, B)
-    kernel : {"torch", "numba"}
+    h : Tensor, shape (N,) or (..., N, B) kernel : {"torch", "numba"}
         ``"torch"`` (default): torch operations, one reflection at a time
         (``HouseholderApply``); works on every device, under ``torch.func``, and twice
         differentiable. ``"numba"``: the Numba kernels on CPU tensors, handed over by
@@ -252,9 +251,8 @@ class Orthogonal(torch.nn.Module):
 
         Householder QR with positive diagonal (:func:`householderla.householder_vectors`,
         :func:`householderla.tcwy_vectors`; Likhosherstov et al., AISTATS 2021, Theorems 1 and 3):
-        both determinants for
-        square W. A non-orthogonal full-rank W is replaced by its Q factor (the positive-
-        diagonal QR), as ``torch.nn.utils.parametrizations.orthogonal`` does.
+        both determinants for square W. A non-orthogonal full-rank W is replaced by its Q factor
+        (the positive- diagonal QR), as ``torch.nn.utils.parametrizations.orthogonal`` does.
         """
         if self._pending is not None:  # the initial point chosen by orthogonal(init=...)
             V, self._pending = self._pending, None
@@ -351,26 +349,21 @@ def orthogonal(
 
     Parameters
     ----------
-    module : torch.nn.Module
-    name : str
+    module : torch.nn.Module name : str
         A parameter or buffer of shape (..., n, k), float32 or float64.
     map : {"cwy", "tcwy", "svd"}
         ``"cwy"``: W = H(v₁)…H(v_L) (square; Likhosherstov et al., AISTATS 2021, Theorem 2), or its
-        first min(n, k)
-        columns for rectangular W. ``"tcwy"``: W = γ_{N,M}(V), the first M columns of
-        H(v₁)…H(v_M) without forming N × N (Likhosherstov et al., AISTATS 2021, Theorem 3).
-        ``"svd"``: the svdRNN
-        parametrization W = Q_U Σ Q_Vᵀ = H(u₁)…H(u_{k₁}) Σ (H(v₁)…H(v_{k₂}))ᵀ (Zhang, Lei &
-        Dhillon, ICML 2018
-        eq. 3/17; :func:`householderla.svd_householder`) with σ = 1, or with trainable
-        bounded singular values (``sigma_radius``). For ``"cwy"`` / ``"tcwy"`` wide weights
-        (n < k) are the transpose of the tall map; ``"svd"`` is rectangular by itself.
+        first min(n, k) columns for rectangular W. ``"tcwy"``: W = γ_{N,M}(V), the first M columns
+        of H(v₁)…H(v_M) without forming N × N (Likhosherstov et al., AISTATS 2021, Theorem 3).
+        ``"svd"``: the svdRNN parametrization W = Q_U Σ Q_Vᵀ = H(u₁)…H(u_{k₁}) Σ (H(v₁)…H(v_{k₂}))ᵀ
+        (Zhang, Lei & Dhillon, ICML 2018 eq. 3/17; :func:`householderla.svd_householder`) with σ =
+        1, or with trainable bounded singular values (``sigma_radius``). For ``"cwy"`` / ``"tcwy"``
+        wide weights (n < k) are the transpose of the tall map; ``"svd"`` is rectangular by itself.
     reflectors : int, optional
-        L, the number of reflection vectors. Default: n for square ``"cwy"`` (all of O(n),
-        both determinants: Likhosherstov et al., AISTATS 2021, Theorem 1 with H(0) = I), min(n, k)
-        otherwise (all of
-        the Stiefel manifold: Theorem 3). Fewer give a cheaper map onto a subset; assigning a
-        weight then raises.
+        L, the number of reflection vectors. Default: n for square ``"cwy"`` (all of O(n), both
+        determinants: Likhosherstov et al., AISTATS 2021, Theorem 1 with H(0) = I), min(n, k)
+        otherwise (all of the Stiefel manifold: Theorem 3). Fewer give a cheaper map onto a subset;
+        assigning a weight then raises.
     init : {"haar", "identity", "keep"}
         The starting weight: Haar-random on O(n) / St(N, M), the identity ``[I; 0]`` (by
         pairs of equal reflectors, which keep nonzero gradients), or the Q factor of the

@@ -126,8 +126,7 @@ def cwy_apply(V: Any, h: Any, g: Any, *, xp: Any = None) -> tuple[Any, Any]:
 
     Returns
     -------
-    V_bar : array, shape (..., N, L)
-    h_bar : array, shape of h
+    V_bar : array, shape (..., N, L) h_bar : array, shape of h
 
     Notes
     -----

@@ -1,16 +1,15 @@
 """The Numba kernels of the sequential Householder paths against the Array API (NumPy) path.
 
-Tolerances. Both paths apply the same L reflections one at a time, but the kernels use
-τ = 2/‖v‖² on the unnormalised columns (Zhang, Lei & Dhillon, ICML 2018, Algorithm 2) and dot
-products with four
-partial sums, while the NumPy path normalises u = v/‖v‖ and applies y − 2u(uᵀy) with BLAS
-dot products. Each reflection then differs by a few ulps (the dot products' rounding grows
-only like √N·eps for random data), and the differences add over the L reflections. Measured
-on random data (N ≤ 512, both dtypes): max|Δy| ≤ 0.3·eps·L·‖h‖∞ and max|ΔV̄| ≤ 0.95·eps·L·
-max|V̄|; the bound is 5·eps·L·scale (5× the worst seen), while a wrong sign, a missing term
-or a skipped reflection is off by O(1). Where the two sides run
-the *same* operations in the same order (a column of a block vs that column alone,
-trapezoidal vs dense mode on a lower-trapezoidal V) the results are compared bit for bit.
+Tolerances. Both paths apply the same L reflections one at a time, but the kernels use τ = 2/‖v‖² on
+the unnormalised columns (Zhang, Lei & Dhillon, ICML 2018, Algorithm 2) and dot products with four
+partial sums, while the NumPy path normalises u = v/‖v‖ and applies y − 2u(uᵀy) with BLAS dot
+products. Each reflection then differs by a few ulps (the dot products' rounding grows only like
+√N·eps for random data), and the differences add over the L reflections. Measured on random data (N
+≤ 512, both dtypes): max|Δy| ≤ 0.3·eps·L·‖h‖∞ and max|ΔV̄| ≤ 0.95·eps·L· max|V̄|; the bound is
+5·eps·L·scale (5× the worst seen), while a wrong sign, a missing term or a skipped reflection is off
+by O(1). Where the two sides run the *same* operations in the same order (a column of a block vs
+that column alone, trapezoidal vs dense mode on a lower-trapezoidal V) the results are compared bit
+for bit.
 """
 
 from __future__ import annotations

@@ -2,13 +2,11 @@
 paths.
 
 Theorems as property tests on every backend: Mhammedi et al., ICML 2017, Theorem 1 through the
-constructive
-inverse ``ornn_params`` (both determinants, batched), the 2 × 2 counterexample that makes H_1
-necessary, Zhang, Lei & Dhillon, ICML 2018, Theorem 3 (k₁ + k₂ ≤ n + 2 covers O(n)) by its
-constructive proof and its
-sharpness, and Mhammedi et al., ICML 2017, Proposition 1. The structured products must equal the
-dense ones and
-the sequential reflections; every VJP passes the dot-product test in float64.
+constructive inverse ``ornn_params`` (both determinants, batched), the 2 × 2 counterexample that
+makes H_1 necessary, Zhang, Lei & Dhillon, ICML 2018, Theorem 3 (k₁ + k₂ ≤ n + 2 covers O(n)) by its
+constructive proof and its sharpness, and Mhammedi et al., ICML 2017, Proposition 1. The structured
+products must equal the dense ones and the sequential reflections; every VJP passes the dot-product
+test in float64.
 
 Tolerances. Rebuilding Q from QR reflectors is backward stable: ~eps·n per entry from the
 GEMMs plus ~eps·n from the QR, so 10·eps·n² (as in test_householder.py) is generous but still
@@ -542,11 +540,10 @@ def _algorithm1(U: np.ndarray, h: np.ndarray, g: np.ndarray, fixed_norm: bool = 
 
 def test_vjp_is_the_full_gradient_of_seed001_theorem2_and_algorithm1():
     """Our Ū is Zhang, Lei & Dhillon, ICML 2018 eq. 15 summed over the reflections, i.e. the full
-    gradient with
-    respect to the unnormalised u_k: orthogonal to every u_k (H(u) does not depend on ‖u‖).
-    Seed 001's printed Theorem 2 (eq. 14, masked to the trapezoid) and Algorithm 1 give the
-    same Ū: T̃ = striu(UᵀU) + ½ diag(UᵀU) carries the dependence on ‖u_k‖, and line 14 of
-    Algorithm 1 uses the updated g, which contains the term 4 (uᵀx)(uᵀḡ)/‖u‖⁴ u. The
+    gradient with respect to the unnormalised u_k: orthogonal to every u_k (H(u) does not depend on
+    ‖u‖). Seed 001's printed Theorem 2 (eq. 14, masked to the trapezoid) and Algorithm 1 give the
+    same Ū: T̃ = striu(UᵀU) + ½ diag(UᵀU) carries the dependence on ‖u_k‖, and line 14 of Algorithm
+    1 uses the updated g, which contains the term 4 (uᵀx)(uᵀḡ)/‖u‖⁴ u. The
     fixed-norm gradient (that term dropped) differs from ours by exactly its radial part."""
     rng = np.random.default_rng(7)
     n, m = 6, 5

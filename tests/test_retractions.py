@@ -347,9 +347,8 @@ def _unscaled_ns(A, iters=30):
 @pytest.mark.parametrize("norm2", [1.5, 2.5])
 def test_paper_algorithm_fails_where_we_converge(norm2):
     """Unscaled NS (Kong, Wang & Tao, ICLR 2023, Algorithm 3) leaves the region λ(XᵀX) ∈ (0, 3): at
-    ‖ξ‖₂ = 1.5
-    (λ_max = 3.25) it converges to another square root (z → −λ^{-1/2} on that eigenvector:
-    orthonormal, not the polar factor); at 2.5 (λ_max = 7.25) it diverges. Ours scales,
+    ‖ξ‖₂ = 1.5 (λ_max = 3.25) it converges to another square root (z → −λ^{-1/2} on that
+    eigenvector: orthonormal, not the polar factor); at 2.5 (λ_max = 7.25) it diverges. Ours scales,
     certifies the count and converges to the polar factor."""
     rng = np.random.default_rng(8)
     X = stiefel(rng, (), 40, 4)

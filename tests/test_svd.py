@@ -1,7 +1,6 @@
 """The svdRNN parametrization W = Q_U Σ Q_Vᵀ (Zhang, Lei & Dhillon, ICML 2018): theorems as
-property tests, the
-operator against a dense oracle, the constructive inverse, bounded singular values, and every
-explicit VJP by the dot-product test — on every backend of ``bk``.
+property tests, the operator against a dense oracle, the constructive inverse, bounded singular
+values, and every explicit VJP by the dot-product test — on every backend of ``bk``.
 
 Tolerances: the oracle is the definition in float64 NumPy (dense products of reflections).
 Each CWY side is accurate to ~eps·(N + k)·‖T‖ per entry (tests/test_cwy.py), and Σ scales

@@ -3,10 +3,9 @@
 Forward (Likhosherstov et al., AISTATS 2021, Theorem 2, Theorem 3):
 
     U = [v₁/‖v₁‖, …, v_L/‖v_L‖]         (0 ↦ 0, so H(0) = I, Zhang, Lei & Dhillon, ICML 2018 eq. 1)
-    S = ½ I + striu(UᵀU),   T = S⁻¹       (L × L, upper triangular)
-    Q = H(v₁)…H(v_L) = I − U T Uᵀ        ("square")
-    Ω = γ_{N,M}(V) = [I_M; 0] − U T U₁ᵀ   ("embed",  U₁ = U[:M], L = M)
-    Ωᵀ = [I_M  0] − U₁ Tᵀ Uᵀ               ("project")
+    S = ½ I + striu(UᵀU),   T = S⁻¹       (L × L, upper triangular) Q = H(v₁)…H(v_L) = I − U T Uᵀ
+    ("square") Ω = γ_{N,M}(V) = [I_M; 0] − U T U₁ᵀ   ("embed",  U₁ = U[:M], L = M) Ωᵀ = [I_M  0] −
+    U₁ Tᵀ Uᵀ               ("project")
 
 All three are ``y = R(h) − U_out · M · U_inᵀ h`` with M ∈ {T, Tᵀ} and (U_in, U_out, R) one of
 (U, U, id), (U₁, U, pad), (U, U₁, truncate). One kernel and one backward serve all six applies

@@ -61,8 +61,7 @@ def _norm_range(dtype: Any, xp: Any) -> tuple[float, float]:
 
 def _unnormalized_s(V: Any, xp: Any, syrk: bool = True) -> tuple[Any, Any]:
     """(V, S) with H(v₁)…H(v_L) = I − V S⁻¹ Vᵀ, S = striu(VᵀV) + ½ diag(VᵀV) (Mhammedi et al., ICML
-    2017
-    Proposition 1): no normalisation, so no rounding of the given vectors. Zero columns get
+    2017 Proposition 1): no normalisation, so no rounding of the given vectors. Zero columns get
     S_kk = 1 and are zeroed, giving H(0) = I. N·L² flops (syrk on a single NumPy matrix).
 
     ‖v_k‖² is read from the diagonal of the same Gram product as the off-diagonal entries:

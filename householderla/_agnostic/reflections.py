@@ -41,10 +41,9 @@ def householder_apply_vjp(V: Any, h: Any, g: Any, xp: Any) -> tuple[Any, Any]:
 
     Cost ≈ 18·N·L·B flops (4·N·L·B to replay the forward, the rest in the backward sweep).
 
-    Runs the reflections in forward order, recovering each reflector's input from its output
-    (H(u) is an involution, so no O(L·N·B) tape is stored; Mhammedi et al., ICML 2017, Algorithm
-    1). For
-    y = H(u) x: x̄ = H(u) ȳ and ū = −2 (ȳ (uᵀx)ᵀ + x (uᵀȳ)ᵀ) summed over the B columns; the
+    Runs the reflections in forward order, recovering each reflector's input from its output (H(u)
+    is an involution, so no O(L·N·B) tape is stored; Mhammedi et al., ICML 2017, Algorithm 1). For y
+    = H(u) x: x̄ = H(u) ȳ and ū = −2 (ȳ (uᵀx)ᵀ + x (uᵀȳ)ᵀ) summed over the B columns; the
     normalisation u = v/‖v‖ then gives the full gradient of Zhang, Lei & Dhillon, ICML 2018 eq. 15
     (v̄ = (ū − u uᵀū)/‖v‖), not Mhammedi et al.'s fixed-norm version.
 

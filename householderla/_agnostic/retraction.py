@@ -1,9 +1,8 @@
 """Backend-neutral kernels of the Cayley (SMW), QR and polar retractions and their VJPs.
 
 Cayley (Likhosherstov et al., AISTATS 2021 App. B, Lemma 1): with G̃ = G (canonical) or G̃ = G −
-½X(XᵀG) (Euclidean),
-A = G̃Xᵀ − XG̃ᵀ = B Cᵀ with B = η[G̃, sX], C = [X, −G̃/s] (N × 2M, s > 0 a balancing power of
-two), and
+½X(XᵀG) (Euclidean), A = G̃Xᵀ − XG̃ᵀ = B Cᵀ with B = η[G̃, sX], C = [X, −G̃/s] (N × 2M, s > 0 a
+balancing power of two), and
 
     Cayley(ηA) X = X − B K⁻¹ Cᵀ X,   K = I + ½ CᵀB  (2M × 2M).
 

@@ -1,15 +1,13 @@
 """Compact WY kernels for lower-trapezoidal reflectors (oRNN / LAPACK layout), by blocked GEMMs.
 
 When column j of U (..., N, L) is zero in rows < j (Mhammedi et al., ICML 2017 eq. 9), U = [U₁; U₂]
-with U₁ the
-L × L lower-triangular top block, and T = S⁻¹ is upper triangular. The apply
-y = R(h) − U_out M U_inᵀ h of :func:`householderla._agnostic.compact_wy.lowrank_apply` then needs
+with U₁ the L × L lower-triangular top block, and T = S⁻¹ is upper triangular. The apply y = R(h) −
+U_out M U_inᵀ h of :func:`householderla._agnostic.compact_wy.lowrank_apply` then needs
 
     Uᵀh   2·(N·L − L²/2)·B,    M·a   L²·B,    U·b   2·(N·L − L²/2)·B,
 
 4·N·L·B − L²·B flops in all: Mhammedi et al., ICML 2017, Table 2's forward count (4n − m + 2)·m per
-vector, up
-to the 2m of its divisions by ‖u_k‖², against 4·N·L·B + 2·L²·B for the dense products.
+vector, up to the 2m of its divisions by ‖u_k‖², against 4·N·L·B + 2·L²·B for the dense products.
 
 The zeros are skipped by splitting the L columns into k blocks [s, e) and running one GEMM
 per block on the rows where that block can be nonzero (columns) or on the columns that can

@@ -141,12 +141,12 @@ def from_numpy(a: np.ndarray, like: Any) -> Any:
     """The NumPy array ``a`` (a kernel's fresh result) as an array of ``like``'s type and
     device, without a copy where possible.
 
-    torch CPU: ``torch.from_numpy`` (shares memory, as DLPack would, in a quarter of the
-    time; a read-only ``a`` is copied, since torch
-    has no read-only tensors). JAX CPU: ``jax.numpy.from_dlpack`` (shares memory when ``a`` is
-    64-byte aligned and writable, e.g. from :func:`aligned_empty`; copies otherwise). NumPy:
-    ``a`` itself. Other devices: one host-to-device copy (``torch.asarray`` /
-    ``jax.device_put`` / ``cupy.asarray``). The caller must not write into ``a`` afterwards.
+    torch CPU: ``torch.from_numpy`` (shares memory, as DLPack would, in a quarter of the time; a
+    read-only ``a`` is copied, since torch has no read-only tensors). JAX CPU:
+    ``jax.numpy.from_dlpack`` (shares memory when ``a`` is 64-byte aligned and writable, e.g. from
+    :func:`aligned_empty`; copies otherwise). NumPy: ``a`` itself. Other devices: one host-to-device
+    copy (``torch.asarray`` / ``jax.device_put`` / ``cupy.asarray``). The caller must not write into
+    ``a`` afterwards.
     """
     if not isinstance(a, np.ndarray):
         raise TypeError(f"a must be a NumPy array; got {type(a).__module__}.{type(a).__name__}")

@@ -256,8 +256,7 @@ def hprod(
     -------
     ndarray, shape (..., N) or (..., N, B), dtype of the inputs (float32 or float64)
         Freshly allocated. 4·N·L·B flops (dense), (4N − L + 2)·L·B (trapezoidal, Mhammedi et al.,
-        ICML 2017
-        Table 2), plus 2·N·L for the ‖v_k‖².
+        ICML 2017 Table 2), plus 2·N·L for the ‖v_k‖².
     """
     V, h = np.asarray(V), np.asarray(h)
     dt = V.dtype
@@ -310,8 +309,7 @@ def hgrad(
     -------
     V_bar : ndarray, shape of V
         Full gradient with respect to the unnormalised columns (Zhang, Lei & Dhillon, ICML 2018 eq.
-        15); zero
-        columns get zero; with ``trapezoidal`` the entries above the diagonal get zero.
+        15); zero columns get zero; with ``trapezoidal`` the entries above the diagonal get zero.
     h_bar : ndarray, shape of h (or of y)
         H(v_L)…H(v₁) g (Mhammedi et al., ICML 2017 eq. 15), summed over the batch axes h was
         broadcast along.
@@ -319,9 +317,8 @@ def hgrad(
     Notes
     -----
     11·N·L·B flops (dense; Zhang, Lei & Dhillon, ICML 2018, Table 1: Hgrad 3n + 6k plus the 4k
-    recomputation) with
-    O(N·B) working memory: each reflection's input is recovered from its output. Non-finite
-    V gives NaN (``check=False``, like the NumPy VJP) or raises (``check=True``).
+    recomputation) with O(N·B) working memory: each reflection's input is recovered from its output.
+    Non-finite V gives NaN (``check=False``, like the NumPy VJP) or raises (``check=True``).
     """
     if (h is None) == (y is None):
         raise ValueError("give exactly one of h (the input) or y (the output)")

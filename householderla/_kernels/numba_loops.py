@@ -8,27 +8,23 @@ per reflection and vector γ = vᵀy (2n flops) and y ← y − (τγ) v (2n flo
 the update of reflection k and the dot product of the next share one pass over y.
 
 ``hgrad``: the backward of Zhang, Lei & Dhillon, ICML 2018, Algorithm 3 (Hgrad) / Mhammedi et al.,
-ICML 2017, Algorithm 1 (lines 11–15),
-with the full gradient with respect to the unnormalised v (Zhang, Lei & Dhillon, ICML 2018 eq. 15,
-the term oRNN
-omits included). It sweeps the reflections in the order opposite to the forward and recovers
-each reflection's input from its output (x = H(v) y, H an involution), so memory is O(N) per
-vector rather than the O(N·L) tape of Mhammedi et al., ICML 2017, Table 2. For y = H(v) x and
-cotangent g of y,
-with γ = vᵀy and β = vᵀg, Zhang, Lei & Dhillon, ICML 2018 eq. 15 (ū = −αg − βx + αβu, α = τ vᵀx, β'
+ICML 2017, Algorithm 1 (lines 11–15), with the full gradient with respect to the unnormalised v
+(Zhang, Lei & Dhillon, ICML 2018 eq. 15, the term oRNN omits included). It sweeps the reflections in
+the order opposite to the forward and recovers each reflection's input from its output (x = H(v) y,
+H an involution), so memory is O(N) per vector rather than the O(N·L) tape of Mhammedi et al., ICML
+2017, Table 2. For y = H(v) x and cotangent g of y, with γ = vᵀy and β = vᵀg, Zhang, Lei & Dhillon,
+ICML 2018 eq. 15 (ū = −αg − βx + αβu, α = τ vᵀx, β'
 = τβ) reduces,
 using vᵀx = −vᵀy and x = y − τγ v, to
 
     v̄ = τ (γ g − β y),        x̄ = H(v) g = g − (τβ) v,        x = y − (τγ) v,
 
 7n flops for (v̄, x̄) plus 4n to recover x: 11n per reflection and vector (Zhang, Lei & Dhillon,
-ICML 2018, Table 1
-counts Hgrad + the recomputation as 3n + 10k).
+ICML 2018, Table 1 counts Hgrad + the recomputation as 3n + 10k).
 
 ``trapezoidal=True`` is oRNN's layout (Mhammedi et al., ICML 2017 eq. 9): column k is taken to be
-zero above
-row k, and only rows k…N−1 are read or written, which gives Mhammedi et al., ICML 2017, Table 2's
-(4n − m + 2)m forward flops; the entries above the diagonal are never read (LAPACK-style
+zero above row k, and only rows k…N−1 are read or written, which gives Mhammedi et al., ICML 2017,
+Table 2's (4n − m + 2)m forward flops; the entries above the diagonal are never read (LAPACK-style
 packed storage works) and get no gradient (they are not parameters).
 
 Numerics, chosen to stay within a few ulps of the Array API path
