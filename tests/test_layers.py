@@ -38,7 +38,7 @@ GROUPS = {
 }
 PUBLIC = {"cwy", "householder", "ornn", "svd", "retractions", "stiefel", "vjp"}
 PUBLIC_PRIVATE = {"_operator", "_svd_vjp", "_euclidean", "_compose"}
-ADAPTERS = {"torch", "jax", "_torch_optim", "_optax"}
+ADAPTERS = {"torch", "jax", "_torch_optim", "_torch_param", "_optax"}
 #: Modules that may import a framework at module level (they are imported only lazily).
 FRAMEWORK_MODULES = {
     "householderla._autodiff.torch": {"torch"},
@@ -47,6 +47,7 @@ FRAMEWORK_MODULES = {
     "householderla.torch": {"torch"},
     "householderla.jax": {"jax"},
     "householderla._torch_optim": {"torch"},
+    "householderla._torch_param": {"torch"},
     "householderla._optax": {"jax"},
 }
 FRAMEWORKS = {"torch", "jax", "jaxlib", "cupy", "cupyx", "numba", "dask"}

@@ -547,3 +547,33 @@ def test_orthogonal_bad_input():
     lin = hlt.orthogonal(torch.nn.Linear(3, 3))
     with pytest.raises(ValueError, match=r"assigned weight must have shape \(3, 3\)"):
         lin.weight = torch.eye(4)
+
+
+@pytest.mark.parametrize(
+    ("n", "m", "map_"),
+    [(4, 4, "cwy"), (5, 5, "cwy"), (3, 6, "cwy"), (6, 3, "tcwy"), (5, 5, "svd"), (6, 4, "svd")],
+)
+def test_assigning_the_identity_does_not_freeze_the_weight(n, m, map_):
+    """``module.weight = I`` (whose constructive inverse is all zero vectors, zero gradient)
+    must keep training, as torch's own Householder map does (issue 12, class 5): the
+    assigned weight is exact, the gradient with respect to the parameters is nonzero, and
+    SGD steps move the weight while it stays orthonormal."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(m, n, bias=False).double()
+    hlt.orthogonal(lin, map=map_)
+    eye = torch.eye(n, m, dtype=torch.float64)
+    lin.weight = eye
+    torch.testing.assert_close(lin.weight.detach(), eye, atol=1e-15, rtol=0)
+    A = torch.randn(n, m, dtype=torch.float64)
+    (-(lin.weight * A).sum()).backward()
+    grads = [p.grad for p in lin.parameters() if p.grad is not None]
+    assert sum(float(g.abs().sum()) for g in grads) > 1e-3
+    opt = torch.optim.SGD(lin.parameters(), lr=0.05)
+    for _ in range(5):
+        opt.zero_grad()
+        (-(lin.weight * A).sum()).backward()
+        opt.step()
+    W = lin.weight.detach()
+    gram = W.T @ W if n >= m else W @ W.T
+    assert float((W - eye).abs().max()) > 1e-2
+    torch.testing.assert_close(gram, torch.eye(min(n, m), dtype=torch.float64), atol=1e-13, rtol=0)
