@@ -23,6 +23,8 @@ Conventions:
   from the group at every step (learning-rate schedulers work).
 * ``step`` runs under ``torch.no_grad`` like the built-in optimizers; ``closure`` is
   re-evaluated with gradients enabled. Sparse gradients raise ``TypeError``.
+* A step is all or nothing: every gradient is checked first; a NaN/Inf raises ``ValueError``
+  naming it, or with ``nonfinite="skip"`` skips the step (counted in ``skipped_steps``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ import torch
 from . import stiefel as S
 
 __all__ = ["StiefelAdam", "StiefelSGD"]
+
+#: What a step does when a gradient holds NaN or Inf: raise (naming it) or skip the whole step.
+NONFINITE = ("raise", "skip")
 
 _STATE_KEYS = {
     (True, "sgd"): ("step", "U", "Z"),
@@ -65,6 +70,33 @@ class _StiefelOptimizer(torch.optim.Optimizer):
                         "group with stiefel=False"
                     )
 
+    def _gradients_valid(self) -> bool:
+        """Every gradient of every group is checked before any parameter moves (a step is
+        all or nothing): sparse ones raise TypeError; a NaN/Inf raises ValueError naming the
+        parameter, or with ``nonfinite="skip"`` the whole step is skipped and counted in
+        ``skipped_steps``. One reduction per gradient."""
+        bad = []
+        for gi, group in enumerate(self.param_groups):
+            for pi, p in enumerate(group["params"]):
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise TypeError(
+                        f"{type(self).__name__} does not support sparse gradients "
+                        f"(parameter {pi} of group {gi}); use dense gradients"
+                    )
+                if not bool(torch.isfinite(p.grad).all()):
+                    bad.append(f"parameter {pi} of group {gi} (shape {tuple(p.shape)})")
+        if not bad:
+            return True
+        if self.nonfinite == "skip":
+            self.skipped_steps += 1
+            return False
+        raise ValueError(
+            f"the gradient of {', '.join(bad)} contains NaN or Inf; no parameter was changed "
+            "(pass nonfinite='skip' to skip such steps)"
+        )
+
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
         self._check_group(self.param_groups[-1])
@@ -86,18 +118,15 @@ class _StiefelOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for gi, group in enumerate(self.param_groups):
+        if not self._gradients_valid():
+            return loss  # nonfinite="skip": nothing moved, the step is counted
+        for group in self.param_groups:
             manifold = group["stiefel"]
             opt = self._functional(group)
             keys = _STATE_KEYS[(manifold, self._kind)]
-            for pi, p in enumerate(group["params"]):
+            for p in group["params"]:
                 if p.grad is None:
                     continue
-                if p.grad.is_sparse:
-                    raise TypeError(
-                        f"{type(self).__name__} does not support sparse gradients "
-                        f"(parameter {pi} of group {gi}); use dense gradients"
-                    )
                 wide = manifold and p.shape[-2] < p.shape[-1]
                 X = p.detach().mT if wide else p.detach()
                 G = p.grad.detach().mT if wide else p.grad.detach()
@@ -109,6 +138,12 @@ class _StiefelOptimizer(torch.optim.Optimizer):
                 state.update(zip(keys, new, strict=True))
                 p.copy_(X_next.mT if wide else X_next)
         return loss
+
+
+def _nonfinite_option(value: Any) -> str:
+    if value not in NONFINITE:
+        raise ValueError(f"nonfinite must be one of {NONFINITE}; got {value!r}")
+    return value
 
 
 def _state_type(manifold: bool, kind: str) -> Any:
@@ -139,6 +174,9 @@ class StiefelSGD(_StiefelOptimizer):
         :func:`householderla.stiefel.momentum_sgd`).
     stiefel : bool
         Default of the groups' ``stiefel`` key (True).
+    nonfinite : {"raise", "skip"}
+        A NaN/Inf in any gradient raises ``ValueError`` naming the parameter before anything
+        moves (default), or skips the whole step and counts it in ``skipped_steps``.
 
     Notes
     -----
@@ -169,7 +207,10 @@ class StiefelSGD(_StiefelOptimizer):
         expm_method: str = "euler",
         transport: str = "energy",
         stiefel: bool = True,
+        nonfinite: str = "raise",
     ) -> None:
+        self.nonfinite = _nonfinite_option(nonfinite)
+        self.skipped_steps = 0
         defaults = {
             "lr": lr,
             "momentum": momentum,
@@ -209,6 +250,8 @@ class StiefelAdam(_StiefelOptimizer):
         ε > 0 (default 1e-8).
     metric, expm_method, transport, stiefel
         As in :class:`StiefelSGD`.
+    nonfinite : {"raise", "skip"}
+        As :class:`StiefelSGD`: raise naming the parameter, or skip and count the step.
 
     Notes
     -----
@@ -231,7 +274,10 @@ class StiefelAdam(_StiefelOptimizer):
         expm_method: str = "euler",
         transport: str = "energy",
         stiefel: bool = True,
+        nonfinite: str = "raise",
     ) -> None:
+        self.nonfinite = _nonfinite_option(nonfinite)
+        self.skipped_steps = 0
         defaults = {
             "lr": lr,
             "betas": betas,

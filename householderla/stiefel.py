@@ -111,9 +111,8 @@ def _project_first(X: Any, count: Any, xp: Any) -> Any:
     """polar(X) on the first step (count == 0), X afterwards (Kong, Wang & Tao, ICLR 2023 App. P.1:
     any full-rank
     start; the iteration preserves the structure only from a point of St)."""
-    return select(
-        xp, is_eager(X) and is_eager(count), count == 0, lambda: polar(X, xp=xp), lambda: X
-    )
+    eager = is_eager(X) and is_eager(count)
+    return select(xp, eager, count == 0, lambda: polar(X, rank_deficient="svd", xp=xp), lambda: X)
 
 
 def _to(xp: Any, dtype: Any, *arrays: Any) -> list[Any]:
@@ -156,7 +155,7 @@ def _phi3(
     """
     S = sym(mT(R) @ R)
     SiB = xp.linalg.solve(S, lr * B)
-    X_next = polar(X @ R + lr * U_step, xp=xp)
+    X_next = polar(X @ R + lr * U_step, rank_deficient="svd", xp=xp)
     U_next = U_half - X @ (R @ SiB)
     if transport == "energy":
         e0 = xp.sum(U_half * U_half, axis=(-2, -1))
@@ -267,7 +266,7 @@ def momentum_sgd(
         Z_next = mu * Z - c * (A - mT(A))
         R = expm_skew(lr * Z_next, method, xp)
         if X.shape[-1] == X.shape[-2]:  # SO(n): g = 0, no U (Algorithm 4)
-            X_next, U_next = polar(X @ R, xp=xp), U
+            X_next, U_next = polar(X @ R, rank_deficient="svd", xp=xp), U
         else:
             U_half = U @ momentum_rotation(Z, mu, d * lr, method, xp) - (G - X @ A)
             C = sym(mT(U_half) @ U_half)
@@ -364,7 +363,7 @@ def adam(
         Z_next = b1 * Z - (1.0 - b1) * f
         R = expm_skew((lr * kappa) * (Z_next / (xp.sqrt(p) + eps)), method, xp)
         if X.shape[-1] == X.shape[-2]:  # SO(n) (Algorithm 5)
-            X_next, U_next = polar(X @ R, xp=xp), U
+            X_next, U_next = polar(X @ R, rank_deficient="svd", xp=xp), U
         else:
             g = G - X @ A
             q = b2 * q + (1.0 - b2) * (g * g)

@@ -266,3 +266,40 @@ def test_bad_input():
     H.grad = torch.ones_like(H)
     with pytest.raises(TypeError, match="float16"):
         opt.step()
+
+
+@pytest.mark.parametrize("cls", [hl.torch.StiefelSGD, hl.torch.StiefelAdam])
+def test_a_non_finite_gradient_moves_nothing(cls):
+    """A step is all or nothing (issue 12, class 4): every gradient of every group is checked
+    before any parameter moves; the error names the bad gradient (not "X"); with
+    nonfinite="skip" the whole step is skipped and counted."""
+    torch.manual_seed(1)
+    W = torch.nn.Parameter(torch.linalg.qr(torch.randn(6, 3, dtype=torch.float64))[0])
+    b = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
+    groups = [{"params": [W]}, {"params": [b], "stiefel": False}]
+    W0, b0 = W.detach().clone(), b.detach().clone()
+    opt = cls(groups, lr=0.1)
+    W.grad = torch.ones_like(W)
+    b.grad = torch.tensor([1.0, float("nan"), 0.0], dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"gradient of parameter 0 of group 1 \(shape \(3,\)\)"):
+        opt.step()
+    assert torch.equal(W.detach(), W0) and torch.equal(b.detach(), b0) and not opt.state
+    skip = cls(groups, lr=0.1, nonfinite="skip")
+    skip.step()
+    assert skip.skipped_steps == 1 and torch.equal(W.detach(), W0) and not skip.state
+    b.grad = torch.zeros_like(b)
+    skip.step()  # a finite step still runs
+    assert skip.skipped_steps == 1 and not torch.equal(W.detach(), W0)
+    with pytest.raises(ValueError, match="nonfinite must be one of"):
+        cls([W], nonfinite="ignore")
+
+
+def test_large_steps_from_a_rank_deficient_start_do_not_stop():
+    """The default options survive a rank-deficient start and huge steps (issue 12, class 4):
+    the projection falls back to the SVD polar factor instead of raising."""
+    W = torch.nn.Parameter(torch.ones(5, 2, dtype=torch.float64))  # rank 1
+    opt = hl.torch.StiefelSGD([W], lr=50.0)
+    for _ in range(3):
+        W.grad = torch.randn(5, 2, dtype=torch.float64)
+        opt.step()
+    torch.testing.assert_close(W.T @ W, torch.eye(2, dtype=torch.float64), atol=1e-13, rtol=0)
