@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed-stamp
 HL_TEST_BACKENDS ?= numpy,numpy_readonly,array_api_strict,torch,jax,jax_jit
 PYTEST_WORKERS ?= 2
 
-.PHONY: install test lint unit docs bench bench-quick clean
+.PHONY: install test lint unit docs bench bench-quick fuzz clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,10 @@ bench-quick: $(STAMP)
 	for s in $(BENCH_SCRIPTS); do $(PY) -m benchmarks.$$s --quick --out $(VENV)/bench-quick || exit 1; done
 
 test: lint unit docs bench-quick
+
+# the fuzz suite with many examples per property (minutes; not part of `make test`)
+fuzz: $(STAMP)
+	HYPOTHESIS_PROFILE=fuzz HL_TEST_BACKENDS=numpy,numpy_readonly,torch,jax $(PY) -m pytest -n $(PYTEST_WORKERS) -q tests/test_fuzz.py tests/test_reliability.py
 
 bench: $(STAMP)
 	for s in $(BENCH_SCRIPTS); do $(PY) -m benchmarks.$$s --out benchmarks/results || exit 1; done

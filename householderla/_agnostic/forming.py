@@ -31,13 +31,18 @@ def _s_from_gram(G: Any, d: Any, xp: Any) -> tuple[Any, Any]:
     return xp.triu(G, k=1) + eye * diag[..., None, :], nonzero
 
 
-def _gram_matmul(V: Any, xp: Any) -> Any:
+def _quiet(gram: Any, V: Any, xp: Any) -> Any:
+    """``gram(V, xp)`` without NumPy's over/underflow warnings: they are detected on the
+    diagonal and handled by rescaling (:func:`_unnormalized_s`)."""
     if aac.is_numpy_namespace(xp):
         import numpy as np
 
-        # over/underflow is detected on the diagonal and handled by rescaling (below)
         with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-            return mT(V) @ V
+            return gram(V, xp)
+    return gram(V, xp)
+
+
+def _gram_matmul(V: Any, xp: Any) -> Any:
     return mT(V) @ V
 
 
@@ -73,7 +78,7 @@ def _unnormalized_s(V: Any, xp: Any, syrk: bool = True) -> tuple[Any, Any]:
     ``syrk=False`` forms the Gram matrix with ``@`` (see :func:`structured_matrix`).
     """
     gram = gram_upper if syrk else _gram_matmul
-    G = gram(V, xp)
+    G = _quiet(gram, V, xp)
     d = xp.linalg.diagonal(G)  # (..., L)
     lo, hi = _norm_range(V.dtype, xp)
     in_range = (d >= lo) & (d <= hi)
@@ -84,7 +89,7 @@ def _unnormalized_s(V: Any, xp: Any, syrk: bool = True) -> tuple[Any, Any]:
             e = -xp.floor(xp.log2(xp.where(bad, colmax, xp.ones_like(colmax))))
             half = xp.floor(e / 2)  # two exact steps: 2^1074 (subnormal columns) overflows
             V = (V * 2.0**half) * 2.0 ** (e - half)
-            G = gram(V, xp)
+            G = _quiet(gram, V, xp)
             d = xp.linalg.diagonal(G)
     if aac.is_numpy_namespace(xp) and G.ndim == 2 and bool(xp.all(d > 0)):
         # no zero column: S in place in the fresh Gram (no N×L or L×L copies); the strict
