@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 import jax
 
 from . import stiefel as S
+from ._lib.tracing import is_eager
 
 __all__ = [
     "GradientTransformation",
@@ -55,11 +56,29 @@ def _mT(x: Any) -> Any:
     return x.mT if hasattr(x, "mT") else jax.numpy.swapaxes(x, -1, -2)
 
 
+class SkipState(NamedTuple):
+    """State with ``nonfinite="skip"``: the per-leaf states and the number of skipped steps."""
+
+    inner: Any
+    skipped: Any
+
+
+NONFINITE = ("raise", "skip")
+
+
 class _Update:
     """``update(grads, state, params)`` of the transformation; ``.step`` gives new params."""
 
-    def __init__(self, manifold: S.StiefelOptimizer, euclid: S.StiefelOptimizer, mask: Any):
-        self.manifold, self.euclid, self.mask = manifold, euclid, mask
+    def __init__(
+        self,
+        manifold: S.StiefelOptimizer,
+        euclid: S.StiefelOptimizer,
+        mask: Any,
+        nonfinite: str = "raise",
+    ):
+        if nonfinite not in NONFINITE:
+            raise ValueError(f"nonfinite must be one of {NONFINITE}; got {nonfinite!r}")
+        self.manifold, self.euclid, self.mask, self.nonfinite = manifold, euclid, mask, nonfinite
 
     def leaves(self, params: Any) -> tuple[list[Any], Any, list[bool]]:
         leaves, treedef = jax.tree_util.tree_flatten(params)
@@ -85,7 +104,10 @@ class _Update:
             self.manifold.init(_orient(x)) if flag else self.euclid.init(x)
             for x, flag in zip(leaves, flags, strict=True)
         ]
-        return treedef.unflatten(states)
+        inner = treedef.unflatten(states)
+        if self.nonfinite == "skip":
+            return SkipState(inner, jax.numpy.zeros((), dtype=jax.numpy.int32))
+        return inner
 
     def step(self, grads: Any, state: Any, params: Any) -> tuple[Any, Any]:
         """(new params, new state): X⁺ exactly, without the rounding of X + (X⁺ − X)."""
@@ -93,7 +115,21 @@ class _Update:
             raise ValueError("params are required: a Stiefel step depends on the point X")
         leaves, treedef, flags = self.leaves(params)
         g_leaves = treedef.flatten_up_to(grads)
+        outer, state = (state, state.inner) if self.nonfinite == "skip" else (None, state)
         s_leaves = treedef.flatten_up_to(state)
+        jnp = jax.numpy
+        finite = [jnp.all(jnp.isfinite(g)) for g in g_leaves]
+        if self.nonfinite == "raise":
+            bad = [i for i, ok in enumerate(finite) if is_eager(ok) and not bool(ok)]
+            if bad:  # checked before any leaf moves; under jax.jit NaN propagates instead
+                paths = [
+                    jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_leaves_with_path(params)
+                ]
+                names = ", ".join(paths[i] or "(root)" for i in bad)
+                raise ValueError(
+                    f"the gradient of {names} contains NaN or Inf; no parameter was changed "
+                    "(nonfinite='skip' skips such steps)"
+                )
         new_params, new_states = [], []
         for x, g, s, flag in zip(leaves, g_leaves, s_leaves, flags, strict=True):
             if flag:
@@ -104,7 +140,14 @@ class _Update:
                 x_new, s_new = self.euclid.update(x, g, s)
             new_params.append(x_new)
             new_states.append(s_new)
-        return treedef.unflatten(new_params), treedef.unflatten(new_states)
+        new_params, new_state = treedef.unflatten(new_params), treedef.unflatten(new_states)
+        if self.nonfinite != "skip":
+            return new_params, new_state
+        ok = jnp.all(jnp.stack(finite)) if finite else jnp.asarray(True)
+        keep = jax.tree_util.tree_map  # all or nothing, without Python control flow (jit)
+        new_params = keep(lambda new, old: jnp.where(ok, new, old), new_params, params)
+        new_state = keep(lambda new, old: jnp.where(ok, new, old), new_state, state)
+        return new_params, SkipState(new_state, outer.skipped + jnp.where(ok, 0, 1))
 
     def __call__(self, updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
         new_params, new_state = self.step(updates, state, params)
@@ -128,6 +171,7 @@ def stiefel_sgd(
     expm_method: str = "euler",
     transport: str = "energy",
     stiefel: bool | Any | Callable[[Any], Any] = True,
+    nonfinite: str = "raise",
 ) -> Any:
     """Momentum SGD on Stiefel leaves (Kong, Wang & Tao, ICLR 2023, Algorithm 1) as an optax
     transformation.
@@ -139,6 +183,11 @@ def stiefel_sgd(
     stiefel : bool, pytree of bools, or callable
         Which leaves are Stiefel matrices (default: all); the others get
         :func:`~householderla.stiefel.euclidean_sgd` with the same lr and momentum.
+    nonfinite : {"raise", "skip"}
+        A NaN/Inf gradient: ``ValueError`` naming the leaf before anything moves (eager; under
+        ``jax.jit`` values cannot be inspected and NaN propagates), or "skip": the whole step
+        keeps params and state (``jnp.where``, so it works under ``jax.jit``) and
+        ``state.skipped`` counts such steps.
 
     Returns
     -------
@@ -162,7 +211,7 @@ def stiefel_sgd(
     True
     """
     manifold = S.momentum_sgd(lr, momentum, metric, expm_method=expm_method, transport=transport)
-    return _transformation(_Update(manifold, S.euclidean_sgd(lr, momentum), stiefel))
+    return _transformation(_Update(manifold, S.euclidean_sgd(lr, momentum), stiefel, nonfinite))
 
 
 def stiefel_adam(
@@ -175,6 +224,7 @@ def stiefel_adam(
     expm_method: str = "euler",
     transport: str = "energy",
     stiefel: bool | Any | Callable[[Any], Any] = True,
+    nonfinite: str = "raise",
 ) -> Any:
     """Adam on Stiefel leaves (Kong, Wang & Tao, ICLR 2023, Algorithm 2) as an optax transformation.
 
@@ -186,6 +236,8 @@ def stiefel_adam(
         As in :func:`stiefel_sgd`; non-Stiefel leaves get
         :func:`~householderla.stiefel.euclidean_adam` (Algorithm 2's bias correction, which
         is not ``optax.adam``'s).
+    nonfinite : {"raise", "skip"}
+        As in :func:`stiefel_sgd`.
 
     Returns
     -------
@@ -193,7 +245,8 @@ def stiefel_adam(
         As in :func:`stiefel_sgd`.
     """
     manifold = S.adam(lr, b1, b2, eps, metric, expm_method=expm_method, transport=transport)
-    return _transformation(_Update(manifold, S.euclidean_adam(lr, b1, b2, eps), stiefel))
+    euclid = S.euclidean_adam(lr, b1, b2, eps)
+    return _transformation(_Update(manifold, euclid, stiefel, nonfinite))
 
 
 def update_params(tx: Any, grads: Any, state: Any, params: Any) -> tuple[Any, Any]:

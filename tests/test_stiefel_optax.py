@@ -187,3 +187,26 @@ def test_bad_input():
         O.update_params(O._GradientTransformation(None, None), grad(params), state, params)
     with pytest.raises(ValueError, match="lr"):
         O.stiefel_adam(lr=-1.0)
+
+
+@pytest.mark.parametrize("make", [O.stiefel_sgd, O.stiefel_adam])
+def test_nonfinite_gradients_raise_or_skip_under_jit(make):
+    """issue 12, class 4, for the optax-style front end: "raise" names the leaf before any
+    leaf moves (eager); "skip" keeps params and state and counts the step, inside jax.jit."""
+    X = jnp.asarray(np.linalg.qr(np.random.default_rng(3).standard_normal((6, 2)))[0])
+    params = {"W": X, "b": jnp.zeros(2)}
+    mask = {"W": True, "b": False}
+    bad = {"W": jnp.ones((6, 2)), "b": jnp.array([1.0, jnp.nan])}
+    tx = make(0.1, stiefel=mask)
+    with pytest.raises(ValueError, match=r"gradient of \['b'\] contains NaN or Inf"):
+        O.update_params(tx, bad, tx.init(params), params)
+    tx = make(0.1, stiefel=mask, nonfinite="skip")
+    state = tx.init(params)
+    updates, state = jax.jit(tx.update)(bad, state, params)
+    assert int(state.skipped) == 1
+    assert all(float(jnp.abs(u).max()) == 0.0 for u in jax.tree_util.tree_leaves(updates))
+    good = {"W": jnp.ones((6, 2)), "b": jnp.ones(2)}
+    updates, state = jax.jit(tx.update)(good, state, params)
+    assert int(state.skipped) == 1 and float(jnp.abs(updates["W"]).max()) > 0
+    with pytest.raises(ValueError, match="nonfinite must be one of"):
+        make(0.1, nonfinite="ignore")
