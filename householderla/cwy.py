@@ -53,9 +53,10 @@ def cwy(V: Any, *, structure: str = "auto", xp: Any = None) -> CWY:
         Whether V is lower trapezoidal (V[i, j] = 0 for i < j, Mhammedi et al., ICML 2017 eq. 9),
         which ``.matrix()`` and ``@`` exploit. "auto" detects it on eager arrays (one N·L
         comparison, once per operator; never on JAX tracers or other lazy arrays, which are then
-        treated as dense). "trapezoidal" declares it without any check (jit-friendly): the entries
-        above the diagonal are *ignored*, i.e. the operator is built from tril(V), whatever they
-        hold (also NaN). "dense" never uses the structure.
+        treated as dense). "trapezoidal" declares it: on eager arrays V must then be lower
+        trapezoidal (ValueError otherwise, one N·L comparison); under ``jax.jit`` and on lazy
+        arrays it is not checked and the entries above the diagonal are ignored (the operator is
+        built from tril(V)). "dense" never uses the structure.
     xp : namespace, optional
         Array namespace to use instead of the one inferred from ``V``.
 
@@ -102,7 +103,14 @@ def _prepare(V: Any, structure: Any, xp: Any) -> tuple[Any, Any, bool, None, str
     check_reflectors(V)
     structure = check_structure(structure)
     if structure == "trapezoidal":
-        V = xp.tril(V)
+        Vt = xp.tril(V)
+        if is_eager(V) and math.prod(V.shape) and bool(xp.any(V != Vt)):
+            raise ValueError(
+                'structure="trapezoidal" declares V lower trapezoidal, but V has nonzero '
+                "entries above its diagonal; pass tril(V) (for LAPACK's (a, tau) the reflectors "
+                "are tril(a, -1) + I scaled by tau != 0), or structure='auto'"
+            )
+        V = Vt  # unchecked under jax.jit and on lazy arrays: the upper part is ignored
     if is_eager(V) and math.prod(V.shape):  # NaN/Inf raise when the operator is built
         check_finite_norms(xp.max(xp.abs(V), axis=-2, keepdims=True), xp)
     return V, xp, False, None, structure
@@ -119,9 +127,10 @@ def tcwy(V: Any, *, structure: str = "auto", xp: Any = None) -> TCWY:
         Whether V is lower trapezoidal (V[i, j] = 0 for i < j, Mhammedi et al., ICML 2017 eq. 9),
         which ``.matrix()`` and ``@`` exploit. "auto" detects it on eager arrays (one N·L
         comparison, once per operator; never on JAX tracers or other lazy arrays, which are then
-        treated as dense). "trapezoidal" declares it without any check (jit-friendly): the entries
-        above the diagonal are *ignored*, i.e. the operator is built from tril(V), whatever they
-        hold (also NaN). "dense" never uses the structure.
+        treated as dense). "trapezoidal" declares it: on eager arrays V must then be lower
+        trapezoidal (ValueError otherwise, one N·L comparison); under ``jax.jit`` and on lazy
+        arrays it is not checked and the entries above the diagonal are ignored (the operator is
+        built from tril(V)). "dense" never uses the structure.
     xp : namespace, optional
         Array namespace to use instead of the one inferred from ``V``.
 

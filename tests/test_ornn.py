@@ -371,22 +371,29 @@ def test_blocked_kernels_are_dispatched(bk, monkeypatch):
     assert bool(calls) == native
 
 
-def test_trapezoidal_ignores_the_upper_part(bk):
-    """structure="trapezoidal": entries above the diagonal are treated as zero (also NaN/Inf)
-    for every product; "auto" and "dense" use them."""
+def test_trapezoidal_checks_or_ignores_the_upper_part(bk):
+    """structure="trapezoidal" on a V with entries above the diagonal: ValueError on eager
+    arrays (issue 18: it used to give another matrix silently); under jax.jit, where values
+    cannot be read, they are treated as zero (also NaN/Inf) for every product. "auto" and
+    "dense" use them."""
     rng = np.random.default_rng(2)
     V = np.tril(rng.standard_normal((2, 7, 5)))
     G = V + np.triu(rng.standard_normal((2, 7, 5)), 1)
     G[0, 0, 3] = np.nan
     G[1, 1, 4] = np.inf
     h = rng.standard_normal((7, 3))
+    if bk.eager:
+        for f in (hl.cwy, hl.tcwy):
+            with pytest.raises(ValueError, match="nonzero entries above its diagonal"):
+                f(bk.asarray(G), structure="trapezoidal")
+    Gt = np.tril(G) if bk.eager else G  # eager: the products below on a valid V
     y, Q, Om = bk.call(
         lambda G, h: (
             hl.cwy(G, structure="trapezoidal") @ h,
             hl.cwy(G, structure="trapezoidal").matrix(),
             hl.tcwy(G, structure="trapezoidal").matrix(),
         ),
-        bk.asarray(G),
+        bk.asarray(Gt),
         bk.asarray(h),
     )
     ref = product_of_reflections(V)
