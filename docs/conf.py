@@ -12,6 +12,8 @@ import sys
 
 sys.path.insert(0, os.path.abspath(".."))
 
+from sphinx.application import Sphinx
+
 import householderla
 
 # -- project -------------------------------------------------------------------------------
@@ -26,6 +28,7 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.autosummary",
     "sphinx.ext.mathjax",
+    "sphinx-mathjax-offline",  # MathJax 3 files copied into _static/mathjax (math offline)
     "numpydoc",
     "matplotlib.sphinxext.plot_directive",  # gallery examples run at build time (``.. plot::``)
 ]
@@ -58,7 +61,11 @@ plot_html_show_formats = False
 plot_formats = [("png", 100)]
 
 # -- math ----------------------------------------------------------------------------------
-# MathJax is loaded by the reader's browser; nothing is fetched at build time.
+# MathJax ships with the pages: the extension sphinx-mathjax-offline (``docs`` extra) copies
+# its MathJax 3 (tex-chtml component, fonts, TeX extensions) into _static/mathjax, and the
+# pages load it from there, so math renders without network access. _check_offline_math
+# fails the build if the file is missing.
+mathjax_path = "mathjax/tex-chtml.js"  # relative to _static
 mathjax3_config = {
     "tex": {
         "macros": {
@@ -83,3 +90,21 @@ html_theme_options = {
 }
 html_sidebars = {"index": [], "install": [], "quickstart": [], "design": []}
 html_show_sourcelink = False
+
+
+def _check_offline_math(app: Sphinx, exc: Exception | None) -> None:
+    """The pages load MathJax from _static/mathjax (see ``mathjax_path``); fail if it is absent."""
+    if exc is not None or app.builder.format != "html":
+        return
+    mathjax = os.path.join(app.outdir, "_static", app.config.mathjax_path)
+    if not os.path.isfile(mathjax):
+        raise RuntimeError(
+            f"{mathjax} is missing: math would not render (is the 'docs' extra "
+            "installed, with sphinx-mathjax-offline?)"
+        )
+
+
+def setup(app: Sphinx) -> dict[str, bool]:
+    # after sphinx-mathjax-offline's own build-finished handler, which copies the files
+    app.connect("build-finished", _check_offline_math, priority=900)
+    return {"parallel_read_safe": True}
