@@ -29,8 +29,10 @@ lint: $(STAMP)
 unit: $(STAMP)
 	HL_TEST_BACKENDS=$(HL_TEST_BACKENDS) $(PY) -m pytest -n $(PYTEST_WORKERS) -q
 
+# the pages (their plot examples run), then every Python example on them (doctest builder)
 docs: $(STAMP)
-	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
+	$(PY) -m sphinx -W --keep-going -q -b html -d docs/_build/doctrees docs docs/_build/html
+	$(PY) -m sphinx -W --keep-going -q -b doctest -d docs/_build/doctrees docs docs/_build/doctest
 
 # every benchmark script, tiny sizes: a smoke test that they run (timings are not checked)
 BENCH_SCRIPTS := run retractions sequential structured svd training_step stiefel dispatch
