@@ -96,9 +96,8 @@ mathjax3_config = {
 # on the build machine (e.g. one that needs a GPU) takes ``:skipif:`` with a condition, and
 # the page says why.
 doctest_global_setup = ""
-# Only the pages' examples run: "default" would also run the ``>>>`` examples of the
-# docstrings shown on the API pages, which belong to the package (and do not all pass yet).
-doctest_test_doctest_blocks = ""
+# The pages' examples and the ``>>>`` examples of the docstrings shown on the API pages run.
+doctest_test_doctest_blocks = "default"
 
 # -- HTML ----------------------------------------------------------------------------------
 html_theme = "pydata_sphinx_theme"

@@ -42,7 +42,8 @@ def euclidean_sgd(lr: float = 0.1, momentum: float = 0.9, *, xp: Any = None) -> 
 
     ``v⁺ = μv − g``, ``x⁺ = x + ηv⁺`` — Algorithm 1 with X unconstrained (only the U part,
     no projection, no φ̄₃), i.e. ``torch.optim.SGD(lr=η, momentum=μ)`` with v = −buffer.
-    Seed 004 App. P: Stiefel and Euclidean parameters share lr and momentum. Any shape.
+    Kong, Wang & Tao, ICLR 2023, App. P: Stiefel and Euclidean parameters share lr and momentum.
+    Any shape.
     """
     lr = check_real("lr", lr, 0.0, math.inf, lo_open=True)
     mu = check_real("momentum", momentum, 0.0, 1.0)

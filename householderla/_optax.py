@@ -199,15 +199,16 @@ def stiefel_sgd(
     Examples
     --------
     >>> import jax, jax.numpy as jnp, numpy as np
-    >>> from householderla._optax import stiefel_sgd, apply_updates
+    >>> import householderla.jax as hlj
     >>> X = jnp.asarray(np.linalg.qr(np.random.default_rng(0).standard_normal((6, 2)))[0])
     >>> params = {"W": X, "b": jnp.zeros(2)}
-    >>> tx = stiefel_sgd(0.1, stiefel={"W": True, "b": False})
+    >>> tx = hlj.stiefel_sgd(0.1, stiefel={"W": True, "b": False})
     >>> state = tx.init(params)
     >>> grads = {"W": jnp.ones((6, 2)), "b": jnp.ones(2)}
     >>> updates, state = jax.jit(tx.update)(grads, state, params)
-    >>> params = apply_updates(params, updates)
-    >>> bool(jnp.allclose(params["W"].T @ params["W"], jnp.eye(2)))
+    >>> params = hlj.apply_updates(params, updates)
+    >>> W = params["W"]  # orthonormal to the rounding of its dtype (float32 without x64)
+    >>> bool(jnp.abs(W.T @ W - jnp.eye(2)).max() < 10 * jnp.finfo(W.dtype).eps)
     True
     """
     manifold = S.momentum_sgd(lr, momentum, metric, expm_method=expm_method, transport=transport)

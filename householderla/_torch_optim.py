@@ -186,7 +186,7 @@ class StiefelSGD(_StiefelOptimizer):
     Examples
     --------
     >>> import torch
-    >>> from householderla._torch_optim import StiefelSGD
+    >>> from householderla.torch import StiefelSGD
     >>> W = torch.nn.Parameter(torch.randn(8, 3, dtype=torch.float64))
     >>> b = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
     >>> opt = StiefelSGD([{"params": [W]}, {"params": [b], "stiefel": False}], lr=0.1)

@@ -1,6 +1,6 @@
 """The oRNN parametrisation: W = H_n(u_n)…H_{n−m+1}(u_{n−m+1}) · H_1 with u_k ∈ ℝᵏ.
 
-Seed 001 (Mhammedi et al.), eq. 6–9: for 2 ≤ k ≤ n,
+Mhammedi et al. (ICML 2017), eq. 6–9: for 2 ≤ k ≤ n,
 
     H_k(u) = diag(I_{n−k}, I_k − 2uuᵀ/‖u‖²),   u ∈ ℝᵏ,        H_1(s) = diag(I_{n−1}, s),
 
@@ -235,9 +235,9 @@ def ornn_apply_vjp(U: Any, sign: Any, h: Any, g: Any, *, xp: Any = None) -> tupl
     docs/theory/vjp.rst on V = [tril(U), c·e_n], then the mask. Where the blocked products are
     faster (L = m + 1 ≥ 256, L ≥ n/2) every product skips the zeros of U
     (:func:`householderla._agnostic.trapezoidal.apply_vjp`): 10·n·L·B − 3·L²·B + 2·n·L² − L³ flops
-    plus the factors (n·L² + L³/3), against 10·n·L·B + 4·L²·B + 2·n·L² dense. Seed 001 Table 2's BP,
-    (7n − 2m + 3)·m per vector, stores the m + 1 intermediate vectors per right-hand side (and has
-    no 2·n·L² term because it runs the reflections one by one).
+    plus the factors (n·L² + L³/3), against 10·n·L·B + 4·L²·B + 2·n·L² dense. Mhammedi et al., ICML
+    2017, Table 2's BP, (7n − 2m + 3)·m per vector, stores the m + 1 intermediate vectors per
+    right-hand side (and has no 2·n·L² term because it runs the reflections one by one).
     """
     xp, U, V, (h, g) = _prepare(U, sign, xp, [("h", h), ("g", g)])
     n, m = U.shape[-2], U.shape[-1]

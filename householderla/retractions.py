@@ -218,12 +218,11 @@ def polar_retraction(X: Any, Z: Any, step: Any = 1.0, *, xp: Any = None) -> Any:
 
     Notes
     -----
-    Seed 004 eq. 13 (φ̄₃). The Gram matrix of Y = X + tZ is formed directly (one product),
-    not by the shortcut I + t(XᵀZ + ZᵀX) + t²ZᵀZ: that needs two or three products, and its
-    simplification I + t²ZᵀZ is exact only when XᵀX = I and XᵀZ + ZᵀX = 0 exactly, which
+    Kong, Wang & Tao, ICLR 2023, eq. 13 (φ̄₃). The Gram matrix of Y = X + tZ is formed directly (one
+    product), not by the shortcut I + t(XᵀZ + ZᵀX) + t²ZᵀZ: that needs two or three products, and
+    its simplification I + t²ZᵀZ is exact only when XᵀX = I and XᵀZ + ZᵀX = 0 exactly, which
     rounding never gives; the direct form corrects a drifted X (Kong, Wang & Tao, ICLR 2023 App.
-    M.1).
-    R(X, tZ) = X + tZ + O(t²) for tangent Z. Cost: as :func:`polar`.
+    M.1). R(X, tZ) = X + tZ + O(t²) for tangent Z. Cost: as :func:`polar`.
     """
     xp, device, dtype, (X, Z) = resolve([("X", X), ("Z", Z)], xp)
     check_stiefel_shape(X)
@@ -267,12 +266,12 @@ def cayley_retraction(
 
     Notes
     -----
-    Seed 000 App. B, Lemma 1: A = B Cᵀ with B = η[G̃, X], C = [X, −G̃] ∈ ℝ^{N×2M} and
-    G̃ = G (canonical) or G̃ = G − ½X XᵀG (Euclidean: the paper's N×3M factors equal this
-    rank-2M form), so Cayley(ηA)X = X − B(I + ½CᵀB)⁻¹CᵀX. Only XᵀX, XᵀG, GᵀG and a 2M×2M
-    solve are needed: 10·N·M² + O(M³) flops and O(N·M) memory; never an N×N matrix. The
-    Cayley map is orthogonal, so the result inherits XᵀX; the guard compares the already
-    formed XᵀX (O(M²)) with I. A zero gradient or zero step returns X exactly.
+    Likhosherstov et al., AISTATS 2021, App. B, Lemma 1: A = B Cᵀ with B = η[G̃, X], C = [X, −G̃] ∈
+    ℝ^{N×2M} and G̃ = G (canonical) or G̃ = G − ½X XᵀG (Euclidean: the paper's N×3M factors equal
+    this rank-2M form), so Cayley(ηA)X = X − B(I + ½CᵀB)⁻¹CᵀX. Only XᵀX, XᵀG, GᵀG and a 2M×2M solve
+    are needed: 10·N·M² + O(M³) flops and O(N·M) memory; never an N×N matrix. The Cayley map is
+    orthogonal, so the result inherits XᵀX; the guard compares the already formed XᵀX (O(M²)) with
+    I. A zero gradient or zero step returns X exactly.
 
     Examples
     --------
@@ -324,9 +323,9 @@ def qr_retraction(X: Any, Z: Any, step: Any = 1.0, *, xp: Any = None) -> Any:
 
     Notes
     -----
-    Seed 000 §2.2.2 (``g^QR``). Householder QR of the namespace (``linalg.qr``), then
-    columns of Q (rows of R) with R_kk < 0 are negated, which makes the factorisation unique
-    for full rank. 4·M²(N − M/3) flops; float32 is computed in float64 on CPU.
+    Likhosherstov et al., AISTATS 2021, §2.2.2 (``g^QR``). Householder QR of the namespace
+    (``linalg.qr``), then columns of Q (rows of R) with R_kk < 0 are negated, which makes the
+    factorisation unique for full rank. 4·M²(N − M/3) flops; float32 is computed in float64 on CPU.
     R(X, tZ) = X + tZ + O(t²) for tangent Z.
     """
     xp, device, dtype, (X, Z) = resolve([("X", X), ("Z", Z)], xp)
@@ -366,8 +365,8 @@ def riemannian_gradient(X: Any, G: Any, *, metric: str = "canonical", xp: Any = 
 
     Notes
     -----
-    Seed 000 §2.2.2; the gradient for the inner products ⟨Z₁, Z₂⟩ = tr(Z₁ᵀ(I − ½XXᵀ)Z₂)
-    (canonical) and tr(Z₁ᵀZ₂) (Euclidean). 8·N·M² flops, no N×N matrix.
+    Likhosherstov et al., AISTATS 2021, §2.2.2; the gradient for the inner products ⟨Z₁, Z₂⟩ =
+    tr(Z₁ᵀ(I − ½XXᵀ)Z₂) (canonical) and tr(Z₁ᵀZ₂) (Euclidean). 8·N·M² flops, no N×N matrix.
     """
     euclidean = check_metric(metric)
     xp, _, dtype, (X, G) = resolve([("X", X), ("G", G)], xp)

@@ -1,6 +1,6 @@
 """SVD-Householder parametrization (svdRNN): W = Q_U Σ Q_Vᵀ with both factors in compact WY.
 
-Seed 002 (Zhang, Lei, Dhillon), eq. 3 (square) and eq. 17 (rectangular), in our CWY order:
+Zhang, Lei & Dhillon (ICML 2018), eq. 3 (square) and eq. 17 (rectangular), in our CWY order:
 
     W = Q_U · Σ · Q_Vᵀ ∈ ℝ^{m×n},   Q_U = H(u₁)…H(u_{k₁}) ∈ O(m),   Q_V = H(v₁)…H(v_{k₂}) ∈ O(n),
 

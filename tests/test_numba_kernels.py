@@ -108,7 +108,8 @@ def test_vjp_matches_numpy_path(dtype, vshape, hshape, monkeypatch):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_vjp_from_output_equals_vjp_from_input(dtype):
-    """Seed 001 Algorithm 1's BP starts from the output C = y; recomputing y from h first
+    """Mhammedi et al., ICML 2017, Algorithm 1's BP starts from the output C = y; recomputing y
+    from h first
     must give the same gradients (the forward replay is the same kernel)."""
     rng = np.random.default_rng(3)
     V = rng.standard_normal((20, 6)).astype(dtype)

@@ -47,7 +47,8 @@ def _force_blocked(mp: pytest.MonkeyPatch, block: int = 2) -> None:
 
 
 def _ornn_reference(U: np.ndarray, sign) -> np.ndarray:
-    """Seed 001 eq. 6–8 by dense products of H_k(u_k) = diag(I, I − 2uuᵀ/‖u‖²) and H_1."""
+    """Mhammedi et al., ICML 2017, eq. 6–8 by dense products of H_k(u_k) =
+    diag(I, I − 2uuᵀ/‖u‖²) and H_1."""
     U = np.asarray(U, dtype=np.float64)
     sign = np.broadcast_to(np.asarray(sign, dtype=np.float64), U.shape[:-2])
     if U.ndim > 2:
@@ -156,7 +157,7 @@ def test_structured_matrix_extreme_norms(scale):
 
 def test_counterexample_2x2_with_h1(bk):
     """With H_1 every rotation is reached: ornn_params returns sign = −1 and a nonzero u_2
-    (the rotation is the reflection H_2(u_2) times diag(1, −1)). Seed 001's own remark:
+    (the rotation is the reflection H_2(u_2) times diag(1, −1)). Mhammedi et al.'s own remark:
     diag(1, −1) is not a product of two nonzero Householder reflections (those have det +1,
     distance exactly 2), but it is M₁(u_2 = 0, u_1 = −1)."""
     for theta in (0.3, np.pi / 2, np.pi, 5.0):
@@ -526,9 +527,9 @@ def test_vjp_upper_part_has_zero_gradient_and_no_effect(bk):
 
 
 def _algorithm1(U: np.ndarray, h: np.ndarray, g: np.ndarray, fixed_norm: bool = False):
-    """Seed 001 Algorithm 1 / Figure 7 (MATLAB) for one right-hand side: (C, h̄, Ū). With
-    ``fixed_norm`` line 14 uses g *before* line 13's update, i.e. drops the term
-    h̃_k C̃_k u_k: the gradient with ‖u_k‖ held fixed that Zhang, Lei & Dhillon, ICML 2018,
+    """Mhammedi et al., ICML 2017, Algorithm 1 / Figure 7 (MATLAB) for one right-hand side: (C, h̄,
+    Ū). With ``fixed_norm`` line 14 uses g *before* line 13's update, i.e. drops the term h̃_k C̃_k
+    u_k: the gradient with ‖u_k‖ held fixed that Zhang, Lei & Dhillon, ICML 2018,
     §4.1 describes."""
     n, m = U.shape
     G, H, N, ht = np.zeros((n, m)), np.zeros((n, m + 1)), np.zeros(m), np.zeros(m)
@@ -545,12 +546,12 @@ def _algorithm1(U: np.ndarray, h: np.ndarray, g: np.ndarray, fixed_norm: bool = 
     return H[:, 0], g, G
 
 
-def test_vjp_is_the_full_gradient_of_seed001_theorem2_and_algorithm1():
+def test_vjp_is_the_full_gradient_of_the_ornn_theorem2_and_algorithm1():
     """Our Ū is Zhang, Lei & Dhillon, ICML 2018 eq. 15 summed over the reflections, i.e. the full
     gradient with respect to the unnormalised u_k: orthogonal to every u_k (H(u) does not depend on
-    ‖u‖). Seed 001's printed Theorem 2 (eq. 14, masked to the trapezoid) and Algorithm 1 give the
-    same Ū: T̃ = striu(UᵀU) + ½ diag(UᵀU) carries the dependence on ‖u_k‖, and line 14 of Algorithm
-    1 uses the updated g, which contains the term 4 (uᵀx)(uᵀḡ)/‖u‖⁴ u. The
+    ‖u‖). Mhammedi et al.'s printed Theorem 2 (eq. 14, masked to the trapezoid) and Algorithm 1 give
+    the same Ū: T̃ = striu(UᵀU) + ½ diag(UᵀU) carries the dependence on ‖u_k‖, and line 14 of
+    Algorithm 1 uses the updated g, which contains the term 4 (uᵀx)(uᵀḡ)/‖u‖⁴ u. The
     fixed-norm gradient (that term dropped) differs from ours by exactly its radial part."""
     rng = np.random.default_rng(7)
     n, m = 6, 5

@@ -159,7 +159,8 @@ def test_retractions_land_on_stiefel(bk, shape, seed, t):
 
 @given(shape=shape_st, seed=seed_st, eta=st.sampled_from([1e-3, 0.5, 5.0]))
 def test_cayley_smw_equals_dense_cayley(bk, shape, seed, eta):
-    """Seed 000 App. B Lemma 1, both metrics; X need not be orthonormal for the lemma."""
+    """Likhosherstov et al., AISTATS 2021, App. B Lemma 1, both metrics; X need not be
+    orthonormal for the lemma."""
     batch, (N, M) = shape
     rng = np.random.default_rng(seed)
     X = stiefel(rng, batch, N, M) + 0.1 * rng.standard_normal(batch + (N, M))
