@@ -235,29 +235,31 @@ def polar_retraction(X: Any, Z: Any, step: Any = 1.0, *, xp: Any = None) -> Any:
 
 def cayley_retraction(
     X: Any,
-    G: Any,
-    step: Any,
+    Z: Any,
+    step: Any = 1.0,
     *,
-    metric: str = "canonical",
     drift_tol: float | None = None,
     xp: Any = None,
 ) -> Any:
-    """Cayley retraction Cayley(ηA) X = (I + ηA/2)⁻¹(I − ηA/2) X by Sherman–Morrison–Woodbury.
+    """Cayley retraction along Z: Y = Cayley(tW) X = (I − tW/2)⁻¹(I + tW/2) X by
+    Sherman–Morrison–Woodbury, with Y = X + tZ + O(t²) for tangent Z.
+
+    The same kind of argument, in the same direction, as :func:`polar_retraction` and
+    :func:`qr_retraction` (geoopt's ``retr(x, u, t)``): to descend a function ``f`` with
+    Euclidean gradient G, pass ``Z = -riemannian_gradient(X, G, metric=...)``.
 
     Parameters
     ----------
     X : array, shape (..., N, M), M ≤ N
         A point of St(N, M).
-    G : array, shape of X
-        The Euclidean gradient ∂f/∂X at X.
+    Z : array, shape of X
+        The direction: a tangent vector at X (XᵀZ skew); a non-tangent Z moves along its
+        tangent part (I − X sym(XᵀZ) part removed by the lift below).
     step : float or array broadcasting to X's batch shape
-        η; for small η > 0 the step decreases f (the curve's velocity at η = 0 is
-        −A X = −``riemannian_gradient(X, G, metric)``).
-    metric : {"canonical", "euclidean"}
-        A = Â − Âᵀ with Â = G Xᵀ (canonical) or Â = G Xᵀ − ½ X Xᵀ G Xᵀ (Euclidean).
+        t (default 1).
     drift_tol : float, optional
         Orthogonality guard: when ‖XᵀX − I‖_F exceeds it (default 4·√M·eps of the dtype) the
-        result is replaced by its polar factor, Cayley(ηA)·polar(X). ``0`` always cleans up,
+        result is replaced by its polar factor, Cayley(tW)·polar(X). ``0`` always cleans up,
         ``float('inf')`` never does. Under ``jax.jit`` the check is a ``lax.cond``.
 
     Returns
@@ -266,39 +268,42 @@ def cayley_retraction(
 
     Notes
     -----
-    Likhosherstov et al., AISTATS 2021, App. B, Lemma 1: A = B Cᵀ with B = η[G̃, X], C = [X, −G̃] ∈
-    ℝ^{N×2M} and G̃ = G (canonical) or G̃ = G − ½X XᵀG (Euclidean: the paper's N×3M factors equal
-    this rank-2M form), so Cayley(ηA)X = X − B(I + ½CᵀB)⁻¹CᵀX. Only XᵀX, XᵀG, GᵀG and a 2M×2M solve
-    are needed: 10·N·M² + O(M³) flops and O(N·M) memory; never an N×N matrix. The Cayley map is
-    orthogonal, so the result inherits XᵀX; the guard compares the already formed XᵀX (O(M²)) with
-    I. A zero gradient or zero step returns X exactly.
+    W = ẐXᵀ − XẐᵀ with Ẑ = (I − ½XXᵀ)Z, the canonical skew lift: WX = Z for tangent Z and
+    XᵀX = I (Wen & Yin 2013; Likhosherstov et al., AISTATS 2021, App. B). With G = −Ẑ the skew
+    matrix A = GXᵀ − XGᵀ is −W, and App. B, Lemma 1 gives Cayley(tW)X = (I + tA/2)⁻¹(I − tA/2)X
+    = X − B(I + ½CᵀB)⁻¹CᵀX with B = t[G, X], C = [X, −G] ∈ ℝ^{N×2M}. Only XᵀX, XᵀZ, ZᵀZ and a
+    2M×2M solve are needed: 12·N·M² + O(M³) flops and O(N·M) memory; never an N×N matrix. For
+    the Riemannian gradient of either metric, ``Z = -riemannian_gradient(X, G, metric=m)`` gives
+    exactly the Cayley step of that metric (the canonical lift of its gradient is its own skew
+    matrix). The map is orthogonal, so the result inherits XᵀX; the guard compares the already
+    formed XᵀX (O(M²)) with I. Z = 0 or t = 0 returns X exactly.
 
     Examples
     --------
     >>> import numpy as np, householderla as hl
     >>> rng = np.random.default_rng(0)
     >>> X = np.linalg.qr(rng.standard_normal((8, 3)))[0]
-    >>> Y = hl.cayley_retraction(X, rng.standard_normal((8, 3)), 0.1)
+    >>> Z = -hl.riemannian_gradient(X, rng.standard_normal((8, 3)))   # a descent direction
+    >>> Y = hl.cayley_retraction(X, Z, 0.1)
     >>> bool(np.allclose(Y.T @ Y, np.eye(3)))
     True
     """
-    euclidean = check_metric(metric)
-    xp, device, dtype, (X, G) = resolve([("X", X), ("G", G)], xp)
+    xp, device, dtype, (X, Z) = resolve([("X", X), ("Z", Z)], xp)
     check_stiefel_shape(X)
-    check_like(G, X, "G")
+    check_like(Z, X, "Z")
     t = as_step(step, xp, dtype, device, tuple(X.shape[:-2]))
     if X.shape[-1] == 0:
         return X
-    for a, name in ((X, "X"), (G, "G")):
+    for a, name in ((X, "X"), (Z, "Z")):
         _check_finite(a, xp, name)
-    r = route(xp, X, G, t)
+    r = route(xp, X, Z, t)
     xp = kernel_namespace(xp)
-    work, (Xw, Gw) = _work(xp, X, G)
+    work, (Xw, Zw) = _work(xp, X, Z)
     tw = t if isinstance(t, float) or t.dtype == work else xp.astype(t, work)
-    # ηG enters only as a product: G/c and ηc (c a power of two near max|G|) give the same
-    # map with Gram products of unit scale (G at 1e±160 used to give NaN or 1e-4 errors)
-    c = _power_of_two_max(Gw, xp)
-    Y, drift = call(r, "cayley", xp, Xw, Gw / c, tw * c, euclidean)
+    # tZ enters only as a product: Z/c and tc (c a power of two near max|Z|) give the same
+    # map with Gram products of unit scale (Z at 1e±160 used to give NaN or 1e-4 errors)
+    c = _power_of_two_max(Zw, xp)
+    Y, drift = call(r, "cayley", xp, Xw, Zw / c, tw * c)
     if drift_tol is None:
         drift_tol = DRIFT_FACTOR * X.shape[-1] ** 0.5 * float(xp.finfo(dtype).eps)
     # a Python branch when the drift is concrete; lax.cond / where when any input is traced

@@ -44,7 +44,6 @@ from ._lib.checks import (
     broadcast_batch,
     check_cotangent,
     check_like,
-    check_metric,
     check_reflectors,
     check_stiefel_shape,
 )
@@ -235,8 +234,8 @@ def _polar_vjp(xp: Any, X: Any, G: Any) -> tuple[Any, Any]:
     return RK.polar_vjp(X, G, xp)
 
 
-def _cayley_vjp(xp: Any, X: Any, G: Any, t: Any, Yb: Any, euclidean: bool) -> Any:
-    return RK.cayley_vjp(X, G, t, Yb, euclidean, xp)
+def _cayley_vjp(xp: Any, X: Any, Z: Any, t: Any, Yb: Any) -> Any:
+    return RK.cayley_along_vjp(X, Z, t, Yb, xp)
 
 
 def _qr_vjp(xp: Any, Y: Any, Yb: Any) -> Any:
@@ -277,19 +276,19 @@ def polar_retraction(
 
 
 def cayley_retraction(
-    X: Any, G: Any, step: Any, Ybar: Any, *, metric: str = "canonical", xp: Any = None
+    X: Any, Z: Any, step: Any, Ybar: Any, *, xp: Any = None
 ) -> tuple[Any, Any, Any]:
-    """VJP of (X, G, step) ↦ cayley_retraction(X, G, step, metric=metric) (the SMW map,
-    without the drift guard): (X̄, Ḡ, step_bar), ``step_bar`` shaped as ``step``.
+    """VJP of (X, Z, step) ↦ cayley_retraction(X, Z, step) (the SMW map, without the drift
+    guard): (X̄, Z̄, step_bar), ``step_bar`` shaped as ``step``.
 
-    With K = I + ½CᵀB, Λ = K⁻ᵀBᵀȲ, D = ½CΛ − Ȳ, V = X + Y: X̄ = Ȳ − CΛ + ηs D W₂ᵀ − ½VΛ₁ᵀ,
-    Ḡ̃ = η D W₁ᵀ + ½VΛ₂ᵀ/s, step_bar = ⟨D, U⟩ (and the chain through G̃ = G − ½XXᵀG for
-    the Euclidean metric). 22·N·M² + O(M³) flops (forward: 10·N·M²), no N × N matrix.
+    Through G = −(I − ½XXᵀ)Z (the skew lift, :func:`householderla.cayley_retraction`): with
+    K = I + ½CᵀB, Λ = K⁻ᵀBᵀȲ, D = ½CΛ − Ȳ, V = X + Y: X̄' = Ȳ − CΛ + ηs D W₂ᵀ − ½VΛ₁ᵀ,
+    Ḡ = η D W₁ᵀ + ½VΛ₂ᵀ/s, step_bar = ⟨D, U⟩; then Z̄ = ½X(XᵀḠ) − Ḡ and
+    X̄ = X̄' + ½(Ḡ ZᵀX + Z ḠᵀX). 26·N·M² + O(M³) flops (forward: 12·N·M²), no N × N matrix.
     """
-    euclidean = check_metric(metric)
-    xp, dtype, t, tw, Xw, Gw, Yb = _retraction_inputs(X, G, step, Ybar, xp, "G")
-    Xbar, Gbar, sb = jit_for(xp, _cayley_vjp, (0, 5))(xp, Xw, Gw, tw, Yb, euclidean)
-    return (*_back(dtype, xp, Xbar, Gbar), _step_bar(sb, t, dtype, xp))
+    xp, dtype, t, tw, Xw, Zw, Yb = _retraction_inputs(X, Z, step, Ybar, xp, "Z")
+    Xbar, Zbar, sb = jit_for(xp, _cayley_vjp)(xp, Xw, Zw, tw, Yb)
+    return (*_back(dtype, xp, Xbar, Zbar), _step_bar(sb, t, dtype, xp))
 
 
 def qr_retraction(X: Any, Z: Any, step: Any, Ybar: Any, *, xp: Any = None) -> tuple[Any, Any, Any]:

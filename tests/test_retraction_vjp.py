@@ -27,27 +27,18 @@ def _polar_retraction(X, Z, t):
     return hl.polar_retraction(X, Z, t)
 
 
-def _cayley_c(X, G, t):
-    return hl.cayley_retraction(X, G, t, drift_tol=INF)
-
-
-def _cayley_e(X, G, t):
-    return hl.cayley_retraction(X, G, t, metric="euclidean", drift_tol=INF)
+def _cayley(X, Z, t):
+    return hl.cayley_retraction(X, Z, t, drift_tol=INF)
 
 
 def _qr_retraction(X, Z, t):
     return hl.qr_retraction(X, Z, t)
 
 
-def _vjp_cayley_e(X, G, t, g):
-    return hl.vjp.cayley_retraction(X, G, t, g, metric="euclidean")
-
-
 MAPS = {
     "polar": (_polar, hl.vjp.polar),
     "polar_retraction": (_polar_retraction, hl.vjp.polar_retraction),
-    "cayley_canonical": (_cayley_c, hl.vjp.cayley_retraction),
-    "cayley_euclidean": (_cayley_e, _vjp_cayley_e),
+    "cayley_retraction": (_cayley, hl.vjp.cayley_retraction),
     "qr_retraction": (_qr_retraction, hl.vjp.qr_retraction),
 }
 
@@ -93,8 +84,8 @@ def test_vjp_bad_input():
         hl.vjp.cayley_retraction(X, X, 0.1, np.ones((4, 3)))
     with pytest.raises(ValueError, match="G must have the shape"):
         hl.vjp.polar(X, np.ones((2, 4)))
-    with pytest.raises(ValueError, match="metric must be"):
-        hl.vjp.cayley_retraction(X, X, 0.1, g, metric="canonicl")
+    with pytest.raises(ValueError, match="Z must have the shape"):
+        hl.vjp.cayley_retraction(X, np.ones((4, 3)), 0.1, g)
     with pytest.raises(ValueError, match="rank deficient"):
         hl.vjp.polar(np.zeros((4, 2)), g)
 
@@ -108,7 +99,7 @@ def test_no_n_by_n_intermediate_in_cayley_vjp():
     X = np.linalg.qr(rng.standard_normal((N, M)))[0]
     G, g = rng.standard_normal((N, M)), rng.standard_normal((N, M))
     tracemalloc.start()
-    hl.vjp.cayley_retraction(X, G, 0.1, g, metric="euclidean")
+    hl.vjp.cayley_retraction(X, G, 0.1, g)
     hl.vjp.polar(X, g)
     hl.vjp.qr_retraction(X, G, 0.1, g)
     peak = tracemalloc.get_traced_memory()[1]
@@ -131,9 +122,9 @@ def test_plain_autodiff_agrees_with_explicit_vjps():
     np.testing.assert_allclose(Xt.grad.numpy(), ref_p, atol=1e-12)
     gj = jax.grad(lambda x: (hl.polar(x) * g).sum())(jax.numpy.asarray(X + 0.3 * G))
     np.testing.assert_allclose(np.asarray(gj), ref_p, atol=1e-12)
-    ref_c = hl.vjp.cayley_retraction(X, G, 0.3, g, metric="euclidean")
+    ref_c = hl.vjp.cayley_retraction(X, G, 0.3, g)
     Xt, Gt = (torch.tensor(a, requires_grad=True) for a in (X, G))
-    Y = hl.cayley_retraction(Xt, Gt, 0.3, metric="euclidean", drift_tol=INF)
+    Y = hl.cayley_retraction(Xt, Gt, 0.3, drift_tol=INF)
     (Y * torch.tensor(g)).sum().backward()
     np.testing.assert_allclose(Xt.grad.numpy(), ref_c[0], atol=1e-12)
     np.testing.assert_allclose(Gt.grad.numpy(), ref_c[1], atol=1e-12)

@@ -88,19 +88,25 @@ def _polar_retraction(X, Z, t):
 
 
 def _cayley_canonical(X, G, t):
-    return hl.cayley_retraction(X, G, t)
+    """The Cayley step of the canonical metric for the Euclidean gradient G."""
+    return hl.cayley_retraction(X, -hl.riemannian_gradient(X, G), t)
 
 
 def _cayley_euclidean(X, G, t):
-    return hl.cayley_retraction(X, G, t, metric="euclidean")
+    return hl.cayley_retraction(X, -hl.riemannian_gradient(X, G, metric="euclidean"), t)
 
 
 def _cayley_canonical_raw(X, G, t):
-    return hl.cayley_retraction(X, G, t, drift_tol=INF)
+    return hl.cayley_retraction(X, -hl.riemannian_gradient(X, G), t, drift_tol=INF)
 
 
 def _cayley_euclidean_raw(X, G, t):
-    return hl.cayley_retraction(X, G, t, metric="euclidean", drift_tol=INF)
+    Z = -hl.riemannian_gradient(X, G, metric="euclidean")
+    return hl.cayley_retraction(X, Z, t, drift_tol=INF)
+
+
+def _cayley_raw(X, Z, t):
+    return hl.cayley_retraction(X, Z, t, drift_tol=INF)
 
 
 def _qr_retraction(X, Z, t):
@@ -157,19 +163,64 @@ def test_retractions_land_on_stiefel(bk, shape, seed, t):
         assert orth_error(Y) <= orth_tol(np.float64, M), name
 
 
+def dense_cayley_along(X, Z, t):
+    """(I − tW/2)⁻¹(I + tW/2)X with the skew lift W = ẐXᵀ − XẐᵀ, Ẑ = (I − ½XXᵀ)Z, formed as
+    an N×N matrix (the definition of ``cayley_retraction(X, Z, t)``)."""
+    if X.ndim > 2:
+        return np.stack([dense_cayley_along(x, z, t) for x, z in zip(X, Z, strict=True)])
+    Zh = Z - 0.5 * X @ (X.T @ Z)
+    W = Zh @ X.T - X @ Zh.T
+    eye = np.eye(X.shape[0])
+    return np.linalg.solve(eye - 0.5 * t * W, (eye + 0.5 * t * W) @ X)
+
+
 @given(shape=shape_st, seed=seed_st, eta=st.sampled_from([1e-3, 0.5, 5.0]))
 def test_cayley_smw_equals_dense_cayley(bk, shape, seed, eta):
-    """Likhosherstov et al., AISTATS 2021, App. B Lemma 1, both metrics; X need not be
-    orthonormal for the lemma."""
+    """Likhosherstov et al., AISTATS 2021, App. B Lemma 1 for the skew lift of Z; X need not be
+    orthonormal for the lemma, nor Z tangent."""
     batch, (N, M) = shape
     rng = np.random.default_rng(seed)
     X = stiefel(rng, batch, N, M) + 0.1 * rng.standard_normal(batch + (N, M))
+    Z = rng.standard_normal(X.shape)
+    size = 1.0 + eta * np.max(np.linalg.norm(Z, 2, axis=(-2, -1))) * 2.0
+    Y = to_numpy(bk.call(_cayley_raw, bk.asarray(X), bk.asarray(Z), bk.asarray(eta)))
+    ref = dense_cayley_along(X, Z, eta)
+    assert np.max(np.abs(Y - ref)) <= 50 * EPS[np.float64] * (N + M) * size**2
+
+
+@given(shape=shape_st, seed=seed_st, eta=st.sampled_from([1e-3, 0.5, 5.0]))
+def test_cayley_of_a_riemannian_gradient_is_that_metrics_step(shape, seed, eta):
+    """For X on the manifold, Z = −riemannian_gradient(X, G, metric) gives exactly the Cayley
+    step (I + ηA/2)⁻¹(I − ηA/2)X of that metric (the lift of AX is A itself)."""
+    batch, (N, M) = shape
+    rng = np.random.default_rng(seed)
+    X = stiefel(rng, batch, N, M)
     G = rng.standard_normal(X.shape)
     size = 1.0 + eta * np.max(np.linalg.norm(G, 2, axis=(-2, -1))) * 2.0
     for metric, fn in CAYLEY_RAW.items():
-        Y = to_numpy(bk.call(fn, bk.asarray(X), bk.asarray(G), bk.asarray(eta)))
+        Y = fn(X, G, eta)
         ref = dense_cayley(X, G, eta, metric)
         assert np.max(np.abs(Y - ref)) <= 50 * EPS[np.float64] * (N + M) * size**2, metric
+
+
+def test_retractions_swap_in_one_descent_loop():
+    """One convention for every retraction (issue 18): R(X, Z, t) moves along Z, so the same
+    descent loop with Z = −riemannian_gradient(X, G) decreases f whichever retraction runs."""
+    rng = np.random.default_rng(21)
+    C = rng.standard_normal((8, 8))
+    C = C + C.T
+
+    def f(Y):
+        return float(np.trace(Y.T @ C @ Y))
+
+    X0 = stiefel(rng, (), 8, 3)
+    for retract in (hl.polar_retraction, hl.qr_retraction, hl.cayley_retraction):
+        X = X0
+        for _ in range(20):
+            Z = -hl.riemannian_gradient(X, 2 * C @ X, metric="euclidean")
+            Y = retract(X, Z, 0.05)
+            assert f(Y) < f(X), retract.__name__
+            X = Y
 
 
 def test_paper_euclidean_factors_equal_rank_2m_form():
@@ -219,7 +270,7 @@ def test_zero_gradient_or_step_gives_x_back_exactly(bk, dtype):
             np.testing.assert_array_equal(to_numpy(Y), to_numpy(X))
 
 
-def test_cayley_decreases_f_and_velocity_is_minus_gradient():
+def test_cayley_decreases_f_and_velocity_is_the_direction():
     rng = np.random.default_rng(5)
     X = stiefel(rng, (), 10, 3)
     C = rng.standard_normal((10, 10))
@@ -230,15 +281,12 @@ def test_cayley_decreases_f_and_velocity_is_minus_gradient():
 
     G = 2 * C @ X
     for metric in ("canonical", "euclidean"):
+        Z = -hl.riemannian_gradient(X, G, metric=metric)
         for eta in (1e-3, 1e-2):
-            assert f(hl.cayley_retraction(X, G, eta, metric=metric)) < f(X)
-        rg = hl.riemannian_gradient(X, G, metric=metric)
+            assert f(hl.cayley_retraction(X, Z, eta)) < f(X)
         h = 1e-6
-        vel = (
-            hl.cayley_retraction(X, G, h, metric=metric)
-            - hl.cayley_retraction(X, G, -h, metric=metric)
-        ) / (2 * h)
-        np.testing.assert_allclose(vel, -rg, atol=1e-8)
+        vel = (hl.cayley_retraction(X, Z, h) - hl.cayley_retraction(X, Z, -h)) / (2 * h)
+        np.testing.assert_allclose(vel, Z, atol=1e-8)
 
 
 @pytest.mark.parametrize("metric", ["canonical", "euclidean"])
@@ -462,16 +510,14 @@ def test_bad_shapes_and_names():
             fn(X, np.ones((5, 3)), 0.1)
         with pytest.raises(ValueError, match="X must have shape"):
             fn(np.ones((2, 5)), np.ones((2, 5)), 0.1)
-    with pytest.raises(ValueError, match="G must have the shape of X"):
+    with pytest.raises(ValueError, match="Z must have the shape of X"):
         hl.cayley_retraction(X, np.ones((4, 2)), 0.1)
     with pytest.raises(ValueError, match="G must have the shape of X"):
         hl.riemannian_gradient(X, np.ones((5, 1)))
-    for fn in (
-        lambda m: hl.cayley_retraction(X, G, 0.1, metric=m),
-        lambda m: hl.riemannian_gradient(X, G, metric=m),
-    ):
-        with pytest.raises(ValueError, match="metric must be 'canonical' or 'euclidean'"):
-            fn("canonicl")
+    with pytest.raises(ValueError, match="metric must be 'canonical' or 'euclidean'"):
+        hl.riemannian_gradient(X, G, metric="canonicl")
+    with pytest.raises(TypeError, match="metric"):  # a direction has no metric: see the docs
+        hl.cayley_retraction(X, G, 0.1, metric="canonical")
     with pytest.raises(ValueError, match=r"step must be a scalar or broadcast"):
         hl.cayley_retraction(np.stack([X, X]), np.stack([G, G]), np.ones(3))
     with pytest.raises(TypeError, match="step must be a real number"):

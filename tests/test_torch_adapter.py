@@ -51,13 +51,13 @@ MAPS = {
     "householder_product": (hlt.householder_product, [(5, 4)], "HouseholderApply"),
     "polar": (hl.polar, [(2, 6, 3)], "Polar"),
     "polar_retraction": (hl.polar_retraction, [(2, 6, 3), (2, 6, 3), (2, 1, 1)], "Polar"),
-    "cayley_canonical": (
-        lambda X, G, t: hl.cayley_retraction(X, G, t, drift_tol=INF),
+    "cayley_batched": (
+        lambda X, Z, t: hl.cayley_retraction(X, Z, t, drift_tol=INF),
         [(2, 6, 3), (2, 6, 3), (2, 1, 1)],
         "CayleySMW",
     ),
-    "cayley_euclidean": (
-        lambda X, G, t: hl.cayley_retraction(X, G, t, metric="euclidean", drift_tol=INF),
+    "cayley_scalar_step": (
+        lambda X, Z, t: hl.cayley_retraction(X, Z, t, drift_tol=INF),
         [(6, 3), (6, 3), ()],
         "CayleySMW",
     ),
@@ -125,9 +125,9 @@ def test_gradients_equal_explicit_vjps():
             lambda: hl.vjp.qr_retraction(X, Z, 0.3, g)[:2],
         ),
         (
-            lambda X, Z: hl.cayley_retraction(X, Z, 0.3, metric="euclidean", drift_tol=INF),
+            lambda X, Z: hl.cayley_retraction(X, Z, 0.3, drift_tol=INF),
             (X, Z),
-            lambda: hl.vjp.cayley_retraction(X, Z, 0.3, g, metric="euclidean")[:2],
+            lambda: hl.vjp.cayley_retraction(X, Z, 0.3, g)[:2],
         ),
         (
             lambda X, Z: hl.polar_retraction(X, Z, 0.3),

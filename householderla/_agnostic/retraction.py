@@ -73,6 +73,33 @@ def cayley_forward(X: Any, G: Any, step: Any, euclidean: bool, xp: Any) -> tuple
     return X - step * U, d["P"]
 
 
+def tangent_lift(X: Any, Z: Any) -> Any:
+    """G = −(I − ½XXᵀ)Z: the Cayley kernels' A = GXᵀ − XGᵀ is then −W for the canonical
+    skew lift W = ẐXᵀ − XẐᵀ of the direction Z, so Cayley(ηA)X moves along +Z."""
+    return 0.5 * (X @ (mT(X) @ Z)) - Z
+
+
+def tangent_lift_vjp(X: Any, Z: Any, G_bar: Any) -> tuple[Any, Any]:
+    """(X̄, Z̄) of G = ½X(XᵀZ) − Z: Z̄ = ½X(XᵀḠ) − Ḡ, X̄ = ½(Ḡ ZᵀX + Z ḠᵀX)."""
+    Z_bar = 0.5 * (X @ (mT(X) @ G_bar)) - G_bar
+    X_bar = 0.5 * (G_bar @ (mT(Z) @ X) + Z @ (mT(G_bar) @ X))
+    return X_bar, Z_bar
+
+
+def cayley_along(X: Any, Z: Any, step: Any, xp: Any) -> tuple[Any, Any]:
+    """(Cayley(step·W) X along the direction Z, max ‖XᵀX − I‖_F): the SMW map of
+    :func:`tangent_lift` (the primal of every autodiff rule of ``cayley_retraction``)."""
+    return cayley_with_drift(X, tangent_lift(X, Z), step, False, xp)
+
+
+def cayley_along_vjp(X: Any, Z: Any, step: Any, Ybar: Any, xp: Any) -> tuple[Any, Any, Any]:
+    """(X̄, Z̄, step_bar per matrix) of :func:`cayley_along`: :func:`cayley_vjp` through the
+    lift G = ½X(XᵀZ) − Z."""
+    Xbar, Gbar, sb = cayley_vjp(X, tangent_lift(X, Z), step, Ybar, False, xp)
+    Xb, Zbar = tangent_lift_vjp(X, Z, Gbar)
+    return Xbar + Xb, Zbar, sb
+
+
 def cayley_with_drift(X: Any, G: Any, step: Any, euclidean: bool, xp: Any) -> tuple[Any, Any]:
     """(Cayley(step·A) X by SMW, max ‖XᵀX − I‖_F over the batch): the drift feeds the
     orthogonality guard of ``cayley_retraction`` and is not differentiated."""

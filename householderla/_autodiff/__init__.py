@@ -9,7 +9,7 @@ rule                   arguments                                  returns
 ``lowrank``            ``(xp, U, T, h, transpose, mode)``         ``R(h) − U_out M U_inᵀ h``
 ``householder_apply``  ``(xp, V, h)``                             ``H(v₁)…H(v_L) h``
 ``polar``              ``(xp, X, num_iters, restart)``            ``(Q, info)``
-``cayley``             ``(xp, X, G, step, euclidean)``            ``(Y, drift)``
+``cayley``             ``(xp, X, Z, step)``                       ``(Y, drift)``
 ``qr_q``               ``(xp, Y)``                                ``qf(Y)``
 =====================  =========================================  ==========================
 

@@ -8,7 +8,7 @@ The same primitives as the torch wiring (:mod:`householderla._autodiff.torch`):
   matrix); backward ``lowrank_vjp``.
 - ``householder_apply``: (V, h) ↦ H(v₁)…H(v_L) h; backward ``householder_apply_vjp``.
 - ``polar``: X ↦ X (XᵀX)^{-1/2} (Newton–Schulz); backward ``newton_schulz.polar_backward``.
-- ``cayley_smw``: (X, G, η) ↦ Cayley(ηA) X (SMW); backward ``cayley_vjp``.
+- ``cayley_smw``: (X, Z, t) ↦ Cayley(tW) X along Z (SMW); backward ``cayley_along_vjp``.
 - ``qr_q``: Y ↦ qf(Y), diag(R) ≥ 0; backward (Q̄ − QF) R⁻ᵀ.
 
 Static arguments (``transpose``, ``mode``, ``euclidean``, iteration counts, an info holder)
@@ -192,27 +192,27 @@ polar.defvjp(_polar_fwd, _polar_bwd)
 
 
 @_highest
-def _cayley(X: Any, G: Any, step: Any, euclidean: bool) -> tuple[Any, Any]:
-    """(Cayley(ηA) X by SMW, max ‖XᵀX − I‖_F); ``step`` 0-d or (..., 1, 1)."""
-    X, G, step = _j(X, G, step)
-    return RK.cayley_with_drift(X, G, step, euclidean, jnp)
+def _cayley(X: Any, Z: Any, step: Any) -> tuple[Any, Any]:
+    """(Cayley(tW) X along Z by SMW, max ‖XᵀX − I‖_F); ``step`` 0-d or (..., 1, 1)."""
+    X, Z, step = _j(X, Z, step)
+    return RK.cayley_along(X, Z, step, jnp)
 
 
 @_highest
-def _cayley_fwd(X: Any, G: Any, step: Any, euclidean: bool) -> tuple[Any, Any]:
-    return _cayley(X, G, step, euclidean), _j(X, G, step)
+def _cayley_fwd(X: Any, Z: Any, step: Any) -> tuple[Any, Any]:
+    return _cayley(X, Z, step), _j(X, Z, step)
 
 
 @_highest
-def _cayley_bwd(euclidean: bool, res: Any, cts: tuple) -> tuple[Any, Any, Any]:
-    X, G, step = res
-    Xbar, Gbar, sb = RK.cayley_vjp(X, G, step, _j(cts[0])[0], euclidean, jnp)
+def _cayley_bwd(res: Any, cts: tuple) -> tuple[Any, Any, Any]:
+    X, Z, step = res
+    Xbar, Zbar, sb = RK.cayley_along_vjp(X, Z, step, _j(cts[0])[0], jnp)
     batch = tuple(step.shape[:-2]) if step.ndim >= 2 else ()
     step_bar = jnp.reshape(sum_to_shape(sb, batch, jnp), step.shape)
-    return Xbar, Gbar, step_bar
+    return Xbar, Zbar, step_bar
 
 
-cayley_smw = jax.custom_vjp(_cayley, nondiff_argnums=(3,))
+cayley_smw = jax.custom_vjp(_cayley)
 cayley_smw.defvjp(_cayley_fwd, _cayley_bwd)
 
 
@@ -243,7 +243,7 @@ cwy_factors = jax.jit(cwy_factors)
 lowrank_apply = jax.jit(lowrank_apply, static_argnums=(3, 4))
 lowrank_matrix = jax.jit(lowrank_matrix, static_argnums=(2, 3))
 householder_apply = jax.jit(householder_apply)
-cayley_smw = jax.jit(cayley_smw, static_argnums=(3,))
+cayley_smw = jax.jit(cayley_smw)
 qr_q = jax.jit(qr_q)
 
 
@@ -256,9 +256,9 @@ def _polar_rule(xp: Any, X: Any, num_iters: Any, restart: Any) -> tuple[Any, dic
     return Q, {**box.info, "certified": bool(certified) if is_eager(certified) else certified}
 
 
-def _cayley_rule(xp: Any, X: Any, G: Any, step: Any, euclidean: bool) -> tuple[Any, Any]:
+def _cayley_rule(xp: Any, X: Any, Z: Any, step: Any) -> tuple[Any, Any]:
     step = jnp.asarray(step, dtype=X.dtype) if isinstance(step, float) else step
-    return cayley_smw(X, G, step, euclidean)
+    return cayley_smw(X, Z, step)
 
 
 def _lowrank_rule(xp: Any, U: Any, T: Any, h: Any, transpose: bool, mode: str) -> Any:

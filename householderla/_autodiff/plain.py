@@ -28,8 +28,8 @@ def polar(xp: Any, X: Any, num_iters: Any, restart: Any) -> tuple[Any, dict[str,
     return polar_forward(X, xp, num_iters, restart)
 
 
-def cayley(xp: Any, X: Any, G: Any, step: Any, euclidean: bool) -> tuple[Any, Any]:
-    return RK.cayley_with_drift(X, G, step, euclidean, xp)
+def cayley(xp: Any, X: Any, Z: Any, step: Any) -> tuple[Any, Any]:
+    return RK.cayley_along(X, Z, step, xp)
 
 
 def qr_q(xp: Any, Y: Any) -> Any:

@@ -11,7 +11,7 @@ One ``torch.autograd.Function`` per differentiable primitive, in the ``forward``
   backward ``_kernels.numba.hgrad``, ``once_differentiable``.
 - ``Polar``: X ↦ X (XᵀX)^{-1/2} (Newton–Schulz); backward: the Sylvester equation solved
   in the eigenbasis of XᵀX (``newton_schulz.polar_backward``).
-- ``CayleySMW``: (X, G, η) ↦ Cayley(ηA) X (SMW); backward ``cayley_vjp`` (22·N·M² flops).
+- ``CayleySMW``: (X, Z, t) ↦ Cayley(tW) X along Z (SMW); backward ``cayley_along_vjp``.
 - ``QRPositive``: Y ↦ qf(Y), diag(R) ≥ 0; backward (Q̄ − QF) R⁻ᵀ.
 
 Every backward is written in torch operations on saved inputs (or on outputs whose graph
@@ -171,39 +171,37 @@ class Polar(torch.autograd.Function):
 
 
 class CayleySMW(torch.autograd.Function):
-    """(X, G, η) ↦ (Cayley(ηA) X by SMW, max ‖XᵀX − I‖_F); the drift is not differentiable.
-
-    ``step`` is a Python float or a tensor of shape (..., 1, 1)."""
+    """(X, Z, t) ↦ (Cayley(tW) X along Z by SMW, max ‖XᵀX − I‖_F); the drift is not
+    differentiable. ``step`` is a Python float or a tensor of shape (..., 1, 1)."""
 
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(X: Any, G: Any, step: Any, euclidean: bool) -> tuple[Any, Any]:
-        return RK.cayley_with_drift(X, G, step, euclidean, _xp)
+    def forward(X: Any, Z: Any, step: Any) -> tuple[Any, Any]:
+        return RK.cayley_along(X, Z, step, _xp)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
-        X, G, step, euclidean = inputs
+        X, Z, step = inputs
         ctx.mark_non_differentiable(output[1])
-        ctx.euclidean = euclidean
         ctx.step_is_tensor = isinstance(step, torch.Tensor)
         if ctx.step_is_tensor:
-            ctx.save_for_backward(X, G, step)
+            ctx.save_for_backward(X, Z, step)
         else:
-            ctx.save_for_backward(X, G)
+            ctx.save_for_backward(X, Z)
             ctx.step = step
 
     @staticmethod
     def backward(ctx: Any, Ybar: torch.Tensor, _drift_bar: Any) -> Any:
         if ctx.step_is_tensor:
-            X, G, step = ctx.saved_tensors
+            X, Z, step = ctx.saved_tensors
         else:
-            (X, G), step = ctx.saved_tensors, ctx.step
-        Xbar, Gbar, sb = RK.cayley_vjp(X, G, step, Ybar, ctx.euclidean, _xp)
+            (X, Z), step = ctx.saved_tensors, ctx.step
+        Xbar, Zbar, sb = RK.cayley_along_vjp(X, Z, step, Ybar, _xp)
         step_bar = None
         if ctx.step_is_tensor:
             step_bar = torch.reshape(sum_to_shape(sb, tuple(step.shape[:-2]), _xp), step.shape)
-        return Xbar, Gbar, step_bar, None
+        return Xbar, Zbar, step_bar
 
 
 class QRPositive(torch.autograd.Function):
@@ -240,6 +238,6 @@ RULES = {
     "lowrank": lambda xp, U, T, h, transpose, mode: LowRankApply.apply(U, T, h, transpose, mode),
     "householder_apply": lambda xp, V, h: HouseholderApply.apply(V, h),
     "polar": _polar,
-    "cayley": lambda xp, X, G, step, euclidean: CayleySMW.apply(X, G, step, euclidean),
+    "cayley": lambda xp, X, Z, step: CayleySMW.apply(X, Z, step),
     "qr_q": lambda xp, Y: QRPositive.apply(Y),
 }
