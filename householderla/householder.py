@@ -16,7 +16,6 @@ components of O(N), and the number of nonzero vectors has the parity of det Q.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -29,6 +28,7 @@ from ._kernels import numba_enabled, numba_for, numba_for_torch
 from ._lib.checks import (
     as_matrix_operand,
     broadcast_batch,
+    check_finite_columns,
     check_finite_norms,
     check_reflectors,
 )
@@ -98,8 +98,7 @@ def householder_apply(V: Any, h: Any, *, xp: Any = None) -> Any:
     nk = numba_for_torch(V, h) if r == "plain" else None
     if nk is not None:  # CPU tensors: one kernel call instead of ~3 torch operations per reflection
         return from_numpy(nk.hprod(to_numpy(V, name="V"), to_numpy(h, name="h")), like=V)
-    if math.prod(V.shape):
-        check_finite_norms(xp.max(xp.abs(V), axis=-2, keepdims=True), xp)
+    check_finite_columns(V, xp)
     y = call(r, "householder_apply", xp, V, hm)
     batch = broadcast_batch([("V", V.shape[:-2]), ("h", hm.shape[:-2])])
     if tuple(y.shape[:-2]) != batch:  # L = 0: no reflection touched h, so V's batch is added

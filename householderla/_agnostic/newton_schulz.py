@@ -21,7 +21,7 @@ from typing import Any
 import array_api_compat as aac
 import numpy as np
 
-from .._lib.checks import RankDeficientError, check_finite_norms
+from .._lib.checks import RankDeficientError, check_finite_columns
 from .._lib.jit import host, jit_for, kernel_namespace, select
 from .._lib.linalg import eye_like
 from .._lib.namespace import accumulation_dtype_for, device_of, mT
@@ -304,8 +304,7 @@ def polar_impl(
 def polar_forward(X: Any, xp: Any, num_iters: Any, restart: Any) -> tuple[Any, dict[str, Any]]:
     """Validated :func:`polar_impl` (the primal of every autodiff rule of ``polar``): NaN/Inf
     raise on eager input."""
-    if is_eager(X) and X.shape[-1] and X.shape[-2]:
-        check_finite_norms(xp.max(xp.abs(X), axis=-2, keepdims=True), xp, "X")
+    check_finite_columns(X, xp, "X")
     return polar_impl(X, xp, num_iters=num_iters, restart=restart)
 
 

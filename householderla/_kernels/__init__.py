@@ -71,6 +71,6 @@ def numba_for_torch(*tensors: Any) -> Any:
     for t in tensors:
         if type(t) is not torch.Tensor or t.device.type != "cpu" or t.dtype != dtype:
             return None
-    if torch.compiler.is_compiling():
-        return None
+    if torch.compiler.is_compiling() or torch._C._functorch.maybe_current_level() is not None:
+        return None  # traced, or inside a torch.func transform: no NumPy views there
     return numba_enabled()

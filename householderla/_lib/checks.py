@@ -8,10 +8,13 @@ names the argument as the caller's signature does. Shape checks are static (they
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .tracing import is_eager
+import numpy as np
+
+from .tracing import is_eager, is_transformed
 
 __all__ = [
     "STRUCTURES",
@@ -21,6 +24,7 @@ __all__ = [
     "check_choice",
     "check_cotangent",
     "check_finite",
+    "check_finite_columns",
     "check_finite_norms",
     "check_like",
     "check_metric",
@@ -122,6 +126,36 @@ def broadcast_batch(named: Sequence[tuple[str, Sequence[int]]]) -> tuple[int, ..
             raise ValueError(f"batch shapes do not broadcast: {what}")
         out.append(sizes.pop() if sizes else 1)
     return tuple(out)
+
+
+def check_finite_columns(V: Any, xp: Any, name: str = "V") -> None:
+    """NaN/Inf in an eager, nonempty V (..., N, L) raise, naming the columns. NumPy arrays and
+    CPU torch tensors are checked through a zero-copy NumPy view (one pass, ~2 µs for a small
+    V, against four torch kernels); other arrays by one max-abs reduction per column."""
+    if not is_eager(V) or not math.prod(V.shape):
+        return
+    view = _numpy_view(V)
+    if view is not None:
+        if not np.isfinite(view).all():
+            check_finite_norms(np.max(np.abs(view), axis=-2, keepdims=True), np, name)
+        return
+    check_finite_norms(xp.max(xp.abs(V), axis=-2, keepdims=True), xp, name)
+
+
+def _numpy_view(x: Any) -> Any:
+    if type(x) is np.ndarray:
+        return x
+    if type(x).__name__ in ("Tensor", "Parameter") and type(x).__module__.startswith("torch"):
+        torch = sys.modules["torch"]
+        if (
+            x.device.type == "cpu"
+            and not is_transformed(x)  # torch.func wrappers have no storage to view,
+            and torch._C._functorch.maybe_current_level() is None  # nor anything inside one
+            and not torch.compiler.is_compiling()
+            and not (x.is_conj() or x.is_neg())
+        ):
+            return x.detach().numpy()
+    return None
 
 
 def check_finite_norms(r: Any, xp: Any, name: str = "V") -> None:
