@@ -24,7 +24,7 @@ from ._interop.dask import dask_matmul, dask_rmatmul, is_dask_array
 from ._kernels import numba_for_torch
 from ._lib.checks import as_matrix_operand, broadcast_batch
 from ._lib.namespace import device_of, mT, resolve
-from ._lib.tracing import needs_graph
+from ._lib.tracing import is_eager, needs_graph
 from .householder import apply_sequential, sequential_is_faster
 
 __all__ = ["CompactWYOperator", "LazyFactors", "factors_of", "lowrank"]
@@ -334,12 +334,13 @@ class CompactWYOperator:
 
     def _direct_dense(self) -> Any:
         """The dense matrix straight from V when no autodiff follows (NumPy/CuPy/torch):
-        orgqr-style for lower-trapezoidal V, else the one-shot I − V S⁻¹ Vᵀ."""
+        orgqr-style for lower-trapezoidal V, else the one-shot I − V S⁻¹ Vᵀ. Not under
+        ``torch.compile``: its rescaling of extreme columns is data dependent."""
         xp, V = self._xp, self._V
         if V is None or not (
             aac.is_numpy_namespace(xp)
             or aac.is_cupy_namespace(xp)
-            or (aac.is_torch_namespace(xp) and not needs_graph(V))
+            or (aac.is_torch_namespace(xp) and not needs_graph(V) and is_eager(V))
         ):
             return None
         ncols = None if self._mode_forward == "square" else V.shape[-1]

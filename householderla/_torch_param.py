@@ -142,7 +142,9 @@ class Orthogonal(torch.nn.Module):
         elif self.square:
             Q = cwy(V).matrix()
         else:
-            Q = cwy(V) @ torch.eye(self.N, self.M, dtype=V.dtype, device=V.device)
+            # the method, not ``@``: dynamo (torch 2.13) puts a binary operator with a tensor
+            # operand into the graph as it is instead of calling CWY.__matmul__
+            Q = cwy(V).__matmul__(torch.eye(self.N, self.M, dtype=V.dtype, device=V.device))
         return Q.mT if self.transposed else Q
 
     def right_inverse(self, W: torch.Tensor) -> Any:

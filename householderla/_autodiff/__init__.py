@@ -23,7 +23,6 @@ below it (``_lib``, ``_agnostic``, ``_kernels``, ``_interop``), never a public m
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import array_api_compat as aac
@@ -50,5 +49,19 @@ def call(route: str, rule: str, xp: Any, *args: Any) -> Any:
     """Run ``rule`` of the table ``route`` (see the module docstring for the signatures)."""
     table = _TABLES.get(route)
     if table is None:
-        table = _TABLES[route] = importlib.import_module(f"{__name__}.{route}").RULES
+        table = _TABLES[route] = _load(route)
     return table[rule](xp, *args)
+
+
+def _load(route: str) -> dict[str, Any]:
+    # import statements, not importlib.import_module: torch.compile runs an import statement
+    # while tracing (a first call may happen there) but breaks the graph on importlib
+    if route == "plain":
+        from . import plain as table
+    elif route == "torch":
+        from . import torch as table
+    elif route == "jax":
+        from . import jax as table
+    else:
+        raise ValueError(f"route must be one of {ROUTES}; got {route!r}")
+    return table.RULES

@@ -117,7 +117,7 @@ def as_matrix_operand(h: Any, n: int, name: str = "h") -> tuple[Any, bool]:
 
 def broadcast_batch(named: Sequence[tuple[str, Sequence[int]]]) -> tuple[int, ...]:
     """The broadcast of the named batch shapes; ValueError naming all of them otherwise."""
-    n = max((len(s) for _, s in named), default=0)
+    n = max([0] + [len(s) for _, s in named])  # max(..., default=) breaks torch.compile
     out = []
     for dims in zip(*((1,) * (n - len(s)) + tuple(s) for _, s in named), strict=True):
         sizes = {d for d in dims if d != 1}
@@ -172,8 +172,8 @@ def check_finite_norms(r: Any, xp: Any, name: str = "V") -> None:
 def check_finite(a: Any, xp: Any, name: str) -> None:
     """NaN/Inf in ``a`` raise, naming it (eager arrays; one pass). The reduction's result is
     what is tested for eagerness: under ``jax.jit`` even a closed-over concrete array gives a
-    tracer."""
-    if a.size == 0:
+    tracer. Empty arrays pass (``0 in shape``: torch's ``size`` is a method)."""
+    if 0 in a.shape:
         return
     ok = xp.all(xp.isfinite(a))
     if is_eager(ok) and not bool(ok):

@@ -19,9 +19,11 @@ __all__ = ["is_eager", "is_transformed", "is_vmapped", "needs_graph"]
 
 
 def is_transformed(x: Any) -> bool:
-    """True for a tensor wrapped by a ``torch.func`` transform (grad, vmap, jvp levels)."""
+    """True for a tensor wrapped by a ``torch.func`` transform (grad, vmap, jvp levels).
+    False while ``torch.compile`` traces: dynamo cannot call the functorch query (a graph
+    break) and handles the transforms itself."""
     torch = sys.modules.get("torch")
-    if torch is None or not isinstance(x, torch.Tensor):
+    if torch is None or not isinstance(x, torch.Tensor) or torch.compiler.is_compiling():
         return False
     return torch._C._functorch.is_functorch_wrapped_tensor(x)
 
@@ -52,7 +54,8 @@ def needs_graph(*tensors: Any) -> bool:
 
 def is_eager(x: Any) -> bool:
     """True when the values of ``x`` can be inspected now (not a JAX tracer, not Dask, not a
-    tensor batched by ``torch.func.vmap``)."""
+    tensor batched by ``torch.func.vmap``, no tensor while ``torch.compile`` traces: value
+    checks are skipped there as under ``jax.jit``, instead of breaking the graph)."""
     if type(x) is np.ndarray:
         return True
     if aac.is_jax_array(x):
@@ -61,5 +64,5 @@ def is_eager(x: Any) -> bool:
     if aac.is_dask_array(x):
         return False
     if aac.is_torch_array(x):
-        return not is_vmapped(x)
+        return not (sys.modules["torch"].compiler.is_compiling() or is_vmapped(x))
     return not aac.is_lazy_array(x)
