@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ._lib.checks import check_finite_columns, check_reflectors, check_structure
+from ._lib.checks import check_reflectors, check_structure, finite_reflectors
 from ._lib.namespace import resolve
 from ._lib.tracing import is_eager
 from ._operator import CompactWYOperator
@@ -111,7 +111,7 @@ def _prepare(V: Any, structure: Any, xp: Any) -> tuple[Any, Any, bool, None, str
                 "are tril(a, -1) + I scaled by tau != 0), or structure='auto'"
             )
         V = Vt  # unchecked under jax.jit and on lazy arrays: the upper part is ignored
-    check_finite_columns(V, xp)  # NaN/Inf raise when the operator is built (eager V)
+    V = finite_reflectors(V, xp)  # NaN/Inf raise when the operator is built (eager V)
     return V, xp, False, None, structure
 
 

@@ -28,9 +28,9 @@ from ._kernels import numba_enabled, numba_for, numba_for_torch
 from ._lib.checks import (
     as_matrix_operand,
     broadcast_batch,
-    check_finite_columns,
     check_finite_norms,
     check_reflectors,
+    finite_reflectors,
 )
 from ._lib.jit import jit_for
 from ._lib.linalg import eye_like
@@ -98,7 +98,7 @@ def householder_apply(V: Any, h: Any, *, xp: Any = None) -> Any:
     nk = numba_for_torch(V, h) if r == "plain" else None
     if nk is not None:  # CPU tensors: one kernel call instead of ~3 torch operations per reflection
         return from_numpy(nk.hprod(to_numpy(V, name="V"), to_numpy(h, name="h")), like=V)
-    check_finite_columns(V, xp)
+    V = finite_reflectors(V, xp)
     y = call(r, "householder_apply", xp, V, hm)
     batch = broadcast_batch([("V", V.shape[:-2]), ("h", hm.shape[:-2])])
     if tuple(y.shape[:-2]) != batch:  # L = 0: no reflection touched h, so V's batch is added

@@ -34,6 +34,7 @@ from ._lib.checks import (
     broadcast_batch,
     check_cotangent,
     check_finite_norms,
+    finite_reflectors,
 )
 from ._lib.linalg import sum_to_shape
 from ._lib.namespace import device_of, resolve
@@ -168,7 +169,7 @@ def ornn(U: Any, sign: Any = 1, *, xp: Any = None) -> CWY:
     True
     """
     xp, _, V, _ = _prepare(U, sign, xp)
-    return CWY(V, xp, structure="trapezoidal")
+    return CWY(finite_reflectors(V, xp, "U"), xp, structure="trapezoidal")
 
 
 def ornn_params(Q: Any, *, xp: Any = None) -> tuple[Any, Any]:

@@ -25,7 +25,7 @@ import array_api_compat as aac
 
 from ._agnostic.svd import pad, side_mode
 from ._compose import compose, is_operator
-from ._lib.checks import as_matrix_operand, broadcast_batch, check_finite
+from ._lib.checks import as_matrix_operand, broadcast_batch, check_finite, finite_reflectors
 from ._lib.jit import jit_for
 from ._lib.namespace import accumulation_dtype_for, device_of, mT, resolve
 from ._operator import LazyFactors
@@ -300,6 +300,10 @@ def svd_householder(U_vecs: Any, sigma: Any, V_vecs: Any, *, xp: Any = None) -> 
     True
     """
     xp, (U_vecs, sigma, V_vecs), (_, _, r) = resolve_params(U_vecs, sigma, V_vecs, xp)
+    U_vecs, V_vecs = (
+        finite_reflectors(U_vecs, xp, "U_vecs"),
+        finite_reflectors(V_vecs, xp, "V_vecs"),
+    )
     return SVDHouseholder(_Side(U_vecs, xp, r), sigma, _Side(V_vecs, xp, r), xp)
 
 

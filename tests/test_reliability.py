@@ -85,6 +85,29 @@ def test_subnormal_reflectors_on_every_numpy_path(monkeypatch):
     np.testing.assert_allclose(hl.householder_apply(V, h), ref, atol=TOL)
 
 
+def test_subnormal_reflectors_on_every_eager_backend(bk_eager):
+    """The same subnormal columns on every eager backend: JAX on CPU flushes subnormal numbers
+    to zero in every operation, so there the columns are rescaled by powers of two before
+    they reach XLA (H(cv) = H(v)); without that, cwy, tcwy, householder_apply, ornn and
+    svd_householder acted as if column 0 were zero (H(0) = I, an error of order 1)."""
+    bk = bk_eager
+    V = np.array([[5e-324, 1.0], [3e-320, 2.0], [0.0, -1.0], [1e-310, 0.5]])
+    W = np.ldexp(V, np.array([1074, 0]))  # column 0 scaled exactly into the normal range
+    h = np.arange(1.0, 5.0)
+    Vb, hb = bk.asarray(V), bk.asarray(h)
+    np.testing.assert_allclose(to_numpy(hl.cwy(Vb) @ hb), hl.cwy(W) @ h, atol=TOL)
+    np.testing.assert_allclose(to_numpy(hl.tcwy(Vb).matrix()), hl.tcwy(W).matrix(), atol=TOL)
+    np.testing.assert_allclose(to_numpy(hl.householder_apply(Vb, hb)), hl.cwy(W) @ h, atol=TOL)
+    U = np.tril(V[:, :1] * [[1.0], [1.0], [1.0], [0.0]])  # u_4 subnormal (rows 0–2 used)
+    Uw = np.tril(W[:, :1] * [[1.0], [1.0], [1.0], [0.0]])
+    np.testing.assert_allclose(
+        to_numpy(hl.ornn(bk.asarray(U), -1).matrix()), hl.ornn(Uw, -1).matrix(), atol=TOL
+    )
+    s = hl.svd_householder(Vb, bk.asarray([2.0, 0.5]), bk.asarray(np.eye(2)))
+    ref = hl.svd_householder(W, np.array([2.0, 0.5]), np.eye(2))
+    np.testing.assert_allclose(to_numpy(s.matrix()), ref.matrix(), atol=4 * TOL)
+
+
 @pytest.mark.parametrize("shape", [(0, 0), (3, 0), (2, 0, 0), (0, 4, 2), (0, 0, 0)])
 def test_empty_shapes_give_empty_results(bk, shape):
     """N = 0, L = 0 and empty batches: results of the right (empty) shape, no BLAS message,

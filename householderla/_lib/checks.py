@@ -32,6 +32,7 @@ __all__ = [
     "check_reflectors",
     "check_stiefel_shape",
     "check_structure",
+    "finite_reflectors",
 ]
 
 #: Values of the ``structure=`` argument of :func:`householderla.cwy` / ``tcwy``.
@@ -140,6 +141,31 @@ def check_finite_columns(V: Any, xp: Any, name: str = "V") -> None:
             check_finite_norms(np.max(np.abs(view), axis=-2, keepdims=True), np, name)
         return
     check_finite_norms(xp.max(xp.abs(V), axis=-2, keepdims=True), xp, name)
+
+
+def finite_reflectors(V: Any, xp: Any, name: str = "V") -> Any:
+    """``V`` (..., N, L) of reflection vectors after :func:`check_finite_columns`, with the
+    columns that a flushing backend would lose rescaled.
+
+    XLA on CPU (JAX) flushes subnormal numbers to zero in every operation, so a subnormal
+    column v would act as H(0) = I there while NumPy and torch reflect by it. A reflection
+    is invariant under scaling, H(cv) = H(v), so when an eager JAX V on the CPU holds
+    subnormal entries each column is multiplied on the host by the power of two that brings
+    its largest entry into [½, 1) (exact: ``np.ldexp``), and the same reflections reach XLA.
+    One pass over V on the host; under ``jax.jit`` or on a GPU, V is used as given.
+    """
+    check_finite_columns(V, xp, name)
+    if not (type(V).__module__.startswith("jax") and is_eager(V) and math.prod(V.shape)):
+        return V
+    if any(d.platform != "cpu" for d in V.devices()):
+        return V
+    view = np.asarray(V)
+    a = np.abs(view)
+    if not np.any((a < np.finfo(view.dtype).tiny) & (a > 0)):
+        return V
+    _, e = np.frexp(np.max(a, axis=-2, keepdims=True))  # column max = f · 2^e, f ∈ [½, 1)
+    scaled = np.ldexp(view, (-e).astype(np.int32))  # zero columns: e = 0, unchanged
+    return xp.asarray(scaled, device=next(iter(V.devices())))
 
 
 def _numpy_view(x: Any) -> Any:
