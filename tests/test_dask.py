@@ -142,12 +142,6 @@ def test_distributed_local_cluster() -> None:
     np.testing.assert_allclose(got, op @ H, rtol=RTOL, atol=RTOL)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="householderla/_interop/dask.py: a 1-D Dask operand of a batched operator is given "
-    "the unbatched shape (declared (N,), computed (batch, N)) instead of the batched result "
-    "or the ValueError a 2-D operand gets",
-)
 def test_batched_operator_and_vector_operand():
     rng = np.random.default_rng(3)
     op = hl.cwy(rng.standard_normal((3, 20, 5)))
@@ -162,12 +156,6 @@ def test_batched_operator_and_vector_operand():
         np.testing.assert_allclose(y.compute(), ref, rtol=RTOL, atol=RTOL)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TypeError,
-    reason="SVDHouseholder's @ does not dispatch Dask operands (householderla/svd.py), though "
-    "householderla/_interop/dask.py lists SVD-Householder among the operators that take them",
-)
 def test_svd_householder_operand():
     rng = np.random.default_rng(4)
     W = hl.svd_householder(
