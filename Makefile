@@ -2,6 +2,8 @@
 #   make test    create .venv, install the package with its test and docs extras, lint,
 #                run the whole test suite, build the docs with warnings as errors
 #   make bench   install the bench extra and print the headline benchmark table
+#   make test-long   the exhaustive test run (tests/conftest.py): 4x the hypothesis examples,
+#                the `long` tests, full shape ranges and the `jax_long` cases on JAX
 # torch is pinned to the CPU build 2.13.0 (an unpinned torch pulls gigabytes of CUDA).
 
 PYTHON ?= python3
@@ -9,10 +11,10 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 # Backends the test suite must run on; a backend named here but not importable fails the run.
-HL_TEST_BACKENDS ?= numpy,numpy_readonly,array_api_strict,torch,jax,jax_jit
+HL_TEST_BACKENDS ?= numpy,numpy_readonly,array_api_strict,torch,jax,jax_jit,dask
 PYTEST_WORKERS ?= 2
 
-.PHONY: install test lint unit docs bench bench-quick fuzz clean
+.PHONY: install test test-long lint unit unit-long docs bench bench-quick fuzz clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +30,9 @@ lint: $(STAMP)
 
 unit: $(STAMP)
 	HL_TEST_BACKENDS=$(HL_TEST_BACKENDS) $(PY) -m pytest -n $(PYTEST_WORKERS) -q
+
+unit-long: $(STAMP)
+	HL_TEST_LONG=1 HL_TEST_BACKENDS=$(HL_TEST_BACKENDS) $(PY) -m pytest -n $(PYTEST_WORKERS) -q
 
 # the pages (their plot examples run), then every Python example on them (doctest builder)
 docs: $(STAMP)
@@ -45,6 +50,8 @@ test: lint unit docs bench-quick
 # the fuzz suite with many examples per property (minutes; not part of `make test`)
 fuzz: $(STAMP)
 	HYPOTHESIS_PROFILE=fuzz HL_TEST_BACKENDS=numpy,numpy_readonly,torch,jax $(PY) -m pytest -n $(PYTEST_WORKERS) -q tests/test_fuzz.py tests/test_reliability.py
+
+test-long: lint unit-long
 
 bench: $(STAMP)
 	for s in $(BENCH_SCRIPTS); do $(PY) -m benchmarks.$$s --out benchmarks/results || exit 1; done

@@ -323,7 +323,8 @@ class CompactWYOperator:
 
     def mv(self, h: Any) -> Any:
         """Apply to a stack of vectors along the last axis: h (..., K) -> (..., rows)."""
-        h = self._operand(h)
+        if not is_dask_array(h):
+            h = self._operand(h)
         K = self._n_rows_cols[1]
         if h.ndim == 0 or h.shape[-1] != K:
             got = "a scalar" if h.ndim == 0 else f"shape {tuple(h.shape)}"

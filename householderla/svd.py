@@ -25,6 +25,7 @@ import array_api_compat as aac
 
 from ._agnostic.svd import pad, side_mode
 from ._compose import compose, is_operator
+from ._interop.dask import dask_matmul, dask_rmatmul, is_dask_array
 from ._lib.checks import as_matrix_operand, broadcast_batch, check_finite, finite_reflectors
 from ._lib.jit import jit_for
 from ._lib.namespace import accumulation_dtype_for, device_of, mT, resolve
@@ -199,8 +200,11 @@ class SVDHouseholder:
         """``W @ x`` with ``matmul`` semantics: x (n,) or (..., n, B).
 
         Q_U E_r (σ ⊙ P_r Q_Vᵀ x): two CWY/T-CWY applies and an r·B scaling. An operator
-        ``x`` gives the composed operator.
+        ``x`` gives the composed operator; a Dask array ``x`` a lazy Dask array
+        (:mod:`householderla._interop.dask`).
         """
+        if is_dask_array(x):
+            return dask_matmul(self, x)
         if is_operator(x):
             return compose(self, x)
         x = self._operand(x)
@@ -218,6 +222,8 @@ class SVDHouseholder:
 
     def __rmatmul__(self, x: Any) -> Any:
         """``x @ W`` = (Wᵀ xᵀ)ᵀ; x (m,) or (..., B, m)."""
+        if is_dask_array(x):
+            return dask_rmatmul(self, x)
         if is_operator(x):
             return compose(x, self)
         x = self._operand(x)
@@ -227,7 +233,8 @@ class SVDHouseholder:
 
     def mv(self, x: Any) -> Any:
         """Apply to a stack of vectors along the last axis: x (..., n) -> (..., m)."""
-        x = self._operand(x)
+        if not is_dask_array(x):
+            x = self._operand(x)
         n = self._right.N
         if x.ndim == 0 or x.shape[-1] != n:
             got = "a scalar" if x.ndim == 0 else f"shape {tuple(x.shape)}"

@@ -1,4 +1,5 @@
-"""The ``bk`` fixture: one parametrisation over every array backend.
+"""The ``bk`` fixture: one parametrisation over every array backend, and ``require`` for the
+tests that need one framework.
 
 ``HL_TEST_BACKENDS`` (comma-separated) names the backends that must run; a named backend
 that cannot be imported fails the run instead of silently dropping out. Unset, every known
@@ -6,19 +7,65 @@ backend runs if importable and is reported as skipped otherwise.
 
 Backends: numpy, numpy_readonly (inputs are read-only NumPy arrays: any write into a user
 array raises), array_api_strict, torch (CPU), torch_cuda, jax_gpu and cupy (when a GPU is present),
-jax (x64, eager) and jax_jit (every call under ``jax.jit``).
+jax (x64, eager), jax_jit (every call under ``jax.jit``) and dask (Dask arrays wrapping NumPy, as
+operands of operators built on NumPy: see ``Backend.param``; lazy, so ``eager=False``).
+
+Dask is an operand backend: the library takes a Dask array as the right (or left) operand of an
+operator's ``@`` and nowhere else. A test whose operations take no Dask operand carries
+``@pytest.mark.no_dask("why")`` (or a module ``pytestmark``): its dask case is reported as
+skipped with that reason, never silently dropped.
+
+Framework-specific tests (the torch and JAX adapters, optax, DLPack, the Numba kernels, mixed
+namespaces) call ``require("torch")`` (at module level or in the test) instead of
+``pytest.importorskip``: it fails when a backend needing the framework is requested in
+``HL_TEST_BACKENDS`` but the import fails, and skips with the reason otherwise (the framework's
+backends not requested, or ``HL_TEST_BACKENDS`` unset and the framework not installed).
+
+Test time (``make test`` vs ``make test-long``). ``HL_TEST_LONG=1`` selects the "long" hypothesis
+profile (more examples), runs the tests marked ``long`` (skipped, with the reason, otherwise) and
+lets the property tests draw their full shape ranges on backends that compile per shape
+(``Backend.compiles``: JAX), which otherwise draw from a few fixed shapes (``few_shapes``) so the
+compilations are cached across examples and tests.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import pytest
-from hypothesis import HealthCheck, settings
+
+def _share_cores_between_workers() -> None:
+    """Under pytest-xdist, each worker's BLAS, OpenMP (torch), Numba and XLA pools get
+    cores / workers threads (before numpy, torch or jax is imported; explicit settings win).
+    Two workers of two threads each on two cores oversubscribe them, and spinning OpenMP
+    threads then make small torch ops ~50× slower (measured: torch adapter tests 3× the CPU
+    time, the suite 1.5× the wall time on a shared 2-core machine)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers < 2:
+        return
+    n = str(max(1, (os.cpu_count() or 1) // workers))
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        os.environ.setdefault(var, n)
+    xla = os.environ.get("XLA_FLAGS", "")
+    if "intra_op_parallelism_threads" not in xla:
+        os.environ["XLA_FLAGS"] = (
+            f"{xla} --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads={n}".strip()
+        )
+
+
+_share_cores_between_workers()
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+#: ``make test-long``: the long hypothesis profile, the ``long`` tests, full shape ranges on JAX
+LONG = os.environ.get("HL_TEST_LONG", "") not in ("", "0")
 
 settings.register_profile(
     "ci",
@@ -34,7 +81,8 @@ settings.register_profile(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+settings.register_profile("long", settings.get_profile("ci"), max_examples=100)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "long" if LONG else "ci"))
 
 KNOWN = (
     "numpy",
@@ -46,6 +94,7 @@ KNOWN = (
     "torch_cuda",
     "jax_gpu",
     "cupy",
+    "dask",
 )
 REQUESTED = [b for b in os.environ.get("HL_TEST_BACKENDS", "").split(",") if b]
 unknown = sorted(set(REQUESTED) - set(KNOWN))
@@ -62,17 +111,47 @@ class Backend:
     _asarray: Callable[[np.ndarray], Any]
     eager: bool = True
     jit: Callable[[Callable], Callable] | None = None
+    #: Dask: arrays of this backend are operands only; operators are built from NumPy
+    operand_only: bool = False
+
+    @property
+    def compiles(self) -> bool:
+        """JAX compiles every new shape (each op eagerly, each function under jit): property
+        tests draw few shapes here so the compilations are shared (see ``helpers.few_shapes``)."""
+        return self.name.startswith("jax")
 
     def asarray(self, a: Any, dtype: Any = np.float64) -> Any:
         a = np.array(a, dtype=dtype)
         return self._asarray(a)
 
+    def param(self, a: Any, dtype: Any = np.float64) -> Any:
+        """An operator's parameter (V, U, σ, …): the backend's array, except on an operand-only
+        backend (dask), where operators are built eagerly from NumPy and only ``@`` operands
+        (``asarray``) are Dask arrays."""
+        a = np.array(a, dtype=dtype)
+        return a if self.operand_only else self._asarray(a)
+
     def call(self, fn: Callable, *args: Any) -> Any:
-        """``fn(*args)``, under ``jax.jit`` for the jax_jit backend."""
-        return self.jit(fn)(*args) if self.jit else fn(*args)
+        """``fn(*args)``, under ``jax.jit`` for the jax_jit backend; for dask, asserting that
+        building the result runs no Dask task (products with Dask operands are lazy)."""
+        if self.jit:
+            return self.jit(fn)(*args)
+        if self.operand_only:
+            return _lazy_call(fn, *args)
+        return fn(*args)
 
     def __repr__(self) -> str:
         return self.name
+
+
+def _lazy_call(fn: Callable, *args: Any) -> Any:
+    from dask.callbacks import Callback
+
+    ran: list[Any] = []
+    with Callback(pretask=lambda key, dsk, state: ran.append(key)):
+        out = fn(*args)
+    assert not ran, f"{len(ran)} Dask task(s) ran while the result was built: it must be lazy"
+    return out
 
 
 def to_numpy(x: Any) -> np.ndarray:
@@ -80,6 +159,8 @@ def to_numpy(x: Any) -> np.ndarray:
         return x.detach().cpu().numpy()
     if type(x).__module__.startswith("cupy"):
         return x.get()
+    if type(x).__module__.startswith("dask"):
+        return np.asarray(x.compute(scheduler="threads"))
     return np.asarray(x)
 
 
@@ -137,6 +218,15 @@ def _make(name: str) -> Backend:
         if not cupy.is_available():
             raise ImportError("cupy has no GPU")
         return Backend(name, aac.array_namespace(cupy.empty(0)), cupy.asarray)
+    if name == "dask":
+        import array_api_compat.dask.array as dxp
+        import dask.array as da
+
+        # chunks of 2 along every axis: the products run chunk by chunk, and contracted axes
+        # split in chunks exercise the rechunking
+        return Backend(
+            name, dxp, lambda a: da.from_array(a, chunks=2), eager=False, operand_only=True
+        )
     raise AssertionError(name)
 
 
@@ -158,6 +248,7 @@ def get_backend(name: str) -> Backend:
 
 
 PARAMS = REQUESTED or list(KNOWN)
+LAZY = ("jax_jit", "dask")
 
 
 @pytest.fixture(scope="session", params=PARAMS)
@@ -166,7 +257,96 @@ def bk(request: pytest.FixtureRequest) -> Backend:
     return get_backend(request.param)
 
 
-@pytest.fixture(scope="session", params=[p for p in PARAMS if p != "jax_jit"])
+@pytest.fixture(scope="session", params=[p for p in PARAMS if p not in LAZY])
 def bk_eager(request: pytest.FixtureRequest) -> Backend:
-    """Every backend whose values can be inspected (value checks are eager-only)."""
+    """Every backend whose values can be inspected (value checks are eager-only: not jax_jit,
+    not dask)."""
     return get_backend(request.param)
+
+
+# -- frameworks needed by framework-specific tests ---------------------------------------------
+
+#: framework (top-level package) -> the backends that need it: a test needing the framework
+#: must run (and fails if it cannot import it) when one of them is requested. Numba
+#: accelerates the NumPy backend's sequential products, so NumPy requires it.
+FRAMEWORKS = {
+    "torch": ("torch", "torch_cuda"),
+    "jax": ("jax", "jax_jit", "jax_gpu"),
+    "dask": ("dask",),
+    "cupy": ("cupy",),
+    "array_api_strict": ("array_api_strict",),
+    "numba": ("numpy", "numpy_readonly"),
+}
+
+
+def require(module: str) -> Any:
+    """Import ``module`` (e.g. ``"torch"``, ``"dask.distributed"``) for a framework-specific
+    test or module, as ``pytest.importorskip`` would, but by the backends requested: fails if a
+    backend needing the framework is requested in ``HL_TEST_BACKENDS`` and the import fails;
+    skips (with the reason) if ``HL_TEST_BACKENDS`` requests none of them, or if it is unset and
+    the import fails. Callable at module level."""
+    top = module.split(".")[0]
+    needing = [b for b in FRAMEWORKS[top] if b in REQUESTED]
+    if REQUESTED and not needing:
+        pytest.skip(
+            f"{top}: none of the backends {FRAMEWORKS[top]} that need it is requested in "
+            f"HL_TEST_BACKENDS",
+            allow_module_level=True,
+        )
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        if needing:
+            pytest.fail(
+                f"{module} cannot be imported, but backend(s) {needing} requested in "
+                f"HL_TEST_BACKENDS need it: {exc}",
+                pytrace=False,
+            )
+        pytest.skip(f"{module} not available: {exc}", allow_module_level=True)
+
+
+_JAX_CACHE = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One JAX compilation cache on disk for the run, shared by the xdist workers (they inherit
+    the environment): most of the suite's time on JAX is XLA compiling, and identical programs
+    recur across tests (check_grads' fresh closures, the same op on the same shapes) and across
+    the workers. Measured on the JAX adapter and SVD tests: 13 % less CPU time. The cache is
+    removed at the end; set ``JAX_COMPILATION_CACHE_DIR`` to keep one across runs instead."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        return
+    path = tempfile.mkdtemp(prefix="hl-test-jax-cache-")
+    config.stash[_JAX_CACHE] = path
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = path
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    path = config.stash.get(_JAX_CACHE, None)
+    if path is not None:
+        del os.environ["JAX_COMPILATION_CACHE_DIR"]
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _reason(item: pytest.Item, mark: pytest.Mark) -> str:
+    if not mark.args:
+        raise pytest.UsageError(f"{item.nodeid}: {mark.name} needs a reason")
+    return str(mark.args[0])
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skipped with their reason: the dask case of a ``no_dask`` test; outside
+    ``make test-long``, ``long`` tests and the JAX cases of ``jax_long`` tests (each compiles
+    anew on JAX, while the other backends run them here)."""
+    callspec = getattr(item, "callspec", None)
+    backend = callspec.params.get("bk") if callspec is not None else None
+    if backend == "dask" and (mark := item.get_closest_marker("no_dask")) is not None:
+        pytest.skip(f"dask: {_reason(item, mark)}")
+    if LONG:
+        return
+    if item.get_closest_marker("long") is not None:
+        pytest.skip("long: runs in `make test-long` (HL_TEST_LONG=1)")
+    if backend in FRAMEWORKS["jax"] and (mark := item.get_closest_marker("jax_long")) is not None:
+        pytest.skip(f"long on JAX ({_reason(item, mark)}): runs in `make test-long`")

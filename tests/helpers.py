@@ -6,7 +6,8 @@ import zlib
 from typing import Any
 
 import numpy as np
-from conftest import to_numpy
+from conftest import LONG, to_numpy
+from hypothesis import settings
 from hypothesis import strategies as st
 
 EPS = {np.float32: float(np.finfo(np.float32).eps), np.float64: float(np.finfo(np.float64).eps)}
@@ -81,6 +82,37 @@ def reflector_shapes(draw: Any, max_n: int = 9, square: bool = False) -> dict:
     seed = draw(st.integers(0, 2**31 - 1))
     zeros = draw(st.lists(st.booleans(), min_size=L, max_size=L))
     return {"batch": batch, "n": n, "L": L, "seed": seed, "zeros": zeros}
+
+
+def examples(n: int) -> settings:
+    """``settings(max_examples=n)``, four times more under ``make test-long`` (as its profile)."""
+    return settings(max_examples=4 * n if LONG else n)
+
+
+def few_shapes(bk: Any, drawn: Any, few: list, seed: int) -> Any:
+    """The shape a property test runs on ``bk``: as drawn, except on a backend that compiles
+    every new shape (JAX; not under ``make test-long``), where it is one of the ``few`` fixed
+    shapes, picked by ``seed``: the compilations are then shared by the examples (and by the
+    tests that use the same shapes) instead of paid again for each example."""
+    return few[seed % len(few)] if bk.compiles and not LONG else drawn
+
+
+#: (batch, n, L) for reflector specs on JAX: L = n = 1, tall, square with two batch axes
+FEW_REFLECTOR_SHAPES = [((), 1, 1), ((), 6, 4), ((2, 1), 5, 5)]
+
+
+def fit_reflector_spec(bk: Any, spec: dict) -> dict:
+    """A :func:`reflector_shapes` spec as backend ``bk`` runs it: shapes from
+    ``FEW_REFLECTOR_SHAPES`` on JAX (:func:`few_shapes`, with a zero-column mask from the seed),
+    unbatched on dask (a Dask operand is never broadcast against a batched operator)."""
+    spec = dict(spec)
+    batch, n, L = few_shapes(
+        bk, (spec["batch"], spec["n"], spec["L"]), FEW_REFLECTOR_SHAPES, spec["seed"]
+    )
+    if L != spec["L"]:
+        spec["zeros"] = [bool((spec["seed"] >> (k + 3)) & 1) for k in range(L)]
+    spec.update(batch=() if bk.operand_only else batch, n=n, L=L)
+    return spec
 
 
 def make_V(spec: dict, with_zeros: bool = True) -> np.ndarray:

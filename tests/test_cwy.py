@@ -6,14 +6,19 @@ Tolerances: each result is compared with a float64 NumPy oracle built from the d
 ~eps·N per entry, amplified by ‖T‖ (T = S⁻¹ grows for nearly parallel reflectors), so the
 bound is 10·eps·(N+L)·max(1, ‖T‖₂) — see :func:`helpers.tol`. A wrong formula (missing striu,
 T instead of Tᵀ, unnormalised U) is off by O(1).
+
+Backends: every test on the operators' products runs on dask too (Dask operands, lazy results);
+the functions passed to ``bk.call`` are module-level, so under jax_jit one compilation serves
+every example of the same shape (JAX examples draw from ``helpers.FEW_REFLECTOR_SHAPES``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import to_numpy
+from conftest import require, to_numpy
 from helpers import (
+    fit_reflector_spec,
     growth,
     make_V,
     orth_error,
@@ -33,25 +38,47 @@ def _cmp(actual, expected, bound):
     assert err <= bound, f"max error {err:.3e} > {bound:.3e}"
 
 
+# module-level: jax.jit caches a compilation per function object (and shapes)
+def _matrix(V):
+    return hl.cwy(V).matrix()
+
+
+def _apply_and_transpose(V, h):
+    return hl.cwy(V) @ h, hl.cwy(V).T @ h
+
+
+def _there_and_back(V, h):
+    return hl.cwy(V).T @ (hl.cwy(V) @ h)
+
+
+def _tcwy_products(V, x, y):
+    return hl.tcwy(V) @ x, hl.tcwy(V).T @ y
+
+
+def _tcwy_matrix(V):
+    return hl.tcwy(V).matrix()
+
+
+@pytest.mark.no_dask("Q.matrix() has no operand")
 @given(spec=reflector_shapes())
 def test_theorem2_cwy_equals_product_of_reflections(bk, spec):
+    spec = fit_reflector_spec(bk, spec)
     V = make_V(spec)
-    Q = bk.call(lambda V: hl.cwy(V).matrix(), bk.asarray(V))
+    Q = bk.call(_matrix, bk.asarray(V))
     n = spec["n"] + spec["L"]
     _cmp(Q, product_of_reflections(V), tol(np.float64, n, growth(V)))
 
 
 @given(spec=reflector_shapes(), B=st.sampled_from([None, 1, 3]))
 def test_apply_equals_dense_and_sequential(bk, spec, B):
+    spec = fit_reflector_spec(bk, spec)
     V = make_V(spec)
     rng = np.random.default_rng(spec["seed"] + 1)
     h = rng.standard_normal((spec["n"],) if B is None else (spec["n"], B))
     Qd = product_of_reflections(V)
-    y_cwy, y_seq, yT = bk.call(
-        lambda V, h: (hl.cwy(V) @ h, hl.householder_apply(V, h), hl.cwy(V).T @ h),
-        bk.asarray(V),
-        bk.asarray(h),
-    )
+    y_cwy, yT = bk.call(_apply_and_transpose, bk.param(V), bk.asarray(h))
+    # householder_apply takes no Dask operand: on dask it runs on the NumPy arrays
+    y_seq = bk.call(hl.householder_apply, bk.param(V), bk.param(h))
     b = tol(np.float64, spec["n"] + spec["L"], growth(V))
     _cmp(y_cwy, Qd @ h, b)
     _cmp(y_seq, Qd @ h, b)
@@ -60,15 +87,13 @@ def test_apply_equals_dense_and_sequential(bk, spec, B):
 
 @given(spec=reflector_shapes())
 def test_orthogonality_and_inverse(bk, spec):
+    spec = fit_reflector_spec(bk, spec)
     V = make_V(spec)
     if not any(not z for z in spec["zeros"]):
         V[..., 0, 0] = 1.0  # at least one nonzero vector: "every nonzero V"
     h = np.random.default_rng(spec["seed"]).standard_normal((spec["n"], 2))
-    Q, back = bk.call(
-        lambda V, h: (hl.cwy(V).matrix(), hl.cwy(V).T @ (hl.cwy(V) @ h)),
-        bk.asarray(V),
-        bk.asarray(h),
-    )
+    Q = bk.call(_matrix, bk.param(V))
+    back = bk.call(_there_and_back, bk.param(V), bk.asarray(h))
     b = tol(np.float64, spec["n"] + spec["L"], growth(V))
     assert orth_error(to_numpy(Q)) <= b * spec["n"]
     _cmp(back, np.broadcast_to(h, to_numpy(back).shape), b * 4)
@@ -76,17 +101,14 @@ def test_orthogonality_and_inverse(bk, spec):
 
 @given(spec=reflector_shapes())
 def test_theorem3_tcwy_is_first_columns(bk, spec):
+    spec = fit_reflector_spec(bk, spec)
     V = make_V(spec)
     M = spec["L"]
     rng = np.random.default_rng(spec["seed"] + 2)
     x = rng.standard_normal((M, 2))
     y = rng.standard_normal((spec["n"], 3))
-    Om, Omx, OmTy = bk.call(
-        lambda V, x, y: (hl.tcwy(V).matrix(), hl.tcwy(V) @ x, hl.tcwy(V).T @ y),
-        bk.asarray(V),
-        bk.asarray(x),
-        bk.asarray(y),
-    )
+    Om = bk.call(_tcwy_matrix, bk.param(V))
+    Omx, OmTy = bk.call(_tcwy_products, bk.param(V), bk.asarray(x), bk.asarray(y))
     ref = product_of_reflections(V)[..., :, :M]
     b = tol(np.float64, spec["n"] + M, growth(V))
     _cmp(Om, ref, b)
@@ -95,6 +117,7 @@ def test_theorem3_tcwy_is_first_columns(bk, spec):
     assert orth_error(to_numpy(Om)) <= b * M
 
 
+@pytest.mark.no_dask("Q.matrix() has no operand")
 def test_zero_column_is_identity_reflector(bk):
     rng = np.random.default_rng(0)
     V = rng.standard_normal((6, 3))
@@ -105,6 +128,7 @@ def test_zero_column_is_identity_reflector(bk):
     np.testing.assert_array_equal(I, np.eye(4))
 
 
+@pytest.mark.no_dask("a Dask operand is not broadcast against the operator's batch")
 def test_batched_equals_loop(bk):
     rng = np.random.default_rng(1)
     V = rng.standard_normal((3, 2, 7, 4))
@@ -119,6 +143,7 @@ def test_batched_equals_loop(bk):
             np.testing.assert_allclose(y[i, j], yi, atol=1e-13)
 
 
+@pytest.mark.no_dask("broadcast operands and Q.mv take no Dask arrays")
 def test_matmul_semantics_and_metadata(bk):
     """``Q @ h`` is ``Q.matrix() @ h`` for every operand ``matmul`` accepts."""
     rng = np.random.default_rng(2)
@@ -154,6 +179,7 @@ def test_matmul_semantics_and_metadata(bk):
     np.testing.assert_allclose(to_numpy(Om.T.T.matrix()), Qd[..., :3], atol=1e-13)
 
 
+@pytest.mark.no_dask("householder_apply and the inverses take no Dask arrays")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_dtype_device_and_namespace_preserved(bk, dtype):
     rng = np.random.default_rng(3)
@@ -180,6 +206,7 @@ def test_dtype_device_and_namespace_preserved(bk, dtype):
             assert aac.device(out) == aac.device(V)
 
 
+@pytest.mark.no_dask("Q.matrix() has no operand")
 def test_float32_accuracy_near_float32_floor(bk):
     """float32 orthogonality error stays at the rounding floor (Gram and T in float64 on
     CPU): ≤ 2·eps32·N, where rounding an exactly orthogonal matrix already gives ~eps·√N."""
@@ -206,7 +233,7 @@ def test_lapack_oracle_householder_product():
 
     LAPACK stores H = I − τ v vᵀ; for real Householder reflectors τ = 2/‖v‖², except τ = 0
     (the identity, e.g. the last reflector of a square QR), which is our zero column."""
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     rng = np.random.default_rng(5)
     for n in (1, 7, 64, 200):
         A = torch.asarray(rng.standard_normal((n, n)))
@@ -231,7 +258,11 @@ def test_inputs_are_not_mutated(bk_eager):
     np.testing.assert_array_equal(to_numpy(h), h0)
 
 
-@pytest.mark.parametrize("block", [None, 2])
+@pytest.mark.no_dask("Q.matrix() has no operand")
+@pytest.mark.parametrize(
+    "block",
+    [None, pytest.param(2, marks=pytest.mark.jax_long("the blocked path is NumPy/torch only"))],
+)
 def test_structured_dense_path_equals_definition(bk, block, monkeypatch):
     """Lower-trapezoidal V (LAPACK layout) takes the orgqr-style path on NumPy/torch; the
     result must be the same product of reflections, batched, with zero columns, for CWY and
@@ -261,7 +292,7 @@ def test_orthogonality_beats_lapack_orgqr():
     4.7e-14 on an Intel Xeon (torch's orgqr and NumPy's OpenBLAS pick other kernels there).
     So float64 is held to the absolute 1e-13 and to 2× orgqr; closing the gap to orgqr on
     every CPU is issue 19."""
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     rng = np.random.default_rng(0)
     for dtype, n in ((np.float32, 256), (np.float32, 1024), (np.float64, 1024)):
         A = torch.asarray(rng.standard_normal((n, n)).astype(dtype))

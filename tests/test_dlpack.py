@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import require
 
 from householderla._interop.dlpack import JAX_ALIGNMENT, aligned_empty, from_numpy, to_numpy
 
-torch = pytest.importorskip("torch")
+torch = require("torch")
 
 
 def _jax():
-    jax = pytest.importorskip("jax")
+    jax = require("jax")
     jax.config.update("jax_enable_x64", True)
     return jax
 
@@ -179,7 +180,7 @@ def test_round_trip_through_a_numpy_kernel_shares_both_ways():
 def _cuda():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    return pytest.importorskip("cupy")
+    return require("cupy")
 
 
 def test_cuda_tensor_to_cupy_is_zero_copy_on_torch_stream():  # pragma: no cover - GPU

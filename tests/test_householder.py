@@ -4,6 +4,9 @@
 N vectors, the last zero when det Q = +1 and −2e_N when det Q = −1, so cwy reaches both
 components of O(N). Tolerances: QR of an orthogonal matrix is backward stable, so the
 reconstruction error is ~eps·N² in the worst case (N reflections of N-vectors): 10·eps·N².
+
+On JAX the inverses run a Python loop over the columns, each step a new shape to compile:
+the examples there draw N from a few fixed sizes (``helpers.few_shapes``).
 """
 
 from __future__ import annotations
@@ -11,11 +14,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import to_numpy
-from helpers import haar_orthogonal, product_of_reflections, reflection
+from helpers import few_shapes, haar_orthogonal, product_of_reflections, reflection
 from hypothesis import given
 from hypothesis import strategies as st
 
 import householderla as hl
+
+pytestmark = pytest.mark.no_dask("the inverses and householder_product take no Dask arrays")
+
+
+# module-level: jax.jit caches a compilation per function object (and shapes)
+def _cwy_matrix(V):
+    return hl.cwy(V).matrix()
+
+
+def _tcwy_matrix(V):
+    return hl.tcwy(V).matrix()
 
 
 def test_reflection_definition(bk):
@@ -34,13 +48,14 @@ def test_reflection_definition(bk):
     seed=st.integers(0, 2**31 - 1),
 )
 def test_theorem1_householder_vectors_both_determinants(bk, n, det, seed):
+    n = few_shapes(bk, n, [1, 3, 6], seed)
     Q = haar_orthogonal(np.random.default_rng(seed), n, det)
     V = bk.call(hl.householder_vectors, bk.asarray(Q))
     Vn = to_numpy(V)
     assert Vn.shape == (n, n)
     # lower trapezoidal (Mhammedi et al., ICML 2017, eq. 9)
     np.testing.assert_array_equal(np.triu(Vn, 1), 0.0)
-    back = to_numpy(bk.call(lambda V: hl.cwy(V).matrix(), V))
+    back = to_numpy(bk.call(_cwy_matrix, V))
     np.testing.assert_allclose(back, Q, atol=10 * 2.2e-16 * max(n, 2) ** 2)
     # each nonzero reflector has det −1: their number has the parity of det Q, and the last
     # one is 0 or −e_N (H(−e_N) = diag(1, …, 1, −1)) to make it so
@@ -58,10 +73,11 @@ def test_theorem1_householder_vectors_both_determinants(bk, n, det, seed):
 )
 def test_theorem3_tcwy_vectors_surjective(bk, n, data, batch, seed):
     m = data.draw(st.integers(1, n))
+    n, m, batch = few_shapes(bk, (n, m, batch), [(1, 1, ()), (6, 3, (3,)), (5, 5, ())], seed)
     rng = np.random.default_rng(seed)
     Om = np.linalg.qr(rng.standard_normal(batch + (n, m)))[0]
     V = bk.call(hl.tcwy_vectors, bk.asarray(Om))
-    back = to_numpy(bk.call(lambda V: hl.tcwy(V).matrix(), V))
+    back = to_numpy(bk.call(_tcwy_matrix, V))
     np.testing.assert_allclose(back, Om, atol=10 * 2.2e-16 * max(n, 2) ** 2)
 
 
@@ -72,16 +88,17 @@ def test_inverse_of_general_matrix_is_positive_qr_factor(bk):
     q, r = np.linalg.qr(A)
     q = q * np.sign(np.diag(r))
     V = bk.call(hl.tcwy_vectors, bk.asarray(A))
-    np.testing.assert_allclose(to_numpy(bk.call(lambda V: hl.tcwy(V).matrix(), V)), q, atol=1e-13)
+    np.testing.assert_allclose(to_numpy(bk.call(_tcwy_matrix, V)), q, atol=1e-13)
 
 
 def test_inverse_float32_roundtrip(bk):
     rng = np.random.default_rng(13)
-    Q = haar_orthogonal(rng, 32, -1).astype(np.float32)
+    N = few_shapes(bk, 32, [8], 0)  # JAX compiles each of the N steps: N = 32 in test-long
+    Q = haar_orthogonal(rng, N, -1).astype(np.float32)
     V = bk.call(hl.householder_vectors, bk.asarray(Q, dtype=np.float32))
     assert to_numpy(V).dtype == np.float32
-    back = to_numpy(bk.call(lambda V: hl.cwy(V).matrix(), V))
-    np.testing.assert_allclose(back, Q, atol=10 * 1.2e-7 * 32)
+    back = to_numpy(bk.call(_cwy_matrix, V))
+    np.testing.assert_allclose(back, Q, atol=10 * 1.2e-7 * N)
 
 
 def test_sequential_product_matches_dense_and_batches(bk):

@@ -8,7 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
+from conftest import require
 
 SCRIPT = textwrap.dedent(
     """
@@ -31,7 +31,7 @@ SCRIPT = textwrap.dedent(
 
 
 def test_jax_without_x64_stays_float32_and_warning_free():
-    pytest.importorskip("jax")
+    require("jax")
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run(
         [sys.executable, "-W", "error", "-c", SCRIPT],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import array_api_compat as aac
 import numpy as np
 import pytest
-from conftest import to_numpy
+from conftest import require, to_numpy
 
 from householderla._lib.linalg import inv_upper_triangular, inv_upper_triangular_recursive
 from householderla._lib.namespace import resolve
@@ -38,7 +38,7 @@ def test_resolve_promotes_and_names_arguments():
 def test_resolve_numpy_constants_join_jax():
     """NumPy arrays mixed with JAX arrays (or tracers, under jax.grad over one argument)
     join JAX's namespace; other mixes still raise TypeError naming the arguments."""
-    jax = pytest.importorskip("jax")
+    jax = require("jax")
     jax.config.update("jax_enable_x64", True)
     import jax.numpy as jnp
 
@@ -48,6 +48,6 @@ def test_resolve_numpy_constants_join_jax():
         return jnp.sum(a * b)
 
     np.testing.assert_array_equal(np.asarray(jax.grad(f)(jnp.arange(3.0))), np.ones(3))
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     with pytest.raises(TypeError, match=r"different array libraries \(a: numpy"):
         resolve([("a", np.ones(3)), ("b", torch.ones(3))], None)

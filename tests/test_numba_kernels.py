@@ -16,16 +16,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import get_backend
+from conftest import get_backend, require
 from helpers import EPS, assert_vjp_matches_central_differences, product_of_reflections
 
 import householderla as hl
 from householderla import householder as hh
 from householderla._kernels import numba_for
 
-nk = pytest.importorskip("householderla._kernels.numba")
-if not nk.HAVE_NUMBA:  # pragma: no cover - CI installs numba
-    pytest.skip("numba is not installed", allow_module_level=True)
+require("numba")
+from householderla._kernels import numba as nk  # noqa: E402
+
+assert nk.HAVE_NUMBA
 
 DTYPES = [np.float32, np.float64]
 
@@ -320,5 +321,5 @@ def test_disable_env_var_and_namespace_dispatch(monkeypatch):
     assert numba_for(np, np.ones(2)) is None
     monkeypatch.setenv("HL_DISABLE_NUMBA", "0")
     assert numba_for(np, np.ones(2)) is nk
-    xps = pytest.importorskip("array_api_strict")
+    xps = require("array_api_strict")
     assert numba_for(xps, xps.ones(2)) is None  # other namespaces: unchanged

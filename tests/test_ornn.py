@@ -15,22 +15,32 @@ float64 oracle at 10·eps·(n + L)·max(1, ‖T‖₂) (helpers.tol): a few GEMM
 by T = S⁻¹. Structured and dense products sum the same nonzero terms in a different order:
 the same bound. The 2 × 2 distances are exact identities (‖R − Q‖_F = 2 for every reflection R
 and rotation Q), checked to 1e-6.
+
+Backends: the structured products also run with Dask operands; the functions given to
+``bk.call`` in property tests are module-level (or cached), so under jax_jit one compilation
+serves every example of a shape, and JAX examples draw from a few fixed shapes
+(``helpers.few_shapes``).
 """
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
-from conftest import to_numpy
+from conftest import require, to_numpy
 from helpers import (
+    FEW_REFLECTOR_SHAPES,
     assert_vjp_matches_central_differences,
+    examples,
+    few_shapes,
     growth,
     haar_orthogonal,
     product_of_reflections,
     stable_seed,
     tol,
 )
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import householderla as hl
@@ -74,6 +84,27 @@ def _roundtrip(Q):
     return U, s, ornn(U, s).matrix()
 
 
+# module-level: jax.jit caches a compilation per function object (and shapes)
+def _ornn_matrix_plus(U):
+    return ornn(U, 1).matrix()
+
+
+def _ornn_matrix_minus(U):
+    return ornn(U, -1).matrix()
+
+
+_ORNN_MATRIX = {1: _ornn_matrix_plus, -1: _ornn_matrix_minus}
+
+
+def _ornn_matrix(U, s):
+    return ornn(U, s).matrix()
+
+
+def _two_sided(A, B):
+    return hl.cwy(A).matrix() @ hl.cwy(B).T.matrix()  # H_{k2}…H_n = cwy(VR)ᵀ
+
+
+@pytest.mark.no_dask("ornn_params and Q.matrix() take no Dask operand")
 @given(
     n=st.integers(1, 8),
     dets=st.sampled_from([(1,), (-1,), (1, -1, -1)]),
@@ -81,6 +112,9 @@ def _roundtrip(Q):
     seed=st.integers(0, 2**31 - 1),
 )
 def test_theorem1_ornn_params_reaches_both_determinants(bk, n, dets, dtype, seed):
+    # JAX: n, the batch (one or three determinants) and the dtype from a few fixed cases
+    few = [(1, (-1,), np.float64), (3, (1, -1, -1), np.float32), (6, (1,), np.float64)]
+    n, dets, dtype = few_shapes(bk, (n, dets, dtype), few, seed)
     rng = np.random.default_rng(seed)
     Q = np.stack([haar_orthogonal(rng, n, d) for d in dets])
     if len(dets) == 1:
@@ -103,17 +137,18 @@ def test_theorem1_ornn_params_reaches_both_determinants(bk, n, dets, dtype, seed
     )
 
 
+@pytest.mark.no_dask("Q.matrix() has no operand")
 @given(spec=st.fixed_dictionaries({"n": st.integers(2, 7), "seed": st.integers(0, 2**31 - 1)}))
 def test_ornn_matches_definition_eq6_to_eq8(bk, spec):
     """ornn(U, sign) is H_n(u_n)…H_{n−m+1}(u_{n−m+1}) H_1(sign) built from eq. 6–7 directly,
     for every m ≤ n − 1, both signs, and entries above the diagonal that must be ignored."""
-    n = spec["n"]
+    n = few_shapes(bk, spec["n"], [2, 5], spec["seed"])
     rng = np.random.default_rng(spec["seed"])
     for m in range(n):
         U = np.tril(rng.standard_normal((n, m)))
         garbage = U + np.triu(rng.standard_normal((n, m)), 1)
         for sign in (1, -1):
-            W = to_numpy(bk.call(lambda U, sign=sign: ornn(U, sign).matrix(), bk.asarray(garbage)))
+            W = to_numpy(bk.call(_ORNN_MATRIX[sign], bk.asarray(garbage)))
             np.testing.assert_allclose(W, _ornn_reference(U, sign), atol=tol(np.float64, 2 * n))
 
 
@@ -129,7 +164,7 @@ def _rotation(theta: float) -> np.ndarray:
     u=st.tuples(st.floats(-10, 10), st.floats(-10, 10)),
     theta=st.floats(0.1, 2 * np.pi - 0.1),
 )
-@settings(max_examples=40)
+@examples(40)
 def test_counterexample_2x2_without_h1(u, theta):
     """n = 2, m = n − 1 = 1, sign fixed to +1: W = H_2(u) is a reflection (det −1) or I
     (u = 0). A rotation Q ≠ I (det +1) is at Frobenius distance exactly 2 from every reflection
@@ -156,6 +191,7 @@ def test_structured_matrix_extreme_norms(scale):
     )
 
 
+@pytest.mark.no_dask("ornn_params and Q.matrix() take no Dask operand")
 def test_counterexample_2x2_with_h1(bk):
     """With H_1 every rotation is reached: ornn_params returns sign = −1 and a nonzero u_2
     (the rotation is the reflection H_2(u_2) times diag(1, −1)). Mhammedi et al.'s own remark:
@@ -175,7 +211,7 @@ def test_counterexample_2x2_with_h1(bk):
     for _ in range(20):
         two = hl.cwy(rng.standard_normal((2, 2))).matrix()  # H(v₁)H(v₂), both nonzero
         assert abs(np.linalg.norm(two - D) - 2.0) <= 1e-12
-    W = to_numpy(bk.call(lambda U: ornn(U, -1).matrix(), bk.asarray(np.zeros((2, 1)))))
+    W = to_numpy(bk.call(_ORNN_MATRIX[-1], bk.asarray(np.zeros((2, 1)))))
     np.testing.assert_array_equal(W, D)
 
 
@@ -212,16 +248,19 @@ def _theorem3_factors(Q: np.ndarray, k1: int, k2: int, branch: int) -> tuple[np.
     return UL, VR
 
 
+@pytest.mark.no_dask("Q.matrix() has no operand")
 @given(
     n=st.integers(1, 7),
     data=st.data(),
     det=st.sampled_from([1, -1]),
     seed=st.integers(0, 2**31 - 1),
 )
-@settings(max_examples=30)
+@examples(30)
 def test_theorem3_k1_plus_k2_at_most_n_plus_2_covers_O_n(bk, n, data, det, seed):
     k1 = data.draw(st.integers(1, n), label="k1")
     k2 = data.draw(st.integers(1, min(n, n + 2 - k1)), label="k2")
+    # JAX: one of each branch alone, both branches, and n = 1
+    n, k1, k2 = few_shapes(bk, (n, k1, k2), [(1, 1, 1), (4, 2, 4), (5, 4, 3), (6, 6, 1)], seed)
     Q = haar_orthogonal(np.random.default_rng(seed), n, det)
     branches = [b for b, ok in ((0, k2 >= k1 - 1), (1, k1 >= k2 - 1)) if ok]
     assert branches  # one of the two always holds
@@ -229,16 +268,12 @@ def test_theorem3_k1_plus_k2_at_most_n_plus_2_covers_O_n(bk, n, data, det, seed)
         UL, VR = _theorem3_factors(Q, k1, k2, branch)
         np.testing.assert_array_equal(np.triu(UL, 1), 0.0)  # u_k ∈ ℝᵏ, v_k ∈ ℝᵏ
         np.testing.assert_array_equal(np.triu(VR, 1), 0.0)
-        W = bk.call(
-            lambda A, B: hl.cwy(A).matrix() @ hl.cwy(B).T.matrix(),  # H_{k2}…H_n = cwy(VR)ᵀ
-            bk.asarray(UL),
-            bk.asarray(VR),
-        )
+        W = bk.call(_two_sided, bk.asarray(UL), bk.asarray(VR))
         np.testing.assert_allclose(to_numpy(W), Q, atol=10 * EPS64 * max(n, 2) ** 2)
 
 
 @given(n=st.integers(3, 7), data=st.data(), seed=st.integers(0, 2**31 - 1))
-@settings(max_examples=30)
+@examples(30)
 def test_theorem3_is_sharp(n, data, seed):
     """k₁ + k₂ = n + 3 leaves n − 1 reflections: their product fixes a nonzero vector (the
     intersection of n − 1 hyperplanes), so W has eigenvalue 1 and ‖W + I‖₂ ≥ 2: −I is never
@@ -257,6 +292,7 @@ def test_theorem3_is_sharp(n, data, seed):
 # ------------------------------------------
 
 
+@pytest.mark.no_dask("Q.matrix() has no operand")
 def test_proposition1_unnormalised_compact_wy(bk):
     """I − U T̃⁻¹ Uᵀ with T̃ = striu(UᵀU) + ½ diag(UᵀU) (Mhammedi et al., ICML 2017 eq. 12–13) is
     ornn(U);
@@ -295,33 +331,59 @@ def _trapezoid_spec(draw):
     }
 
 
+@functools.cache
+def _structured_products(structure, block):
+    """One function per (structure, block): a jax_jit compilation is reused only for the same
+    monkeypatched block size."""
+
+    def products(V, h, x):
+        return (
+            hl.cwy(V, structure=structure) @ h,
+            hl.cwy(V, structure=structure).T @ h,
+            hl.tcwy(V, structure=structure) @ x,
+            hl.tcwy(V, structure=structure).T @ h,
+        )
+
+    return products
+
+
+@functools.cache
+def _structured_matrix(structure, block):
+    return lambda V: hl.cwy(V, structure=structure).matrix()
+
+
 @given(spec=_trapezoid_spec(), structure=st.sampled_from(["auto", "trapezoidal", "dense"]))
-@settings(max_examples=30)
+@examples(30)
 def test_structured_equals_dense_equals_sequential(bk, spec, structure):
-    n, L = spec["n"], spec["L"]
+    # JAX: few (batch, n, L, B), the block fixed (JAX never takes the blocked kernels, see
+    # test_blocked_kernels_are_dispatched); dask: unbatched (no broadcasting of Dask operands)
+    few = [(*s, B) for s, B in zip(FEW_REFLECTOR_SHAPES, (None, 3, 1), strict=True)]
+    batch, n, L, B = few_shapes(
+        bk, (spec["batch"], spec["n"], spec["L"], spec["B"]), few, spec["seed"]
+    )
+    block = few_shapes(bk, spec["block"], [2], 0)
+    batch = () if bk.operand_only else batch
     rng = np.random.default_rng(spec["seed"])
-    V = np.tril(rng.standard_normal(spec["batch"] + (n, L)))
-    V[..., np.asarray(spec["zeros"], dtype=bool)] = 0.0
-    B = spec["B"]
+    V = np.tril(rng.standard_normal(batch + (n, L)))
+    zeros = spec["zeros"] if L == spec["L"] else rng.random(L) < 0.3
+    V[..., np.asarray(zeros, dtype=bool)] = 0.0
     h = rng.standard_normal((n,) if B is None else (n, B))
     x = rng.standard_normal((L,) if B is None else (L, B))
     Qd = product_of_reflections(V)
     with pytest.MonkeyPatch.context() as mp:
-        _force_blocked(mp, spec["block"])
-        outs = bk.call(
-            lambda V, h, x: (
-                hl.cwy(V, structure=structure) @ h,
-                hl.cwy(V, structure=structure).T @ h,
-                hl.cwy(V, structure=structure).matrix(),
-                hl.tcwy(V, structure=structure) @ x,
-                hl.tcwy(V, structure=structure).T @ h,
-                hl.householder_apply(V, h),
-            ),
-            bk.asarray(V),
-            bk.asarray(h),
-            bk.asarray(x),
+        _force_blocked(mp, block)
+        y, yT, Om_x, OmT_h = (
+            to_numpy(o)
+            for o in bk.call(
+                _structured_products(structure, block),
+                bk.param(V),
+                bk.asarray(h),
+                bk.asarray(x),
+            )
         )
-    y, yT, Qm, Om_x, OmT_h, y_seq = (to_numpy(o) for o in outs)
+        # no Dask operand: on dask these run on the NumPy arrays
+        Qm = to_numpy(bk.call(_structured_matrix(structure, block), bk.param(V)))
+        y_seq = to_numpy(bk.call(hl.householder_apply, bk.param(V), bk.param(h)))
     b = tol(np.float64, n + L, growth(V))
     QdT = np.swapaxes(Qd, -1, -2)
     np.testing.assert_allclose(y, Qd @ h, atol=b)
@@ -332,6 +394,9 @@ def test_structured_equals_dense_equals_sequential(bk, spec, structure):
     np.testing.assert_allclose(OmT_h, QdT[..., :L, :] @ h, atol=b)
 
 
+@pytest.mark.no_dask(
+    "dispatch of eager products: Dask chunks reuse the prebuilt factors (the direct product)"
+)
 def test_blocked_kernels_are_dispatched(bk, monkeypatch):
     """The blocked products really run where they should: NumPy, array-api-strict and torch
     (no grad) for "auto" (eager detection) and "trapezoidal"; never for "dense", nor on JAX
@@ -373,6 +438,7 @@ def test_blocked_kernels_are_dispatched(bk, monkeypatch):
     assert bool(calls) == native
 
 
+@pytest.mark.no_dask("Q.matrix() has no operand")
 def test_trapezoidal_checks_or_ignores_the_upper_part(bk):
     """structure="trapezoidal" on a V with entries above the diagonal: ValueError on eager
     arrays (issue 18: it used to give another matrix silently); under jax.jit, where values
@@ -447,20 +513,17 @@ def test_structured_large_shape_default_dispatch(monkeypatch):
         assert calls == []
 
 
+@pytest.mark.no_dask("Q.matrix() has no operand")
 def test_ornn_batched_sign_and_dtypes(bk):
     rng = np.random.default_rng(5)
     U = np.tril(rng.standard_normal((3, 5, 4)))
     sign = np.array([1, -1, -1])
     for dtype in (np.float32, np.float64):
-        W = to_numpy(
-            bk.call(
-                lambda U, s: ornn(U, s).matrix(), bk.asarray(U, dtype), bk.asarray(sign, np.int64)
-            )
-        )
+        W = to_numpy(bk.call(_ornn_matrix, bk.asarray(U, dtype), bk.asarray(sign, np.int64)))
         assert W.dtype == dtype and W.shape == (3, 5, 5)
         np.testing.assert_allclose(W, _ornn_reference(U, sign), atol=tol(dtype, 10))
     # a sign batch broadcasts against one U
-    W = to_numpy(bk.call(lambda U, s: ornn(U, s).matrix(), bk.asarray(U[0]), bk.asarray(sign)))
+    W = to_numpy(bk.call(_ornn_matrix, bk.asarray(U[0]), bk.asarray(sign)))
     assert W.shape == (3, 5, 5)
     np.testing.assert_allclose(W, _ornn_reference(np.broadcast_to(U[0], U.shape), sign), atol=1e-13)
     op = ornn(bk.asarray(U))
@@ -486,9 +549,19 @@ def _vjp_case(name, sign):
     return (lambda U: ornn(U, sign).matrix(), lambda U, G: ornn_matrix_vjp(U, sign, G), [])
 
 
+@pytest.mark.no_dask("the VJPs take no Dask arrays")
 @pytest.mark.parametrize("name", ["apply", "apply_vector", "matrix"])
 @pytest.mark.parametrize("sign", [1, -1, "array"])
-@pytest.mark.parametrize("blocked", [False, True])
+@pytest.mark.parametrize(
+    "blocked",
+    [
+        False,
+        pytest.param(
+            True,
+            marks=pytest.mark.jax_long("JAX never takes the blocked kernels: as blocked=False"),
+        ),
+    ],
+)
 def test_vjp_dot_product_against_central_differences(bk, name, sign, blocked, monkeypatch):
     if blocked:
         _force_blocked(monkeypatch)
@@ -510,6 +583,7 @@ def test_vjp_dot_product_against_central_differences(bk, name, sign, blocked, mo
     np.testing.assert_array_equal(np.triu(grads[0], 1), 0.0)
 
 
+@pytest.mark.no_dask("the VJPs take no Dask arrays")
 def test_vjp_upper_part_has_zero_gradient_and_no_effect(bk):
     """Entries above the diagonal are not parameters: moving them changes nothing, and the
     VJP there is exactly 0 (also with a dense direction in the dot-product test)."""
@@ -581,7 +655,7 @@ def test_vjp_is_the_full_gradient_of_the_ornn_theorem2_and_algorithm1():
 
 
 def test_torch_autograd_matches_explicit_vjps():
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     rng = np.random.default_rng(8)
     U0 = rng.standard_normal((2, 6, 5))
     h0, g0 = rng.standard_normal((6, 3)), rng.standard_normal((2, 6, 3))  # h broadcasts
@@ -603,7 +677,7 @@ def test_torch_autograd_matches_explicit_vjps():
 
 
 def test_jax_grad_matches_explicit_vjps():
-    jax = pytest.importorskip("jax")
+    jax = require("jax")
     jax.config.update("jax_enable_x64", True)
     jnp = jax.numpy
     rng = np.random.default_rng(9)
@@ -664,7 +738,7 @@ def test_sign_type_and_shape_errors():
         ornn(U, np.array([True, False]))
     with pytest.raises(ValueError, match="sign must have a shape that broadcasts"):
         ornn(U, np.ones(3))
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     with pytest.raises(TypeError, match=r"sign is a torch\.Tensor"):
         ornn(U, torch.ones(2))
 
@@ -691,7 +765,7 @@ def test_nan_in_the_trapezoid_raises_and_above_is_ignored(bk_eager):
 
 
 def test_nan_propagates_under_jit():
-    jax = pytest.importorskip("jax")
+    jax = require("jax")
     jax.config.update("jax_enable_x64", True)  # as the bk fixture does (float64 reference)
     U = np.tril(np.ones((4, 3)))
     U[3, 0] = np.nan

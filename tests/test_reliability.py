@@ -112,20 +112,22 @@ def test_subnormal_reflectors_on_every_eager_backend(bk_eager):
 def test_empty_shapes_give_empty_results(bk, shape):
     """N = 0, L = 0 and empty batches: results of the right (empty) shape, no BLAS message,
     no reduction error."""
-    V = bk.asarray(np.zeros(shape))
+    V = bk.param(np.zeros(shape))
     n = shape[-2]
     for op in (hl.cwy(V), hl.tcwy(V)):
         rows, cols = op.shape[-2:]
         assert to_numpy(op.matrix()).shape == op.shape
         assert to_numpy(op @ bk.asarray(np.ones(cols))).shape == (*shape[:-2], rows)
         assert to_numpy(op.T @ bk.asarray(np.ones(rows))).shape == (*shape[:-2], cols)
+    if bk.operand_only:
+        return  # householder_apply and polar take no Dask operand
     y = hl.householder_apply(V, bk.asarray(np.ones(n)))
     assert to_numpy(y).shape == (*shape[:-2], n)
     assert to_numpy(hl.polar(V)).shape == shape
 
 
 def test_empty_operand_columns(bk):
-    op = hl.cwy(bk.asarray(np.random.default_rng(3).standard_normal((5, 2))))
+    op = hl.cwy(bk.param(np.random.default_rng(3).standard_normal((5, 2))))
     assert to_numpy(op @ bk.asarray(np.zeros((5, 0)))).shape == (5, 0)
 
 
@@ -150,6 +152,7 @@ def test_non_finite_arguments_are_named(call, name):
         call(X, rng.standard_normal((5, 2)))
 
 
+@pytest.mark.no_dask("polar takes no Dask operand")
 def test_polar_wide_matches_scipy(bk):
     """polar of a wide X has orthonormal rows, as scipy.linalg.polar returns."""
     X = np.random.default_rng(5).standard_normal((3, 7))

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import require
 from helpers import assert_vjp_matches_central_differences, stable_seed
 
 import householderla as hl
+
+pytestmark = pytest.mark.no_dask("the VJPs take no Dask arrays")
 
 INF = float("inf")
 
@@ -110,8 +113,8 @@ def test_no_n_by_n_intermediate_in_cayley_vjp():
 def test_plain_autodiff_agrees_with_explicit_vjps():
     """Until the adapters wire these VJPs (torch.autograd.Function / jax.custom_vjp), torch
     and JAX differentiate through the array operations; both agree with hl.vjp, warning-free."""
-    torch = pytest.importorskip("torch")
-    jax = pytest.importorskip("jax")
+    torch = require("torch")
+    jax = require("jax")
     jax.config.update("jax_enable_x64", True)
     rng = np.random.default_rng(22)
     X = np.linalg.qr(rng.standard_normal((7, 3)))[0]

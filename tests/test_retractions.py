@@ -18,7 +18,7 @@ import itertools
 import numpy as np
 import pytest
 import scipy.linalg
-from conftest import to_numpy
+from conftest import require, to_numpy
 from helpers import EPS, orth_error
 from hypothesis import given
 from hypothesis import strategies as st
@@ -26,6 +26,8 @@ from hypothesis import strategies as st
 import householderla as hl
 from householderla._agnostic import newton_schulz as NS
 from householderla._agnostic import ns_bounds
+
+pytestmark = pytest.mark.no_dask("the retractions take no Dask arrays")
 
 INF = float("inf")
 
@@ -535,7 +537,7 @@ def test_nan_and_mixed_namespaces():
         hl.polar(X)
     with pytest.raises(ValueError, match="NaN or Inf"):
         hl.qr_retraction(np.eye(5, 2), X, 0.1)
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     with pytest.raises(TypeError, match="different array libraries"):
         hl.cayley_retraction(np.eye(5, 2), torch.ones(5, 2), 0.1)
     with pytest.raises(TypeError, match=r"step is a torch\.Tensor"):

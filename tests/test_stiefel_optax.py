@@ -8,10 +8,13 @@ Tolerances. A Stiefel leaf after ``apply_updates`` is fl(X + fl(X⁺ − X)): X�
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
+from conftest import require
 
-jax = pytest.importorskip("jax")
+jax = require("jax")
 jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp  # noqa: E402
 
@@ -33,20 +36,40 @@ def orth(W):
     return float(np.max(np.sqrt(np.sum(E * E, axis=(-2, -1)))))
 
 
-def params_and_grad_fn(dtype, seed=0):
+def problem(dtype, seed=0):
+    """Parameters (tall, batched, wide and square Stiefel leaves and a Euclidean one) and the
+    targets T of ``loss``. The tall leaf has the shape of the wide one's transpose (which the
+    optimizer updates): eager JAX compiles each op once per shape."""
     rng = np.random.default_rng(seed)
-    shapes = {"tall": (8, 3), "batched": (2, 5, 2), "wide": (3, 6), "square": (3, 3)}
+    shapes = {"tall": (6, 3), "batched": (2, 5, 2), "wide": (3, 6), "square": (3, 3)}
     params = {k: jnp.asarray(rng.standard_normal(s), dtype=dtype) for k, s in shapes.items()}
     params["bias"] = jnp.asarray(rng.standard_normal(3), dtype=dtype)
     T = {k: jnp.asarray(rng.standard_normal(v.shape), dtype=dtype) for k, v in params.items()}
+    return params, T
 
-    def loss(p):
-        return sum(jnp.sum((p[k] - T[k]) ** 2) + jnp.sum(p[k].sum(-1) ** 2) for k in p)
 
-    return params, jax.grad(loss)
+def loss(p, T):
+    """A smooth loss with a non-symmetric XᵀG (so Z ≠ 0)."""
+    return sum(jnp.sum((p[k] - T[k]) ** 2) + jnp.sum(p[k].sum(-1) ** 2) for k in p)
 
+
+grad = jax.grad(loss)
 
 MASK = {"tall": True, "batched": True, "wide": True, "square": True, "bias": False}
+
+
+@functools.cache
+def jit_step(algo):
+    """``(tx, step)`` with ``step(params, state, T)`` one jitted update + apply_updates: one
+    function per algorithm, so the tests that take the same dtype share its compilation."""
+    tx = MAKE[algo](stiefel=MASK)
+
+    @jax.jit
+    def step(params, state, T):
+        updates, state = tx.update(grad(params, T), state, params)
+        return O.apply_updates(params, updates), state
+
+    return tx, step
 
 
 def test_gradient_transformation_without_optax():
@@ -60,21 +83,23 @@ def test_gradient_transformation_without_optax():
         assert isinstance(tx, optax.GradientTransformation)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
-@pytest.mark.parametrize("algo", sorted(MAKE))
+@pytest.mark.parametrize(
+    ("algo", "dtype"),
+    [
+        pytest.param("adam", jnp.float32, id="adam-float32"),
+        pytest.param("sgd", jnp.float64, id="sgd-float64"),
+        # each compiles the whole step anew (~10 s): both dtypes of each algorithm in test-long
+        pytest.param("adam", jnp.float64, id="adam-float64", marks=pytest.mark.long),
+        pytest.param("sgd", jnp.float32, id="sgd-float32", marks=pytest.mark.long),
+    ],
+)
 def test_jit_apply_updates_stays_on_manifold(algo, dtype):
-    params, grad = params_and_grad_fn(dtype)
-    tx = MAKE[algo](stiefel=MASK)
+    params, T = problem(dtype)
+    tx, step = jit_step(algo)
     state = tx.init(params)
-
-    @jax.jit
-    def step(params, state):
-        updates, state = tx.update(grad(params), state, params)
-        return O.apply_updates(params, updates), state
-
     eps = EPS[dtype]
     for k in range(4):
-        params, state = step(params, state)
+        params, state = step(params, state, T)
         for name in MASK:
             if MASK[name]:
                 assert params[name].dtype == dtype
@@ -90,7 +115,7 @@ def test_jit_apply_updates_stays_on_manifold(algo, dtype):
 def test_matches_functional_api(algo):
     """update_params returns exactly the functional optimizer's X⁺ (eager, same backend) and
     update returns X⁺ − X; the Euclidean leaf follows euclidean_sgd / euclidean_adam."""
-    params, grad = params_and_grad_fn(jnp.float64, seed=2)
+    params, T = problem(jnp.float64, seed=2)
     tx = MAKE[algo](stiefel=MASK)
     if algo == "sgd":
         fm, fe = hl.stiefel.momentum_sgd(lr=0.1), hl.stiefel.euclidean_sgd(lr=0.1)
@@ -100,7 +125,7 @@ def test_matches_functional_api(algo):
     ref = {k: params[k] for k in params}
     ref_state = {k: (fm if MASK[k] else fe).init(v.T if k == "wide" else v) for k, v in ref.items()}
     for _ in range(3):
-        g = grad(params)
+        g = grad(params, T)
         updates, _ = tx.update(g, state, params)
         new, state = O.update_params(tx, g, state, params)
         for k in params:
@@ -113,7 +138,7 @@ def test_matches_functional_api(algo):
 
 
 def test_masks_callable_and_prefix():
-    params, grad = params_and_grad_fn(jnp.float64)
+    params, T = problem(jnp.float64)
     by_ndim = O.stiefel_sgd(stiefel=lambda p: jax.tree_util.tree_map(lambda x: x.ndim >= 2, p))
     nested = {"mats": {k: params[k] for k in MASK if MASK[k]}, "bias": params["bias"]}
     prefix = O.stiefel_sgd(stiefel={"mats": True, "bias": False})
@@ -123,7 +148,7 @@ def test_masks_callable_and_prefix():
     assert isinstance(s1["bias"], hl.stiefel.EuclideanMomentumState)
     assert isinstance(s2["mats"]["wide"], hl.stiefel.MomentumState)
     assert s2["mats"]["wide"].U.shape == (6, 3)  # the transpose's normal component
-    g = grad(params)
+    g = grad(params, T)
     gn = {"mats": {k: g[k] for k in MASK if MASK[k]}, "bias": g["bias"]}
     p1, _ = O.update_params(by_ndim, g, s1, params)
     p2, _ = O.update_params(prefix, gn, s2, nested)
@@ -156,25 +181,26 @@ def test_leading_eigenvalues_under_jit():
 
 
 def test_checkpoint_resume_identical():
-    params, grad = params_and_grad_fn(jnp.float64, seed=4)
-    tx = O.stiefel_adam(lr=0.05, stiefel=MASK)
-    step = jax.jit(lambda p, s: O.update_params(tx, grad(p), s, p))
+    # the step (and dtype) of test_jit_apply_updates_stays_on_manifold[adam-float32]: one
+    # compilation for both
+    params, T = problem(jnp.float32, seed=4)
+    tx, step = jit_step("adam")
     state = tx.init(params)
     for _ in range(3):
-        params, state = step(params, state)
+        params, state = step(params, state, T)
     saved = jax.tree_util.tree_map(lambda a: np.array(a, copy=True), (params, state))
     a = (params, state)
     for _ in range(4):
-        a = step(*a)
+        a = step(*a, T)
     b = jax.tree_util.tree_map(jnp.asarray, saved)
     for _ in range(4):
-        b = step(*b)
+        b = step(*b, T)
     for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True):
         assert np.array_equal(np.asarray(x), np.asarray(y))
 
 
 def test_bad_input():
-    params, grad = params_and_grad_fn(jnp.float64)
+    params, T = problem(jnp.float64)
     with pytest.raises(ValueError, match="leaf 0 has shape"):
         O.stiefel_sgd().init({"a": params["bias"]})
     with pytest.raises(ValueError, match="Python bool"):
@@ -182,9 +208,9 @@ def test_bad_input():
     tx = O.stiefel_sgd(stiefel=MASK)
     state = tx.init(params)
     with pytest.raises(ValueError, match="params are required"):
-        tx.update(grad(params), state)
+        tx.update(grad(params, T), state)
     with pytest.raises(TypeError, match="stiefel_sgd/stiefel_adam"):
-        O.update_params(O._GradientTransformation(None, None), grad(params), state, params)
+        O.update_params(O._GradientTransformation(None, None), grad(params, T), state, params)
     with pytest.raises(ValueError, match="lr"):
         O.stiefel_adam(lr=-1.0)
 

@@ -14,8 +14,9 @@ import copy
 
 import numpy as np
 import pytest
+from conftest import require
 
-torch = pytest.importorskip("torch")
+torch = require("torch")
 
 import householderla as hl  # noqa: E402
 from householderla._torch_optim import StiefelAdam, StiefelSGD  # noqa: E402

@@ -8,23 +8,27 @@ the error by max|σ|, so results are compared with 10·eps·(m + n + k₁ + k₂
 max(1, max|σ|) (:func:`helpers.tol`). The constructive inverse adds a backward-stable SVD and
 two Householder QRs, each ~eps·size·‖W‖₂. A wrong formula (Σ on the wrong side, Q_V instead
 of Q_Vᵀ, a missing sign flip in the inverse) is off by O(‖W‖).
+
+Backends: property tests on JAX draw from a few fixed shapes (``helpers.few_shapes``) and hand
+module-level functions to ``bk.call``, so compilations are shared by the examples.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import to_numpy
+from conftest import require, to_numpy
 from helpers import (
     EPS,
     assert_vjp_matches_central_differences,
+    few_shapes,
     growth,
     haar_orthogonal,
     product_of_reflections,
     stable_seed,
     tol,
 )
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import householderla as hl
@@ -38,10 +42,6 @@ from householderla.svd import (
     svd_householder_matrix_vjp,
     svd_householder_params,
 )
-
-#: Fewer examples than the profile's 25 for the operator properties: on JAX every new shape
-#: compiles a few XLA programs (~1 s each on a loaded 2-core machine).
-FEW = settings(max_examples=10)
 
 # -- oracles --------------------------------------------------------------------------------------
 
@@ -90,6 +90,32 @@ def svd_specs(draw, max_n=4):
     }
 
 
+#: (m, n, k₁, k₂, batch of U_vecs, of sigma, of V_vecs) on JAX: 1 × 1 with k₁ = 0, m < n with
+#: broadcasting batches, m > n with k₂ = 0, square with k = N
+FEW_SVD_SHAPES = [
+    (1, 1, 0, 1, (), (), ()),
+    (3, 4, 2, 4, (2,), (), (2,)),
+    (4, 2, 3, 0, (), (2,), ()),
+    (4, 4, 4, 4, (), (), ()),
+]
+
+
+def fit_svd_spec(bk, spec):
+    """A :func:`svd_specs` spec as ``bk`` runs it: few shapes on JAX, unbatched on dask (a Dask
+    operand is never broadcast against a batched operator)."""
+    spec = dict(spec)
+    keys = ("m", "n", "k1", "k2", "bu", "bs", "bv")
+    drawn = tuple(spec[k] for k in keys)
+    spec.update(zip(keys, few_shapes(bk, drawn, FEW_SVD_SHAPES, spec["seed"]), strict=True))
+    if spec["k1"] + spec["k2"] != len(spec["zeros"]):
+        spec["zeros"] = [
+            bool((spec["seed"] >> (j + 2)) & 1) for j in range(spec["k1"] + spec["k2"])
+        ]
+    if bk.operand_only:
+        spec.update(bu=(), bs=(), bv=())
+    return spec
+
+
 def make_params(spec):
     rng = np.random.default_rng(spec["seed"])
     m, n, k1, k2 = spec["m"], spec["n"], spec["k1"], spec["k2"]
@@ -106,15 +132,30 @@ def _matrix(U, s, V):
     return svd_householder(U, s, V).matrix()
 
 
+# module-level: jax.jit caches a compilation per function object (and shapes)
+def _apply_and_transpose(U, s, V, x, y):
+    return svd_householder(U, s, V) @ x, svd_householder(U, s, V).T @ y
+
+
+def _transpose_matrix(U, s, V):
+    return svd_householder(U, s, V).T.matrix()
+
+
+def _params_and_back(W):
+    p = svd_householder_params(W)
+    return p, svd_householder(*p).matrix()
+
+
 # -- the operator ---------------------------------------------------------------------------------
 
 
-@FEW
+@pytest.mark.no_dask("W.matrix() has no operand")
 @given(spec=svd_specs(), dtype=st.sampled_from([np.float64, np.float32]))
 def test_matrix_is_the_definition_and_singular_values_are_abs_sigma(bk, spec, dtype):
     """W = Q_U Σ Q_Vᵀ (Zhang, Lei & Dhillon, ICML 2018 eq. 3/17), and its singular values are |σ| —
     square, m > n
     and m < n, batched with broadcasting, zero reflectors and k = 0 included."""
+    spec = fit_svd_spec(bk, spec)
     U, s, V = make_params(spec)
     W = bk.call(_matrix, *(bk.asarray(a, dtype) for a in (U, s, V)))
     assert to_numpy(W).dtype == dtype
@@ -127,23 +168,21 @@ def test_matrix_is_the_definition_and_singular_values_are_abs_sigma(bk, spec, dt
     assert np.max(np.abs(sv - want)) <= b * np.sqrt(spec["m"] * spec["n"])
 
 
-@FEW
+@pytest.mark.no_dask(
+    "SVDHouseholder's @ takes no Dask operand yet (test_dask.py::test_svd_householder_operand)"
+)
 @given(spec=svd_specs(), B=st.sampled_from([None, 1, 3]))
 def test_apply_transpose_and_matrix_agree(bk, spec, B):
     """W @ x = W.matrix() @ x = oracle; W.T @ y and W.T.matrix() are the transpose."""
+    spec = fit_svd_spec(bk, spec)
     U, s, V = make_params(spec)
     m, n = spec["m"], spec["n"]
     rng = np.random.default_rng(spec["seed"] + 1)
     x = rng.standard_normal((n,) if B is None else (n, B))
     y = rng.standard_normal((m,) if B is None else (m, B))
-    Wx, WTy, WT = bk.call(
-        lambda U, s, V, x, y: (
-            svd_householder(U, s, V) @ x,
-            svd_householder(U, s, V).T @ y,
-            svd_householder(U, s, V).T.matrix(),
-        ),
-        *(bk.asarray(a) for a in (U, s, V, x, y)),
-    )
+    params = [bk.param(a) for a in (U, s, V)]
+    Wx, WTy = bk.call(_apply_and_transpose, *params, bk.asarray(x), bk.asarray(y))
+    WT = bk.call(_transpose_matrix, *params)
     ref = dense_W(U, s, V)
     b = bound(np.float64, U, s, V) * max(1.0, float(np.max(np.abs(x))), float(np.max(np.abs(y))))
     _cmp(Wx, ref @ x, b * n)
@@ -151,6 +190,7 @@ def test_apply_transpose_and_matrix_agree(bk, spec, B):
     _cmp(WT, np.swapaxes(ref, -1, -2), b)
 
 
+@pytest.mark.no_dask("a Dask operand is not broadcast against the operator's batch")
 def test_batched_equals_loop(bk):
     rng = np.random.default_rng(1)
     U = rng.standard_normal((3, 1, 6, 4))
@@ -167,6 +207,7 @@ def test_batched_equals_loop(bk):
             np.testing.assert_allclose(y[i, j], yi, atol=1e-13)
 
 
+@pytest.mark.no_dask("broadcast operands and W.mv take no Dask arrays")
 def test_matmul_semantics_and_metadata(bk):
     rng = np.random.default_rng(2)
     U, s, V = rng.standard_normal((2, 5, 5)), rng.standard_normal(3), rng.standard_normal((3, 2))
@@ -225,7 +266,7 @@ def _random_W(kind, m, n, batch, rng):
     return np.reshape(np.stack(Q), batch + (n, n))
 
 
-@FEW
+@pytest.mark.no_dask("svd_householder_params takes no Dask arrays")
 @given(
     m=st.integers(1, 5),
     n=st.integers(1, 5),
@@ -239,14 +280,15 @@ def test_constructive_inverse_reproduces_any_W(bk, m, n, kind, batch, seed, dtyp
     determinants):
     every real W — square, rectangular, rank deficient, zero, orthogonal — is reached, with
     2·min(m, n) − 1 ≤ 2·min(m, n) reflectors in total."""
+    # JAX: few (m, n, batch, dtype)
+    few = [(1, 1, (), np.float64), (4, 2, (3,), np.float32), (3, 5, (), np.float64)]
+    m, n, batch, dtype = few_shapes(bk, (m, n, batch, dtype), few, seed)
     if kind.startswith("orthogonal"):
         m = n
     rng = np.random.default_rng(seed)
     W = _random_W(kind, m, n, batch, rng)
     Wb = bk.asarray(W, dtype)
-    (Uv, s, Vv), Wr = bk.call(
-        lambda W: (lambda p: (p, svd_householder(*p).matrix()))(svd_householder_params(W)), Wb
-    )
+    (Uv, s, Vv), Wr = bk.call(_params_and_back, Wb)
     Uv, s, Vv = to_numpy(Uv), to_numpy(s), to_numpy(Vv)
     r = min(m, n)
     assert Uv.dtype == s.dtype == Vv.dtype == dtype
@@ -265,7 +307,7 @@ def test_constructive_inverse_reproduces_any_W(bk, m, n, kind, batch, seed, dtyp
     _cmp(Wr, W, b)
 
 
-@FEW
+@pytest.mark.no_dask("W.matrix() has no operand")
 @given(
     n=st.integers(1, 5),
     det=st.sampled_from([1, -1]),
@@ -276,6 +318,7 @@ def test_theorem3_orthogonal_with_sigma_one(bk, n, det, split, seed):
     """Theorem 3 of Zhang, Lei & Dhillon, ICML 2018: with σ = 1, k₁ + k₂ ≥ n reflectors reach all
     of O(n). From
     Q = H(a₁)…H(a_n): Q_U = H(a₁)…H(a_{k₁}), Q_V = H(a_n)…H(a_{k₁+1}) (padded with zeros)."""
+    n = few_shapes(bk, n, [1, 4], seed)
     rng = np.random.default_rng(seed)
     Q = haar_orthogonal(rng, n, det)
     a = to_numpy(hl.householder_vectors(Q))
@@ -320,6 +363,12 @@ VJP_CASES = [(s, f) for s in VJP_SHAPES for f in ("apply", "matrix")] + [
     ((5, 3, 3, 2), "apply_vector"),
     ((3, 5, 2, 4), "apply_vector"),
 ]
+#: every shape and every form runs on JAX, each shape in one form (the other in test-long)
+JAX_LONG = pytest.mark.jax_long("each shape in one form here, both in test-long")
+VJP_PARAMS = [
+    pytest.param(s, f, id="x".join(map(str, s)) + "-" + f, marks=JAX_LONG if i % 2 else ())
+    for i, (s, f) in enumerate(VJP_CASES)
+]
 
 
 def _vjp_inputs(m, n, k1, k2, rng):
@@ -343,9 +392,8 @@ def _freeze(k1, k2):
     return freeze
 
 
-@pytest.mark.parametrize(
-    ("shape", "form"), VJP_CASES, ids=["x".join(map(str, s)) + "-" + f for s, f in VJP_CASES]
-)
+@pytest.mark.no_dask("the VJPs take no Dask arrays")
+@pytest.mark.parametrize(("shape", "form"), VJP_PARAMS)
 def test_vjp_dot_product_against_central_differences(bk, shape, form):
     m, n, k1, k2 = shape
     rng = np.random.default_rng(stable_seed(shape, form))
@@ -392,7 +440,7 @@ AUTODIFF_SHAPES = [(4, 4, 3, 4), (5, 3, 3, 2), (3, 5, 2, 4)]
 
 @pytest.mark.parametrize("shape", AUTODIFF_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_torch_autograd_matches_explicit_vjps(shape):
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     m, n, k1, k2 = shape
     rng = np.random.default_rng(6)
     U0, s0, V0 = _vjp_inputs(m, n, k1, k2, rng)
@@ -414,7 +462,7 @@ def test_torch_autograd_matches_explicit_vjps(shape):
 
 @pytest.mark.parametrize("shape", AUTODIFF_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_jax_grad_matches_explicit_vjps(shape):
-    jax = pytest.importorskip("jax")
+    jax = require("jax")
     jax.config.update("jax_enable_x64", True)
     jnp = jax.numpy
     m, n, k1, k2 = shape
@@ -448,6 +496,7 @@ def test_jax_grad_matches_explicit_vjps(shape):
 # -----------------------------------------------------
 
 
+@pytest.mark.no_dask("bounded_sigma is not an operator product")
 @given(
     s_hat=st.lists(st.floats(-1e3, 1e3), min_size=1, max_size=6),
     # subnormal centres: JAX on CPU flushes them to 0 (issue 12, class 2, still open)
@@ -473,6 +522,7 @@ def test_bounded_sigma_range_and_exact_formula(bk, s_hat, center, radius):
         assert np.all(sig[mod] > center - radius) and np.all(sig[mod] < center + radius)
 
 
+@pytest.mark.no_dask("bounded_sigma is not an operator product")
 def test_bounded_sigma_vjp_dot_product(bk):
     rng = np.random.default_rng(8)
     s_hat = rng.standard_normal((2, 4)) * 3
@@ -485,6 +535,7 @@ def test_bounded_sigma_vjp_dot_product(bk):
     )
 
 
+@pytest.mark.no_dask("bounded_sigma is not an operator product")
 def test_bounded_sigma_vjp_with_array_center_and_radius(bk):
     """Per-entry σ*, r broadcast against ŝ; the VJP treats them as constants, and the
     cotangents documented for them (Σ g and Σ g·tanh(ŝ/2)) pass the same test."""
@@ -516,8 +567,8 @@ def test_bounded_sigma_saturation_is_finite_and_dtype_preserving(bk_eager):
 
 
 def test_bounded_sigma_autodiff_matches_vjp():
-    torch = pytest.importorskip("torch")
-    jax = pytest.importorskip("jax")
+    torch = require("torch")
+    jax = require("jax")
     jax.config.update("jax_enable_x64", True)
     rng = np.random.default_rng(9)
     s0, g0 = rng.standard_normal(5) * 4, rng.standard_normal(5)

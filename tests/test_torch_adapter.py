@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import require
 from helpers import stable_seed
 
-torch = pytest.importorskip("torch")
+torch = require("torch")
 from torch.nn.utils import parametrize  # noqa: E402
 
 import householderla as hl  # noqa: E402
@@ -204,7 +205,7 @@ def test_nan_input_still_raises_under_autograd():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_numba_kernel_path_matches_torch_path(dtype):
-    pytest.importorskip("numba")
+    require("numba")
     rng = np.random.default_rng(9)
     V = torch.tensor(rng.standard_normal((2, 7, 4)), dtype=dtype, requires_grad=True)
     h = torch.tensor(rng.standard_normal((7, 3)), dtype=dtype, requires_grad=True)
@@ -226,7 +227,7 @@ def test_numba_kernel_path_matches_torch_path(dtype):
 
 
 def test_numba_kernel_path_is_once_differentiable():
-    pytest.importorskip("numba")
+    require("numba")
     rng = np.random.default_rng(10)
     V, h = _t(rng.standard_normal((6, 3)), grad=True), _t(rng.standard_normal((6, 2)), grad=True)
 

@@ -28,8 +28,9 @@ import copy
 import os
 
 import pytest
+from conftest import require
 
-torch = pytest.importorskip("torch")
+torch = require("torch")
 from torch._dynamo.testing import CompileCounterWithBackend  # noqa: E402
 
 import householderla as hl  # noqa: E402

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import to_numpy
+from conftest import require, to_numpy
 from helpers import EPS_FD, assert_vjp_matches_central_differences, stable_seed
 
 import householderla as hl
+
+pytestmark = pytest.mark.no_dask("the VJPs take no Dask arrays")
 
 
 def _maps():
@@ -61,7 +63,15 @@ def _maps():
 
 
 @pytest.mark.parametrize("name", list(_maps()))
-@pytest.mark.parametrize("batch", [(), (2,)])
+@pytest.mark.parametrize(
+    "batch",
+    [
+        pytest.param(
+            (), marks=pytest.mark.jax_long("the batched case runs here, with the same code")
+        ),
+        (2,),
+    ],
+)
 def test_dot_product_against_central_differences(bk, name, batch):
     f, vjp, other_shapes = _maps()[name]
     rng = np.random.default_rng(stable_seed(name, batch))
@@ -121,7 +131,7 @@ torch_maps = {
 
 @pytest.mark.parametrize("name", list(torch_maps))
 def test_torch_gradcheck_and_gradgradcheck(name):
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     rng = np.random.default_rng(8)
     V = torch.asarray(rng.standard_normal((2, 6, 3)), requires_grad=True)
     h = torch.asarray(rng.standard_normal((6, 2)), requires_grad=True)
@@ -131,7 +141,7 @@ def test_torch_gradcheck_and_gradgradcheck(name):
 
 
 def test_torch_autograd_uses_explicit_vjp_and_matches_hl_vjp():
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     rng = np.random.default_rng(9)
     V = torch.asarray(rng.standard_normal((7, 4)), requires_grad=True)
     h = torch.asarray(rng.standard_normal((7, 3)), requires_grad=True)
@@ -151,7 +161,7 @@ def test_torch_autograd_uses_explicit_vjp_and_matches_hl_vjp():
 
 
 def test_torch_float32_grad_and_no_grad_path():
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     V = torch.randn(5, 3, dtype=torch.float32, requires_grad=True)
     h = torch.randn(5, dtype=torch.float32)
     y = hl.cwy(V) @ h
@@ -168,7 +178,7 @@ def test_torch_float32_grad_and_no_grad_path():
 
 @pytest.mark.parametrize("name", list(torch_maps))
 def test_jax_check_grads(name):
-    jax = pytest.importorskip("jax")
+    jax = require("jax")
     jax.config.update("jax_enable_x64", True)
     from jax.test_util import check_grads
 
@@ -179,7 +189,7 @@ def test_jax_check_grads(name):
 
 
 def test_jax_grad_jit_vmap_match_hl_vjp():
-    jax = pytest.importorskip("jax")
+    jax = require("jax")
     jax.config.update("jax_enable_x64", True)
     jnp = jax.numpy
     rng = np.random.default_rng(11)
@@ -203,7 +213,7 @@ def test_jax_grad_jit_vmap_match_hl_vjp():
 
 def test_jax_closures_over_concrete_and_numpy_operands():
     """``jax.grad(lambda V: (hl.cwy(V) @ h).sum())`` with h a concrete jax or NumPy array."""
-    jax = pytest.importorskip("jax")
+    jax = require("jax")
     jax.config.update("jax_enable_x64", True)
     rng = np.random.default_rng(16)
     V = jax.numpy.asarray(rng.standard_normal((5, 3)))

@@ -84,6 +84,9 @@ def dask_matmul(op: Any, H: Any) -> Any:
         want = f"({K},) or (..., {K}, B)"
         raise ValueError(f"H must have shape {want}; got shape {tuple(H.shape)}")
     dtype = _result_dtype(op, H)
+    if H.ndim == 1 and len(op.shape) > 2:
+        # a vector against a batched operator: the batched result (..., rows), as eager
+        return dask_matmul(op, da.broadcast_to(H[:, None], (*op.shape[:-2], K, 1)))[..., 0]
     op_d = _shared_operator(op, K)
     if H.ndim == 1:
         H = H.rechunk(-1)
@@ -107,6 +110,8 @@ def dask_rmatmul(op: Any, H: Any) -> Any:
         want = f"({K},) or (..., B, {K})"
         raise ValueError(f"H must have shape {want}; got shape {tuple(H.shape)}")
     dtype = _result_dtype(op, H)
+    if H.ndim == 1 and len(op.shape) > 2:
+        return dask_rmatmul(op, da.broadcast_to(H[None, :], (*op.shape[:-2], 1, K)))[..., 0, :]
     op_d = _shared_operator(op.T, K)
     if H.ndim == 1:
         H = H.rechunk(-1)
