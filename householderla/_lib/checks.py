@@ -155,7 +155,7 @@ def finite_reflectors(V: Any, xp: Any, name: str = "V") -> Any:
     One pass over V on the host; under ``jax.jit`` or on a GPU, V is used as given.
     """
     check_finite_columns(V, xp, name)
-    if not (type(V).__module__.startswith("jax") and is_eager(V) and math.prod(V.shape)):
+    if not (is_eager(V) and math.prod(V.shape) and type(V).__module__.startswith("jax")):
         return V
     if any(d.platform != "cpu" for d in V.devices()):
         return V
