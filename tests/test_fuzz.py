@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import scipy.linalg
 from conftest import to_numpy
-from helpers import EPS, growth, product_of_reflections
+from helpers import EPS, examples, few_shapes, growth, haar_orthogonal, product_of_reflections
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
@@ -147,3 +147,121 @@ def test_layouts_on_every_backend_entry(bk_eager, how):
     ref = to_numpy(hl.cwy(bk_eager.asarray(V)).matrix())
     out = to_numpy(hl.cwy(bk_eager.asarray(layout(V, how))).matrix())
     np.testing.assert_allclose(out, ref, atol=10 * EPS[np.float64])
+
+
+# -- every public map on every eager backend, across scales ----------------------------------
+
+#: (batch, N, L) per backend that compiles per shape (JAX): a few fixed shapes, so the
+#: compilations are shared by the examples (helpers.few_shapes)
+FEW = [((), 4, 2), ((2,), 5, 5), ((), 1, 1)]
+
+
+@st.composite
+def scaled_reflectors(draw, bk):
+    """(V at unit scale, the same columns at scales 10^k, k ∈ [−300, 300], some zero)."""
+    seed = draw(st.integers(0, 2**31 - 1))
+    n = draw(st.integers(1, 6))
+    drawn = (draw(st.sampled_from([(), (2,)])), n, draw(st.integers(1, n)))
+    batch, n, L = few_shapes(bk, drawn, FEW, seed)
+    V = np.random.default_rng(seed).standard_normal((*batch, n, L))
+    exps = draw(st.lists(st.integers(-300, 300), min_size=L, max_size=L))
+    zero = draw(st.lists(st.booleans(), min_size=L, max_size=L))
+    scale = np.array([0.0 if z else 10.0**e for e, z in zip(exps, zero, strict=True)])
+    return V * (scale > 0), V * scale
+
+
+@given(data=st.data())
+@examples(15)
+def test_reflector_maps_and_vjps_on_every_backend(bk_eager, data):
+    """cwy, tcwy, householder_apply and their VJPs on each eager backend, with columns at
+    10^±300: the maps equal the float64 definition on the unit-scale columns; the VJPs are
+    scale-covariant (f(cv) = f(v) per column, so ∂f/∂V at cV is (1/c) ∂f/∂V at V, checked as
+    c·ḡ(cV) = ḡ(V) column by column; ḡ(V) itself is checked against finite differences in
+    test_vjp.py). Bound 50·eps·N·growth as above; the VJP comparison is relative to ‖ḡ(V)‖."""
+    bk = bk_eager
+    V1, V = data.draw(scaled_reflectors(bk))
+    n, L = V.shape[-2:]
+    Q = product_of_reflections(_unit(V))
+    h = np.linspace(-1.0, 1.0, n * 2).reshape(n, 2)
+    g = np.broadcast_to(np.cos(np.arange(n * 2.0)).reshape(n, 2), (*V.shape[:-2], n, 2)).copy()
+    bound = 50 * EPS[np.float64] * n * max(growth(_unit(V)), 1.0)
+    Vb, hb, gb = bk.asarray(V), bk.asarray(h), bk.asarray(g)
+    np.testing.assert_allclose(to_numpy(hl.cwy(Vb).matrix()), Q, atol=bound)
+    np.testing.assert_allclose(to_numpy(hl.cwy(Vb).T @ hb), np.swapaxes(Q, -1, -2) @ h, atol=bound)
+    np.testing.assert_allclose(to_numpy(hl.tcwy(Vb).matrix()), Q[..., :L], atol=bound)
+    np.testing.assert_allclose(to_numpy(hl.householder_apply(Vb, hb)), Q @ h, atol=bound)
+    c = np.max(np.abs(V), axis=-2, keepdims=True)  # per-column scale relative to V1 ≈ unit
+    m1 = np.max(np.abs(V1), axis=-2, keepdims=True)
+    c = np.divide(c, m1, out=np.ones_like(c), where=m1 > 0)
+    for vjp in (hl.vjp.cwy_apply, hl.vjp.householder_apply):
+        Vbar, hbar = (to_numpy(a) for a in vjp(Vb, hb, gb))
+        Vbar1, hbar1 = (to_numpy(a) for a in vjp(bk.asarray(V1), hb, gb))
+        scale = np.abs(Vbar1).max() + np.abs(hbar1).max() + 1.0
+        np.testing.assert_allclose(hbar, hbar1, atol=bound * scale)
+        live = (np.max(np.abs(V), axis=-2, keepdims=True) > 0) & np.ones_like(V, bool)
+        np.testing.assert_allclose(
+            np.where(live, Vbar * c, 0.0), np.where(live, Vbar1, 0.0), atol=bound * scale
+        )
+
+
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    n=st.integers(2, 6),
+    c_exp=st.integers(-300, 300),
+    det=st.sampled_from([1, -1]),
+)
+@examples(12)
+def test_constructive_inverses_of_scaled_matrices_on_every_backend(bk_eager, seed, n, c_exp, det):
+    """householder_vectors, ornn_params, tcwy_vectors and svd_householder_params of c·Q
+    (c = 10^k, k ∈ [−300, 300]) rebuild Q (and, for SVD-Householder, c·Q with singular
+    values c) on each eager backend; Q is Haar-distributed with the drawn determinant."""
+    bk = bk_eager
+    n = few_shapes(bk, n, [3, 5], seed)
+    Q = haar_orthogonal(np.random.default_rng(seed), n, det)
+    c = 10.0**c_exp
+    Qc = bk.asarray(c * Q)
+    bound = 50 * EPS[np.float64] * n
+    np.testing.assert_allclose(to_numpy(hl.cwy(hl.householder_vectors(Qc)).matrix()), Q, atol=bound)
+    U, sign = hl.ornn_params(Qc)
+    np.testing.assert_allclose(to_numpy(hl.ornn(U, sign).matrix()), Q, atol=bound)
+    Om = Q[:, : n - 1]
+    got = to_numpy(hl.tcwy(hl.tcwy_vectors(bk.asarray(c * Om))).matrix())
+    np.testing.assert_allclose(got, Om, atol=bound)
+    Uv, s, Vv = hl.svd_householder_params(bk.asarray(c * Om))
+    W = to_numpy(hl.svd_householder(Uv, s, Vv).matrix())
+    np.testing.assert_allclose(W / c, Om, atol=bound)
+
+
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    c_exp=st.integers(-300, 300),
+    shape=st.sampled_from([(5, 2), (4, 4), (3, 6)]),
+)
+@examples(12)
+def test_polar_qr_and_cayley_on_every_backend(bk_eager, seed, c_exp, shape):
+    """polar and qr_retraction of c·X equal SciPy's answers for X, and the Cayley retraction
+    along c·Z with step/c equals the dense Cayley step, on each eager backend."""
+    bk = bk_eager
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal(shape)
+    kappa = np.linalg.cond(X)
+    assume(kappa < 1e6)
+    c = 10.0**c_exp
+    bound = 50 * EPS[np.float64] * max(shape) * kappa
+    np.testing.assert_allclose(
+        to_numpy(hl.polar(bk.asarray(c * X))), scipy.linalg.polar(X)[0], atol=bound
+    )
+    if shape[-1] > shape[-2]:
+        return
+    q, r = np.linalg.qr(X)
+    q = q * np.sign(np.diagonal(r))[None, :]
+    out = hl.qr_retraction(bk.asarray(c * X), bk.asarray(np.zeros(shape)))
+    np.testing.assert_allclose(to_numpy(out), q, atol=bound)
+    G = rng.standard_normal(shape)
+    A = G @ q.T - q @ G.T
+    eye = np.eye(shape[0])
+    ref = np.linalg.solve(eye + 0.15 * A, (eye - 0.15 * A) @ q)
+    Z = -hl.riemannian_gradient(q, G)
+    Y = hl.cayley_retraction(bk.asarray(q), bk.asarray(Z * c), 0.3 / c)
+    cond = np.linalg.cond(eye + 0.15 * A)
+    np.testing.assert_allclose(to_numpy(Y), ref, atol=50 * EPS[np.float64] * shape[0] * cond)
