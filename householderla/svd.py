@@ -374,7 +374,14 @@ def _params_core(xp: Any, W: Any) -> tuple[Any, Any, Any]:
     """SVD, sign flip and the two Householder QRs (compiled once per shape on JAX)."""
     m, n = W.shape[-2], W.shape[-1]
     r = min(m, n)
-    U, s, Vh = xp.linalg.svd(W, full_matrices=False)
+    # W = 2^e·Ws with max|Ws| in [1, 2): exact, and the SVD then never squares entries at
+    # 1e±300 (XLA on the CPU would also flush their subnormal squares to zero); two steps,
+    # since 2^±1074 itself is not a normal number
+    mx = xp.max(xp.abs(W), axis=(-2, -1), keepdims=True)
+    e = xp.floor(xp.log2(xp.where(mx > 0, mx, xp.ones_like(mx))))
+    half = xp.floor(e / 2)
+    U, s, Vh = xp.linalg.svd((W * 2.0**-half) * 2.0 ** (half - e), full_matrices=False)
+    s = (s * 2.0 ** half[..., 0]) * 2.0 ** (e - half)[..., 0]
     V = mT(Vh)
     square, other = (U, V) if m <= n else (V, U)
     sq_vecs = householder_vectors(square, xp=xp)

@@ -85,7 +85,10 @@ def reflector_shapes(draw: Any, max_n: int = 9, square: bool = False) -> dict:
 
 
 def examples(n: int) -> settings:
-    """``settings(max_examples=n)``, four times more under ``make test-long`` (as its profile)."""
+    """``settings(max_examples=n)``, four times more under ``make test-long`` (as its profile),
+    and the profile's own count under ``make fuzz`` (thousands)."""
+    if settings.default.max_examples > 4 * n:  # the fuzz profile is loaded
+        return settings(max_examples=settings.default.max_examples)
     return settings(max_examples=4 * n if LONG else n)
 
 

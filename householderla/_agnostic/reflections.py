@@ -77,9 +77,10 @@ def positive_qr_reflectors(A: Any) -> Any:
     Parlett's α − ‖x‖ = −‖y‖²/(α + ‖x‖) for α > 0 (no cancellation). It is returned divided
     by ρ = ‖y‖ (H(cv) = H(v)): v = [−ρ/(α + ‖x‖); y/ρ] (α > 0) or [(α − ‖x‖)/ρ; y/ρ], so no
     square of an entry is ever formed: ρ and ‖x‖ are computed from max-abs-scaled entries, as
-    LAPACK's dnrm2/dlarfg do. Columns at 1e±300, and entries of y tiny next to α (an
-    orthogonal Q with entries near 1e-200), give the same reflections as at unit scale. With
-    y = 0 the reflector is 0 (α ≥ 0: H = I) or −e₁ (α < 0).
+    LAPACK's dnrm2/dlarfg do. Columns at 1e±300 give the same reflections as at unit scale.
+    With y = 0, or ‖y‖ ≤ N·eps·|α| (rounding noise of the earlier steps, or entries near
+    1e-200 of an orthogonal Q: a backward error below N·eps·‖x‖), the reflector is 0
+    (α ≥ 0: H = I) or −e₁ (α < 0).
     """
     xp = aac.array_namespace(A)
     K = A.shape[-1]
@@ -87,6 +88,7 @@ def positive_qr_reflectors(A: Any) -> Any:
     device = device_of(A)
     W = A
     cols = []
+    negligible = float(xp.finfo(A.dtype).eps) * A.shape[-2]
     for k in range(K):
         x = W[..., :, 0]
         alpha = x[..., 0]
@@ -96,9 +98,13 @@ def positive_qr_reflectors(A: Any) -> Any:
             mr = xp.max(xp.abs(rest), axis=-1)
         else:
             mr = zero
-        has = mr > 0
-        rs = rest / xp.where(has, mr, one)[..., None]
+        rs = rest / xp.where(mr > 0, mr, one)[..., None]
         rho = mr * xp.sqrt(xp.sum(rs * rs, axis=-1))  # ‖y‖ without squaring y
+        # ‖y‖ at rounding level next to |α| (a column already reduced, as in an orthogonal
+        # input after k steps) counts as y = 0: its direction is noise, and XLA may evaluate
+        # that noise differently in the fused expressions below (inconsistent reflectors,
+        # an error of order 1, seen under jax.jit). Backward error ≤ tiny·|α|.
+        has = rho > negligible * xp.abs(alpha)
         big = xp.maximum(xp.abs(alpha), rho)
         big1 = xp.where(big > 0, big, one)
         a_s, r_s = alpha / big1, rho / big1
@@ -107,7 +113,8 @@ def positive_qr_reflectors(A: Any) -> Any:
         rho1 = xp.where(has, rho, one)
         head = xp.where(pos, -rho / xp.where(pos, alpha + nrm, one), (alpha - nrm) / rho1)
         v0 = xp.where(has, head, xp.where(alpha < 0, -one, zero))
-        v = xp.concat([v0[..., None], rest / rho1[..., None]], axis=-1)
+        y = xp.where(has[..., None], rest / rho1[..., None], xp.zeros_like(rest))
+        v = xp.concat([v0[..., None], y], axis=-1)
         if k + 1 < K:
             vv = xp.sum(v * v, axis=-1)  # 1 + v0² when y ≠ 0, 1 or 0 when y = 0: no underflow
             coef = xp.where(vv > 0, 2.0 / xp.where(vv > 0, vv, one), zero)
