@@ -16,7 +16,15 @@ import numpy as np
 import pytest
 import scipy.linalg
 from conftest import to_numpy
-from helpers import EPS, examples, few_shapes, growth, haar_orthogonal, product_of_reflections
+from helpers import (
+    EPS,
+    examples,
+    few_shapes,
+    growth,
+    haar_orthogonal,
+    product_of_reflections,
+    stable_seed,
+)
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
@@ -265,3 +273,60 @@ def test_polar_qr_and_cayley_on_every_backend(bk_eager, seed, c_exp, shape):
     Y = hl.cayley_retraction(bk.asarray(q), bk.asarray(Z * c), 0.3 / c)
     cond = np.linalg.cond(eye + 0.15 * A)
     np.testing.assert_allclose(to_numpy(Y), ref, atol=50 * EPS[np.float64] * shape[0] * cond)
+
+
+#: every public function on (X (6, 3) on St(6, 3) or any (6, 3) matrix, Z (6, 3), Q (6, 6)):
+#: name → f(X, Z, Q) returning one array; each is run on the same values in every layout
+PUBLIC = {
+    "cwy": lambda X, Z, Q: hl.cwy(Z).matrix(),
+    "cwy_apply": lambda X, Z, Q: hl.cwy(Z) @ X,
+    "tcwy": lambda X, Z, Q: hl.tcwy(Z).matrix(),
+    "householder_apply": lambda X, Z, Q: hl.householder_apply(Z, X),
+    "householder_product": lambda X, Z, Q: hl.householder_product(Z),
+    "householder_vectors": lambda X, Z, Q: hl.householder_vectors(Q),
+    "tcwy_vectors": lambda X, Z, Q: hl.tcwy_vectors(X),
+    "ornn": lambda X, Z, Q: hl.ornn(np.tril(Z)[:, :3], -1).matrix(),
+    "ornn_params": lambda X, Z, Q: hl.ornn_params(Q)[0],
+    "svd_householder": lambda X, Z, Q: hl.svd_householder(
+        Z, np.arange(1.0, 4.0), Q[:3, :3]
+    ).matrix(),
+    "svd_householder_params": lambda X, Z, Q: hl.svd_householder_params(Z)[0],
+    "bounded_sigma": lambda X, Z, Q: hl.bounded_sigma(Z, 1.0, 0.5),
+    "polar": lambda X, Z, Q: hl.polar(Z),
+    "riemannian_gradient": lambda X, Z, Q: hl.riemannian_gradient(X, Z),
+    "cayley_retraction": lambda X, Z, Q: hl.cayley_retraction(X, Z, 0.1),
+    "polar_retraction": lambda X, Z, Q: hl.polar_retraction(X, Z, 0.1),
+    "qr_retraction": lambda X, Z, Q: hl.qr_retraction(X, Z, 0.1),
+    "momentum_sgd": lambda X, Z, Q: hl.stiefel.momentum_sgd(lr=0.1).update(
+        X, Z, hl.stiefel.momentum_sgd(lr=0.1).init(X)
+    )[0],
+    "adam": lambda X, Z, Q: hl.stiefel.adam(lr=0.1).update(X, Z, hl.stiefel.adam(lr=0.1).init(X))[
+        0
+    ],
+    "vjp.cwy_apply": lambda X, Z, Q: hl.vjp.cwy_apply(Z, X, X)[0],
+    "vjp.householder_apply": lambda X, Z, Q: hl.vjp.householder_apply(Z, X, X)[0],
+    "vjp.polar": lambda X, Z, Q: hl.vjp.polar(Z, X),
+    "vjp.cayley_retraction": lambda X, Z, Q: hl.vjp.cayley_retraction(X, Z, 0.1, X)[0],
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLIC))
+def test_every_public_function_in_every_layout(name):
+    """Fortran-order, negative-stride, read-only and non-contiguous (every other row of a
+    bigger array) NumPy inputs give the C-order result to the last bit or a few ulps (BLAS
+    may block differently), and are never written."""
+    rng = np.random.default_rng(stable_seed(name))
+    X = np.linalg.qr(rng.standard_normal((6, 3)))[0]
+    Z = rng.standard_normal((6, 3))
+    Q = haar_orthogonal(rng, 6, 1)
+    ref = np.asarray(PUBLIC[name](X, Z, Q))
+    for how in (*LAYOUTS, "strided"):
+        if how == "strided":
+            args = [np.repeat(a, 2, axis=0)[::2] for a in (X, Z, Q)]
+        else:
+            args = [layout(a, how) for a in (X, Z, Q)]
+        copies = [a.copy() for a in args]
+        out = np.asarray(PUBLIC[name](*args))
+        np.testing.assert_allclose(out, ref, rtol=0, atol=100 * EPS[np.float64], err_msg=how)
+        for a, c in zip(args, copies, strict=True):
+            assert np.array_equal(a, c), f"{name} wrote into its {how} input"
