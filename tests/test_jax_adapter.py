@@ -71,9 +71,19 @@ def _args(rng, batch=(2,)):
     return _stiefel(rng, (*batch, 6, 3)), _normal(rng, (*batch, 6, 3))
 
 
-#: the Cayley rule's second order runs here without the drift guard; with the guard (~15 s)
-#: it gets first order here and second order in test-long
-SECOND_ORDER_LONG = ("cayley_with_guard",)
+#: second order of each custom rule runs here once; these maps get first order here and
+#: second order in test-long (the Cayley rule with its drift guard took ~15 s)
+SECOND_ORDER_LONG = (
+    "cayley_with_guard",
+    # the same rule (cwy_factors, householder_apply, polar) as a map whose second order runs
+    # here: first order here, second order in test-long
+    "cwy_transpose_apply",
+    "cwy_matrix",
+    "tcwy_transpose_apply",
+    "tcwy_matrix",
+    "householder_product",
+    "polar_retraction",
+)
 
 
 @pytest.mark.parametrize(

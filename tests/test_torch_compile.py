@@ -59,6 +59,13 @@ CASES = [
     ("svd", (4, 6), {"sigma_radius": 0.5}),  # trainable, bounded singular values
 ]
 IDS = [f"{m}-{s[0]}x{s[1]}{'-radius' if kw else ''}" for m, s, kw in CASES]
+#: every case in both dtypes; `make test` runs each case in one of them, alternating (each
+#: compiles the module anew, ~1.5 s), and `make test-long` the other half
+CASES_DTYPES = [
+    pytest.param(*case, dtype, id=f"{IDS[i]}-{name}", marks=pytest.mark.long if (i + j) % 2 else ())
+    for i, case in enumerate(CASES)
+    for j, (dtype, name) in enumerate(((F64, "f64"), (F32, "f32")))
+]
 
 
 def _ulps(dtype: torch.dtype, k: float) -> float:
@@ -83,8 +90,7 @@ def _grads(m: torch.nn.Module) -> list[torch.Tensor]:
     return [p.grad for p in m.parameters()]
 
 
-@pytest.mark.parametrize("dtype", [F64, F32], ids=["f64", "f32"])
-@pytest.mark.parametrize(("map_", "shape", "kw"), CASES, ids=IDS)
+@pytest.mark.parametrize(("map_", "shape", "kw", "dtype"), CASES_DTYPES)
 def test_orthogonal_fullgraph_matches_eager(map_, shape, kw, dtype):
     m, x = _module(map_, shape, kw, dtype)
     mc = copy.deepcopy(m)
@@ -143,8 +149,7 @@ def test_one_graph_and_no_recompile_while_training(map_):
     torch.testing.assert_close(W.mT @ W, eye, rtol=0, atol=_ulps(F64, 100))
 
 
-@pytest.mark.parametrize("dtype", [F64, F32], ids=["f64", "f32"])
-@pytest.mark.parametrize(("map_", "shape", "kw"), CASES, ids=IDS)
+@pytest.mark.parametrize(("map_", "shape", "kw", "dtype"), CASES_DTYPES)
 def test_orthogonal_inference_no_grad(map_, shape, kw, dtype):
     m, x = _module(map_, shape, kw, dtype)
     torch._dynamo.reset()
