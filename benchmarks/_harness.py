@@ -248,6 +248,8 @@ def machine_line(m: dict[str, Any], gemm: dict[str, Any] | None = None, extra: s
     blas = m.get("numpy_blas") or {}
     blas_s = f"{blas.get('name')} {blas.get('version')}" if blas else "unknown BLAS"
     env = "".join(f", {k}={v}" for k, v in (m.get("thread_env") or {}).items())
+    if m.get("thread_limit"):
+        env += f", limited to {m['thread_limit']}"
     line = (
         f"{m['cpu_model']}, {m['cores_available']} cores{env}; numpy {m['numpy']} ({blas_s}), "
         f"scipy {m['scipy']}, torch {m.get('torch')}"

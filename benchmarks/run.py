@@ -284,6 +284,14 @@ def main(argv: list[str] | None = None) -> int:
     p = H.parser(__doc__, "tiny sizes: a smoke test (< 30 s)")
     p.add_argument("--name", default=None, help="machine tag of the JSON file (default: hostname)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="BLAS/OpenMP/torch threads; 0: every core. Default 1: one-thread runs reproduce "
+        "within a few percent, while with two threads OpenBLAS stalls between consecutive calls "
+        "on the 2-core VM and the same row moves by up to 2x from run to run",
+    )
     args = p.parse_args(argv)
     cfg = QUICK if args.quick else FULL
     out = H.out_dir(args)
@@ -291,7 +299,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     machine = H.machine_info()
-    torch.set_num_threads(machine["cores_available"] or 1)
+    if args.threads:
+        machine["thread_limit"] = H.limit_threads(args.threads)
+    else:
+        torch.set_num_threads(machine["cores_available"] or 1)
     machine["torch_threads"] = torch.get_num_threads()
     t_start = time.perf_counter()
     probe = H.LoadMonitor()  # the machine's load over half a second before we start
