@@ -23,6 +23,7 @@ from .householder import (
     householder_vectors,
     tcwy_vectors,
 )
+from .lapack import from_lapack
 from .ornn import ornn, ornn_params
 from .retractions import (
     cayley_retraction,
@@ -43,6 +44,7 @@ __all__ = [
     "bounded_sigma",
     "cayley_retraction",
     "cwy",
+    "from_lapack",
     "householder_apply",
     "householder_product",
     "householder_vectors",

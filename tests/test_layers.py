@@ -5,7 +5,7 @@
     0  _lib                          namespaces, dtypes, checks, linear-algebra shims, jit
     1  _agnostic | _kernels | _interop   backend-neutral math | compiled kernels | Dask, DLPack
     2  _autodiff                     route/call and one rule table per framework
-    3  public modules                cwy, householder, ornn, svd, retractions, stiefel, vjp
+    3  public modules                cwy, householder, lapack, ornn, svd, retractions, stiefel, vjp
                                      (and their private helpers _operator, _svd_vjp, _euclidean)
     4  adapters                      torch, jax, _torch_optim, _optax
     5  __init__
@@ -36,7 +36,7 @@ GROUPS = {
     "_interop": (1, "_interop"),
     "_autodiff": (2, "_autodiff"),
 }
-PUBLIC = {"cwy", "householder", "ornn", "svd", "retractions", "stiefel", "vjp"}
+PUBLIC = {"cwy", "householder", "lapack", "ornn", "svd", "retractions", "stiefel", "vjp"}
 PUBLIC_PRIVATE = {"_operator", "_svd_vjp", "_euclidean", "_compose"}
 ADAPTERS = {"torch", "jax", "_torch_optim", "_torch_param", "_optax"}
 #: Modules that may import a framework at module level (they are imported only lazily).

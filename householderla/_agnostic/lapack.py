@@ -1,0 +1,40 @@
+"""LAPACK's compact Householder storage ``(a, τ)`` as this library's reflection vectors.
+
+``?geqrf`` stores H(i) = I − τᵢ vᵢ vᵢᵀ with vᵢ = eᵢ + (a[i+1:, i] below the diagonal): a unit
+lower-trapezoidal V whose diagonal is implicit (``a``'s diagonal and upper part hold R), and
+τᵢ = 0 for H(i) = I (LAPACK Users' Guide, Anderson et al., SIAM 1999, §5.4). For every τᵢ ≠ 0
+that ``?larfg`` produces, τᵢ = 2/‖vᵢ‖², so H(i) is the reflection H(vᵢ) = I − 2vᵢvᵢᵀ/‖vᵢ‖² of
+this library, and Q = H(1)…H(k) is ``cwy(V)`` with the τ = 0 columns of V set to zero.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import array_api_compat as aac
+
+from .._lib.namespace import device_of
+
+__all__ = ["lapack_reflectors", "tau_mismatch"]
+
+
+def lapack_reflectors(a: Any, tau: Any) -> Any:
+    """V (..., m, k): column i is vᵢ = eᵢ + tril(a, −1)[:, i] where τᵢ ≠ 0, else 0.
+
+    a (..., m, n), tau (..., k), k ≤ min(m, n); O(m·k), no copy of ``a`` beyond V.
+    """
+    xp = aac.array_namespace(a, tau)
+    m, k = a.shape[-2], tau.shape[-1]
+    below = xp.tril(a[..., :, :k], k=-1)
+    eye = xp.eye(m, k, dtype=a.dtype, device=device_of(a))
+    live = xp.astype(tau != 0, a.dtype)[..., None, :]
+    return (below + eye) * live
+
+
+def tau_mismatch(V: Any, tau: Any) -> Any:
+    """max over columns with τᵢ ≠ 0 of |τᵢ‖vᵢ‖²/2 − 1| (0 when H(i) is exactly the
+    reflection by vᵢ), shape (...). ‖vᵢ‖² ≥ 1 (unit diagonal), so no underflow; a column
+    whose ‖vᵢ‖² overflows gives inf."""
+    xp = aac.array_namespace(V, tau)
+    ss = xp.sum(V * V, axis=-2)
+    return xp.max(xp.where(tau != 0, xp.abs(tau * ss / 2 - 1), xp.zeros_like(ss)), axis=-1)

@@ -1,0 +1,203 @@
+"""``hl.from_lapack(a, tau)``: LAPACK's compact reflectors as operators (issue 15, item 3).
+
+Oracles: ``scipy.linalg.lapack`` ``dgeqrf``/``sgeqrf`` for (a, τ), ``dorgqr``/``sorgqr`` for the
+matrix and ``dormqr``/``sormqr`` for the products, on both sides, in both transposes; torch's
+``householder_product`` for gradients. Tolerances: the operator and LAPACK apply the same
+reflections in a different order of operations, so entries (of order ‖C‖) agree to a few
+eps·m; 30·m·eps·max(1, ‖C‖_max) has a margin of ~10.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.linalg.lapack as la
+from conftest import require, to_numpy
+from helpers import EPS, stable_seed
+
+import householderla as hl
+
+SHAPES = [(7, 4), (5, 5), (4, 6), (1, 1)]
+
+
+def _geqrf(A: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    f = la.dgeqrf if A.dtype == np.float64 else la.sgeqrf
+    qr, tau, _, info = f(A)
+    assert info == 0
+    return qr, tau
+
+
+def _orgqr_full(qr: np.ndarray, tau: np.ndarray) -> np.ndarray:
+    """The m × m Q of ?orgqr (the reflectors padded with zero columns)."""
+    m, n = qr.shape
+    a = np.zeros((m, m), qr.dtype)
+    a[:, : min(m, n)] = qr[:, : min(m, n)]
+    f = la.dorgqr if qr.dtype == np.float64 else la.sorgqr
+    Q, _, info = f(a, tau, lwork=max(1, 64 * m))
+    assert info == 0
+    return Q
+
+
+def _ormqr(side: str, trans: str, qr: np.ndarray, tau: np.ndarray, C: np.ndarray) -> np.ndarray:
+    k = tau.shape[0]
+    f = la.dormqr if qr.dtype == np.float64 else la.sormqr
+    out, _, info = f(side, trans, np.ascontiguousarray(qr[:, :k]), tau, C.copy(), lwork=256)
+    assert info == 0
+    return out
+
+
+def _tol(dtype, m: int, scale: float = 1.0) -> float:
+    return 30 * EPS[dtype] * max(m, 1) * max(1.0, scale)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_matrix_and_products_equal_orgqr_and_ormqr(bk, shape, dtype):
+    rng = np.random.default_rng(stable_seed("lapack", shape))
+    A = rng.standard_normal(shape).astype(dtype)
+    qr, tau = _geqrf(A)
+    m, k = shape[0], tau.shape[0]
+    C = rng.standard_normal((m, 3)).astype(dtype)
+    Cr = rng.standard_normal((2, m)).astype(dtype)
+    tol = _tol(dtype, m, np.abs(C).max())
+    a_b, t_b = bk.param(qr, dtype), bk.param(tau, dtype)
+    y, yt, yr = bk.call(
+        lambda a, t, c, cr: (
+            hl.from_lapack(a, t) @ c,
+            hl.from_lapack(a, t).T @ c,
+            # array_api_strict's __matmul__ raises instead of deferring to ours
+            hl.from_lapack(a, t).__rmatmul__(cr),
+        ),
+        a_b,
+        t_b,
+        bk.asarray(C, dtype),
+        bk.asarray(Cr, dtype),
+    )
+    np.testing.assert_allclose(to_numpy(y), _ormqr("L", "N", qr, tau, C), atol=tol)
+    np.testing.assert_allclose(to_numpy(yt), _ormqr("L", "T", qr, tau, C), atol=tol)
+    np.testing.assert_allclose(to_numpy(yr), _ormqr("R", "N", qr, tau, Cr), atol=tol)
+    if bk.operand_only:
+        return  # .matrix() takes no operand
+    Q, Qt = bk.call(
+        lambda a, t: (hl.from_lapack(a, t).matrix(), hl.from_lapack(a, t, thin=True).matrix()),
+        a_b,
+        t_b,
+    )
+    full = _orgqr_full(qr, tau)
+    np.testing.assert_allclose(to_numpy(Q), full, atol=_tol(dtype, m))
+    np.testing.assert_allclose(to_numpy(Qt), full[:, :k], atol=_tol(dtype, m))
+    assert to_numpy(Q).dtype == dtype
+
+
+@pytest.mark.no_dask("builds and forms operators only")
+def test_tau_zero_columns_and_the_upper_part_are_ignored(bk):
+    """A column already zero below the diagonal gets τ = 0 from geqrf (H = I, whatever a
+    holds: LAPACK keeps the implicit unit diagonal); the diagonal and upper part of a (R)
+    never enter — the two traps of passing a to hl.cwy directly (errors 4.6 and 5.6)."""
+    rng = np.random.default_rng(3)
+    A = rng.standard_normal((6, 4))
+    A[1:, 1] = 0.0  # column 1 reduced already... after the first reflection it is not:
+    A = np.linalg.qr(rng.standard_normal((6, 6)))[0] @ np.triu(rng.standard_normal((6, 4)))
+    A[:, 2] = A[:, 0] * 2.0  # rank deficient: one τ is 0 or the column is tiny
+    qr, tau = _geqrf(np.triu(rng.standard_normal((6, 4))))  # upper triangular: every τ = 0
+    assert np.all(tau == 0)
+    Q = to_numpy(
+        bk.call(lambda a, t: hl.from_lapack(a, t).matrix(), bk.asarray(qr), bk.asarray(tau))
+    )
+    np.testing.assert_allclose(Q, np.eye(6), atol=_tol(np.float64, 6))
+    qr, tau = _geqrf(A)
+    junk = qr + np.triu(rng.standard_normal(qr.shape))  # another R, same reflectors
+    Q = to_numpy(
+        bk.call(lambda a, t: hl.from_lapack(a, t).matrix(), bk.asarray(junk), bk.asarray(tau))
+    )
+    np.testing.assert_allclose(Q, _orgqr_full(qr, tau), atol=_tol(np.float64, 6))
+
+
+@pytest.mark.no_dask("builds and forms operators only")
+def test_batched_equals_a_loop_of_lapack_calls(bk):
+    rng = np.random.default_rng(4)
+    A = rng.standard_normal((2, 3, 6, 4))
+    pairs = [_geqrf(x) for x in A.reshape(-1, 6, 4)]
+    qr = np.stack([p[0] for p in pairs]).reshape(2, 3, 6, 4)
+    tau = np.stack([p[1] for p in pairs]).reshape(2, 3, 4)
+    C = rng.standard_normal((6, 2))
+    y = to_numpy(bk.call(lambda a, t, c: hl.from_lapack(a, t) @ c, *map(bk.asarray, (qr, tau, C))))
+    ref = np.stack([_ormqr("L", "N", q, t, C) for q, t in pairs]).reshape(2, 3, 6, 2)
+    np.testing.assert_allclose(y, ref, atol=_tol(np.float64, 6, np.abs(C).max()))
+
+
+def test_torch_and_jax_geqrf_outputs_feed_back():
+    rng = np.random.default_rng(5)
+    A = rng.standard_normal((7, 4))
+    torch = require("torch")
+    a, tau = torch.geqrf(torch.from_numpy(A))
+    Q = hl.from_lapack(a, tau, thin=True)
+    np.testing.assert_allclose((Q.matrix() @ torch.triu(a[:4])).numpy(), A, atol=1e-13)
+    jax = require("jax")
+    # geqrf is not exported by jax.lax.linalg (jax 0.7+), only its private module
+    from jax._src.lax.linalg import geqrf
+
+    a, tau = geqrf(jax.numpy.asarray(A))
+    Q = hl.from_lapack(a, tau, thin=True)
+    np.testing.assert_allclose(np.asarray(Q.matrix() @ jax.numpy.triu(a[:4])), A, atol=1e-13)
+
+
+def test_torch_gradient_equals_householder_product():
+    """Our τ is 2/‖vᵢ‖² of the reflectors in a, so the gradient with respect to a is that of
+    torch.linalg.householder_product(a, τ(a)) with the same dependence of τ on a."""
+    torch = require("torch")
+    rng = np.random.default_rng(6)
+    qr, tau = _geqrf(rng.standard_normal((6, 4)))
+    W = torch.from_numpy(rng.standard_normal((6, 4)))
+
+    def ours(a):
+        return (hl.from_lapack(a, torch.from_numpy(tau), thin=True).matrix() * W).sum()
+
+    def theirs(a):
+        V = torch.tril(a, -1) + torch.eye(6, 4, dtype=a.dtype)
+        t = 2 / (V * V).sum(0)
+        return (torch.linalg.householder_product(a, t) * W).sum()
+
+    a1 = torch.from_numpy(qr.copy()).requires_grad_()
+    a2 = torch.from_numpy(qr.copy()).requires_grad_()
+    ours(a1).backward()
+    theirs(a2).backward()
+    np.testing.assert_allclose(
+        torch.tril(a1.grad, -1).numpy(), torch.tril(a2.grad, -1).numpy(), atol=1e-12
+    )
+
+    def ours_consistent(a):  # τ follows the perturbed a (a fixed τ would fail the τ check)
+        V = torch.tril(a, -1) + torch.eye(6, 4, dtype=a.dtype)
+        return (hl.from_lapack(a, 2 / (V * V).sum(0), thin=True).matrix() * W).sum()
+
+    assert torch.autograd.gradcheck(
+        ours_consistent, (torch.from_numpy(qr.copy()).requires_grad_(),)
+    )
+
+
+@pytest.mark.parametrize(
+    ("a", "tau", "err", "match"),
+    [
+        (np.zeros(4), np.zeros(1), ValueError, "a must have shape"),
+        (np.zeros((4, 3)), np.zeros(4), ValueError, r"k <= min\(m, n\) = 3"),
+        (np.zeros((2, 4, 3)), np.zeros((3, 3)), ValueError, "batch shape"),
+        (np.zeros((4, 3)), np.array([np.nan, 0.0]), ValueError, "tau contains NaN"),
+        (np.full((4, 3), np.inf), np.ones(2), ValueError, r"a \(below the diagonal\)"),
+        (np.zeros((4, 3)), np.array([1.5, 0.0]), ValueError, "not LAPACK's 2/"),
+    ],
+)
+def test_bad_arguments_are_named(a, tau, err, match):
+    with pytest.raises(err, match=match):
+        hl.from_lapack(a, tau)
+
+
+def test_integer_arrays_are_promoted():
+    """As everywhere in the library, integer input computes in float64."""
+    Q = hl.from_lapack(np.zeros((4, 3), dtype=np.int64), np.zeros(2, dtype=np.int32))
+    assert Q.dtype == np.float64
+    np.testing.assert_array_equal(Q.matrix(), np.eye(4))
+
+
+def test_thin_must_be_a_bool():
+    with pytest.raises(TypeError, match="thin must be"):
+        hl.from_lapack(np.zeros((3, 2)), np.zeros(2), thin="yes")
