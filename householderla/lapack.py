@@ -15,7 +15,7 @@ from ._agnostic.lapack import lapack_reflectors, tau_mismatch
 from ._lib.checks import check_finite
 from ._lib.namespace import resolve
 from ._lib.tracing import is_eager
-from .cwy import CWY, TCWY, cwy, tcwy
+from .cwy import CWY, TCWY
 
 __all__ = ["from_lapack"]
 
@@ -99,5 +99,5 @@ def from_lapack(a: Any, tau: Any, *, thin: bool = False, xp: Any = None) -> CWY 
                 "tau is not LAPACK's 2/||v||^2 for the reflectors stored in a (relative "
                 f"mismatch {bad:.2g}): H(i) = I - tau_i v_i v_i^T would not be orthogonal"
             )
-    build = tcwy if thin else cwy
-    return build(V, structure="trapezoidal", xp=xp)
+    # V is lower trapezoidal and finite by construction: no second pass of cwy()'s checks
+    return (TCWY if thin else CWY)(V, xp, structure="trapezoidal")

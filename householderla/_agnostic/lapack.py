@@ -14,6 +14,7 @@ from typing import Any
 import array_api_compat as aac
 
 from .._lib.namespace import device_of
+from .._lib.tracing import is_eager
 
 __all__ = ["lapack_reflectors", "tau_mismatch"]
 
@@ -25,10 +26,11 @@ def lapack_reflectors(a: Any, tau: Any) -> Any:
     """
     xp = aac.array_namespace(a, tau)
     m, k = a.shape[-2], tau.shape[-1]
-    below = xp.tril(a[..., :, :k], k=-1)
-    eye = xp.eye(m, k, dtype=a.dtype, device=device_of(a))
-    live = xp.astype(tau != 0, a.dtype)[..., None, :]
-    return (below + eye) * live
+    V = xp.tril(a[..., :, :k], k=-1) + xp.eye(m, k, dtype=a.dtype, device=device_of(a))
+    zero = tau == 0
+    if is_eager(zero) and not bool(xp.any(zero)):
+        return V  # geqrf's usual output: no pass to zero columns
+    return V * xp.astype(~zero, a.dtype)[..., None, :]
 
 
 def tau_mismatch(V: Any, tau: Any) -> Any:
@@ -36,5 +38,5 @@ def tau_mismatch(V: Any, tau: Any) -> Any:
     reflection by vᵢ), shape (...). ‖vᵢ‖² ≥ 1 (unit diagonal), so no underflow; a column
     whose ‖vᵢ‖² overflows gives inf."""
     xp = aac.array_namespace(V, tau)
-    ss = xp.sum(V * V, axis=-2)
+    ss = xp.linalg.vecdot(V, V, axis=-2)
     return xp.max(xp.where(tau != 0, xp.abs(tau * ss / 2 - 1), xp.zeros_like(ss)), axis=-1)

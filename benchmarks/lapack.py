@@ -1,0 +1,115 @@
+"""LAPACK reflectors ``(a, τ)`` in: ``hl.from_lapack`` against ``?ormqr`` / ``?orgqr``.
+
+Rows (float64, one thread, side by side round-robin in one process): apply Q to C without
+forming Q — prebuilt operator and fresh ``from_lapack(a, tau) @ C`` (build included) —
+against SciPy's ``dormqr`` and ``torch.ormqr``; form the thin Q against ``dorgqr`` and
+``torch.linalg.householder_product``; and the orthogonality ‖QᵀQ − I‖_F of both formed Q.
+Issue 15's targets: apply ≤ 1.0× and form ≤ 1.0× the LAPACK routine, orthogonality ≤ 1.0×.
+
+``python -m benchmarks.lapack [--quick] [--out DIR]``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import scipy.linalg.lapack as la
+import torch
+
+import householderla as hl
+
+from . import _harness as H
+
+FULL = {"profile": H.Profile(sample_s=5e-3, min_total=0.5, max_total=3.0, min_rep=7), "m": 1024,
+        "k": 256, "B": 64}  # fmt: skip
+QUICK = {"profile": H.Profile(sample_s=0.0, min_total=0.0, max_total=0.2, min_rep=3, max_rep=3),
+         "m": 64, "k": 16, "B": 4}  # fmt: skip
+
+
+def rows(b: H.Bench, m: int, k: int, B: int) -> list[H.Row]:
+    rng = np.random.default_rng(0)
+    a, tau, _, info = la.dgeqrf(rng.standard_normal((m, k)))
+    assert info == 0
+    C = rng.standard_normal((m, B))
+    op = hl.from_lapack(a, tau)
+    ta, tt, tc = (torch.from_numpy(x) for x in (a, tau, C))
+    lw = 64 * max(m, B)
+    t = b.side_by_side(
+        "apply",
+        {
+            "dormqr": lambda: la.dormqr("L", "N", a, tau, C, lwork=lw)[0],
+            "torch.ormqr": lambda: torch.ormqr(ta, tt, tc),
+            "prebuilt": lambda: op @ C,
+            "fresh": lambda: hl.from_lapack(a, tau) @ C,
+        },
+    )
+    f = b.side_by_side(
+        "form thin Q",
+        {
+            "dorgqr": lambda: la.dorgqr(a, tau, lwork=lw)[0],
+            "householder_product": lambda: torch.linalg.householder_product(ta, tt),
+            "ours": lambda: hl.from_lapack(a, tau, thin=True).matrix(),
+        },
+    )
+    med = {k_: v["median_s"] for k_, v in {**t, **f}.items()}
+    shape = f"float64 m={m} k={k}"
+    out = [
+        H.ratio_row(f"from_lapack(a, tau) @ C (build + apply), {shape} B={B}",
+                    "scipy dormqr", med["dormqr"], med["fresh"], 1.0),
+        H.ratio_row(f"from_lapack(a, tau) @ C (build + apply), {shape} B={B}",
+                    "torch.ormqr", med["torch.ormqr"], med["fresh"], 1.0),
+        H.ratio_row(f"prebuilt op @ C, {shape} B={B}", "scipy dormqr", med["dormqr"],
+                    med["prebuilt"], 1.0),
+        H.ratio_row(f"prebuilt op @ C, {shape} B={B}", "torch.ormqr", med["torch.ormqr"],
+                    med["prebuilt"], 1.0),
+        H.ratio_row(f"from_lapack(a, tau, thin=True).matrix(), {shape}", "scipy dorgqr",
+                    med["dorgqr"], med["ours"], 1.0),
+        H.ratio_row(f"from_lapack(a, tau, thin=True).matrix(), {shape}",
+                    "torch householder_product", med["householder_product"], med["ours"], 1.0),
+    ]  # fmt: skip
+    e_ours = H.orth_err(hl.from_lapack(a, tau, thin=True).matrix())
+    e_lapack = H.orth_err(la.dorgqr(a, tau, lwork=lw)[0])
+    out.append(
+        H.Row(f"‖QᵀQ−I‖_F thin Q, {shape}", "scipy dorgqr, same (a, τ)", f"{e_lapack:.2e}",
+              f"{e_ours:.2e}", f"{e_ours / e_lapack:.2f}×", "≤ 1.0×",
+              "yes" if e_ours <= e_lapack else "NO", data={"ours": e_ours, "lapack": e_lapack})
+    )  # fmt: skip
+    for r in out[:-1]:
+        r.data.update(timings={**t, **f})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = H.parser(__doc__, "tiny sizes: a smoke test (seconds)").parse_args(argv)
+    cfg = QUICK if args.quick else FULL
+    out_dir = H.out_dir(args)
+    t0 = time.perf_counter()
+    threads = H.limit_threads(1)
+    machine = H.machine_info()
+    monitor = H.LoadMonitor()
+    with H.Bench(cfg["profile"], 7, "lapack") as b:
+        table = rows(b, cfg["m"], cfg["k"], cfg["B"])
+    load = monitor.result(machine["cores_available"])
+    frac = load.get("foreign_cpu_fraction")
+    mline = H.machine_line(machine, extra=threads)
+    mline += "" if frac is None else f"; other load during run {100 * frac:.0f}%"
+    md = H.table_markdown(table, mline, args.quick)
+    md += "\nratio = ours / anchor, medians of samples taken round-robin in one process.\n"
+    print(md)
+    res: dict[str, Any] = {
+        "machine": machine,
+        "threads": threads,
+        "quick": args.quick,
+        "rows": table,
+        "load": load,
+        "wall_s": time.perf_counter() - t0,
+    }
+    H.write(out_dir / "lapack.json", res)
+    H.write(out_dir / "lapack.md", md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
