@@ -15,6 +15,7 @@ import array_api_compat as aac
 
 from ._lib.checks import broadcast_batch
 from ._lib.namespace import mT
+from ._linear_operator import LinearOperatorMixin
 
 __all__ = ["OperatorProduct", "compose", "is_operator"]
 
@@ -57,7 +58,7 @@ def _merged_cwy(left: Any, right: Any) -> Any:
     return type(left)(xp.concat([V1, V2], axis=-1), xp)
 
 
-class OperatorProduct:
+class OperatorProduct(LinearOperatorMixin):
     """``left @ right`` of two operators, applied right to left (``(left @ right) @ h =
     left @ (right @ h)``); ``.T`` is ``right.T @ left.T``; ``.matrix()`` applies ``left`` to
     the dense matrix of ``right``. Shapes follow matmul: batch axes broadcast."""

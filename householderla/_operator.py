@@ -25,6 +25,7 @@ from ._kernels import numba_for_torch
 from ._lib.checks import as_matrix_operand, broadcast_batch
 from ._lib.namespace import device_of, mT, resolve
 from ._lib.tracing import is_eager, needs_graph
+from ._linear_operator import LinearOperatorMixin
 from .householder import apply_sequential, sequential_is_faster
 
 __all__ = ["CompactWYOperator", "LazyFactors", "factors_of", "lowrank"]
@@ -120,7 +121,7 @@ def _direct_type(V: Any, xp: Any) -> type | None:
     return None
 
 
-class CompactWYOperator:
+class CompactWYOperator(LinearOperatorMixin):
     """Shared machinery of :class:`CWY` and :class:`TCWY` (and their transposes)."""
 
     _mode_forward = "square"

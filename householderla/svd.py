@@ -29,6 +29,7 @@ from ._interop.dask import dask_matmul, dask_rmatmul, is_dask_array
 from ._lib.checks import as_matrix_operand, broadcast_batch, check_finite, finite_reflectors
 from ._lib.jit import jit_for
 from ._lib.namespace import accumulation_dtype_for, device_of, mT, resolve
+from ._linear_operator import LinearOperatorMixin
 from ._operator import LazyFactors
 from ._svd_vjp import (
     bounded_sigma,
@@ -106,7 +107,7 @@ class _Side:
 # -- the operator ---------------------------------------------------------------------------------
 
 
-class SVDHouseholder:
+class SVDHouseholder(LinearOperatorMixin):
     """W = Q_U Σ Q_Vᵀ (svdRNN, Zhang, Lei & Dhillon, ICML 2018 eq. 3/17) as an operator; build it
     with
     :func:`svd_householder`. ``.T`` is Wᵀ = Q_V Σᵀ Q_Uᵀ, the same kind of operator with the
