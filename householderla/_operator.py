@@ -383,7 +383,9 @@ class CompactWYOperator(LinearOperatorMixin):
         ‖QᵀQ − I‖ at orgqr's level); any other V there: the one-shot I − V S⁻¹ Vᵀ with unnormalised
         factors (:func:`~householderla._agnostic.forming.dense_matrix`: syrk, one triangular solve,
         one GEMM). With autodiff or on other namespaces: I − U (T Uᵀ) through the differentiable
-        factors (2·N²·L flops for CWY, 2·N·M² for T-CWY). float32 input is formed in float64 on CPU.
+        factors (2·N²·L flops for CWY, 2·N·M² for T-CWY). float32 input is formed in float64 on CPU,
+        except for N ≤ 64 on NumPy, where the reflections are applied to [I; 0] by the Numba kernel,
+        every matrix of a batch in one call (``_small_matrix``).
         """
         mode = self._mode_forward
         dense = self._direct_dense()
