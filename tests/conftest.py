@@ -60,6 +60,23 @@ def _share_cores_between_workers() -> None:
 
 _share_cores_between_workers()
 
+
+def _fast_xla_compiles() -> None:
+    """The suite's JAX programs are tiny and each compiles once: compiling dominates (measured
+    ~60% of the suite's CPU time), so LLVM's optimisations are switched off for the tests
+    (``--xla_backend_optimization_level=0``, no expensive passes): the JAX-heavy modules ran
+    22% faster with the same results. Float semantics are unchanged (no fast-math either way).
+    ``HL_TEST_XLA_OPT=1`` or explicit ``XLA_FLAGS`` settings keep XLA's defaults."""
+    xla = os.environ.get("XLA_FLAGS", "")
+    if os.environ.get("HL_TEST_XLA_OPT") or "optimization_level" in xla:
+        return
+    os.environ["XLA_FLAGS"] = (
+        f"{xla} --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+    ).strip()
+
+
+_fast_xla_compiles()
+
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402

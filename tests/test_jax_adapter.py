@@ -111,7 +111,11 @@ def test_custom_vjp_rule_is_in_the_jaxpr(name):
     assert re.search(rf"custom_vjp_call\[\s*name={_rule(name)}\b", jaxpr), jaxpr[:2000]
 
 
-@pytest.mark.parametrize("name", list(MAPS))
+@pytest.mark.parametrize(
+    "name",
+    # one map per custom rule here; the maps sharing a rule (SECOND_ORDER_LONG) in test-long
+    [pytest.param(n, marks=pytest.mark.long if n in SECOND_ORDER_LONG else ()) for n in MAPS],
+)
 def test_jit_vmap_grad_equals_loop_of_eager_grads(name):
     f = MAPS[name]
     X, G = _args(np.random.default_rng(2), batch=(3,))

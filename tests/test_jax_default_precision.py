@@ -3,6 +3,7 @@ runs in a fresh interpreter). Every map must stay float32 and emit no warning.""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -38,7 +39,12 @@ def test_jax_without_x64_stays_float32_and_warning_free():
         capture_output=True,
         text=True,
         cwd=root,
-        env={"PYTHONPATH": str(root), "JAX_PLATFORMS": "cpu", "PATH": ""},
+        env={
+            "PYTHONPATH": str(root),
+            "JAX_PLATFORMS": "cpu",
+            "PATH": "",
+            "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),  # conftest's faster compiles
+        },
         timeout=300,
         check=False,
     )

@@ -51,7 +51,14 @@ def _tol(dtype, m: int, scale: float = 1.0) -> float:
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        np.float64,
+        # the same code in single precision; on JAX (compiles per dtype) in test-long only
+        pytest.param(np.float32, marks=pytest.mark.jax_long("float32 compiles anew")),
+    ],
+)
 def test_matrix_and_products_equal_orgqr_and_ormqr(bk, shape, dtype):
     rng = np.random.default_rng(stable_seed("lapack", shape))
     A = rng.standard_normal(shape).astype(dtype)
