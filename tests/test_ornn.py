@@ -549,6 +549,7 @@ def _vjp_case(name, sign):
     return (lambda U: ornn(U, sign).matrix(), lambda U, G: ornn_matrix_vjp(U, sign, G), [])
 
 
+@pytest.mark.jax_split  # FD checks compile per case on JAX: each on one JAX backend
 @pytest.mark.no_dask("the VJPs take no Dask arrays")
 @pytest.mark.parametrize("name", ["apply", "apply_vector", "matrix"])
 @pytest.mark.parametrize("sign", [1, -1, "array"])

@@ -57,6 +57,7 @@ def _inputs(name, batch, step_shape, rng):
     return [X, Z, t]
 
 
+@pytest.mark.jax_split  # FD checks compile per case on JAX: each on one JAX backend
 @pytest.mark.parametrize("name", list(MAPS))
 @pytest.mark.parametrize(("batch", "step_shape"), [((), ()), ((2,), ()), ((2,), (2,))])
 def test_dot_product_against_central_differences(bk, name, batch, step_shape):

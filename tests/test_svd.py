@@ -392,6 +392,7 @@ def _freeze(k1, k2):
     return freeze
 
 
+@pytest.mark.jax_split  # FD checks compile per case on JAX: each on one JAX backend
 @pytest.mark.no_dask("the VJPs take no Dask arrays")
 @pytest.mark.parametrize(("shape", "form"), VJP_PARAMS)
 def test_vjp_dot_product_against_central_differences(bk, shape, form):

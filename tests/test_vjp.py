@@ -62,6 +62,7 @@ def _maps():
     }
 
 
+@pytest.mark.jax_split  # FD checks compile per case on JAX: each on one JAX backend
 @pytest.mark.parametrize("name", list(_maps()))
 @pytest.mark.parametrize(
     "batch",
