@@ -19,11 +19,14 @@ would write. Rows, each a ratio ours / anchor measured side by side in one run
   ``check_finite=False`` / ``torch.linalg``), then the three products. Same shapes; ≤ 2×.
 * ``hl.householder_apply(V, h)`` at N = 128, L = 16, one vector vs the precomputed CWY product
   by hand (the reflections one at a time against CWY with its factors given). ≤ 1.0×.
-* One optimizer ``step()`` at N = 200, M = 10 (float32): ``hl.torch.StiefelSGD`` (momentum
+* One optimizer step at N = 200, M = 10 (float32): ``hl.torch.StiefelSGD`` (momentum
   0.9) vs geoopt's ``RiemannianSGD`` on a ``ManifoldParameter`` of
-  ``geoopt.Stiefel(canonical=True)``, and ``hl.torch.StiefelAdam`` vs ``RiemannianAdam``. The
-  gradient of a Brockett loss ``−tr(XᵀAXD)`` comes from autograd once; only ``step()`` is
-  timed (forward and backward excluded for both). ≤ 1.0×.
+  ``geoopt.Stiefel(canonical=True)``, and ``hl.torch.StiefelAdam`` vs ``RiemannianAdam``, on
+  the Brockett loss ``−tr(XᵀAXD)``. Two regimes: *descent* sets the gradient −2AXD of the
+  current point before each ``step()`` (one 200×200×10 product, identical on both sides,
+  included in both times) — a training loop's step; ≤ 1.0×. *Fixed gradient* steps with X₀'s
+  gradient forever, so the momentum saturates and every step is large: a stress case of the
+  retraction, reported without a target.
 
 Threads: ``torch.set_num_threads(1)`` and threadpoolctl limits every BLAS / OpenMP pool of
 the process to one thread (recorded on the machine line and in the JSON).
@@ -55,6 +58,7 @@ QUICK = {"profile": H.Profile(sample_s=2e-4, min_total=0.0, max_total=0.2, min_r
 SHAPES = [(16, 4), (128, 16), (512, 64)]
 BS = [1, 8]  # 1: one vector h of shape (N,)
 TARGET = {"prebuilt": 1.5, "fresh": 2.0, "householder_apply": 1.0, "optimizer": 1.0}
+# kinds reported without a target: "optimizer_stress"
 OPT_N, OPT_M = 200, 10
 
 
@@ -147,19 +151,41 @@ def householder_apply_rows(b: H.Bench, rng: np.random.Generator) -> list[H.Row]:
 
 
 # -- optimizers --------------------------------------------------------------------------------
-def _stepper(make_param: Callable[[torch.Tensor], Any], make_opt: Callable[[Any], Any]) -> Any:
-    """A parameter on St(N, M) with the gradient of a Brockett loss, and its optimizer."""
+def _brockett() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """X₀ ∈ St(N, M), and A (symmetric), D of the Brockett loss f(X) = −tr(XᵀAXD)."""
     g = torch.Generator().manual_seed(0)
     X0 = torch.linalg.qr(torch.randn(OPT_N, OPT_M, generator=g))[0]
     A = torch.randn(OPT_N, OPT_N, generator=g)
-    A = (A + A.T) / 2
+    A = (A + A.T) / (2 * OPT_N**0.5)  # spectrum in about (−√2, √2)
     D = torch.diag(torch.arange(1.0, OPT_M + 1))
+    return X0, A, D
+
+
+def _stepper(
+    make_param: Callable[[torch.Tensor], Any], make_opt: Callable[[Any], Any], regime: str
+) -> tuple[Any, Callable[[], Any]]:
+    """A parameter on St(N, M), its optimizer after 20 steps, and the timed callable.
+
+    ``"descent"``: each call sets the gradient −2AXD of the current point (one 200×200×10
+    product, the same on both sides; a training loop's backward), then steps — the regime of
+    a real run, steps shrinking as X converges. ``"fixed"``: the gradient of X₀ is kept, so
+    the momentum saturates at G/(1 − μ) and every step is large (‖ηU‖ ≈ 1, far from the
+    manifold): a stress case for the retraction, not a training step.
+    """
+    X0, A, D = _brockett()
     p = make_param(X0.clone())
-    (-torch.trace(p.T @ A @ p @ D)).backward()
+    p.grad = -2 * A @ p.detach() @ D
     opt = make_opt(p)
-    for _ in range(3):  # optimizer state initialised
+
+    def refresh() -> None:
+        with torch.no_grad():
+            p.grad.copy_(-2 * (A @ p) @ D)
         opt.step()
-    return p, opt
+
+    fn = refresh if regime == "descent" else opt.step
+    for _ in range(20):  # state initialised and in flight
+        fn()
+    return p, fn
 
 
 def optimizer_rows(b: H.Bench) -> list[H.Row]:
@@ -168,35 +194,46 @@ def optimizer_rows(b: H.Bench) -> list[H.Row]:
         ("StiefelAdam", "RiemannianAdam", {"lr": 1e-3}),
     ]
     rows = []
-    for ours_name, geo_name, kw in pairs:
-        args = ", momentum=0.9" if "momentum" in kw else ""
-        measure = f"hl.torch.{ours_name}(…{args}).step(), float32 N={OPT_N} M={OPT_M}"
-        anchor = f"geoopt {geo_name}(…{args}), Stiefel(canonical=True)"
-        if geoopt is None:
-            b.step(f"{ours_name} (no geoopt)", 2)
-            rows.append(H.Row(measure, f"{anchor}: not installed ({GEOOPT_ERROR})", "—", "—",
-                              "—", "≤ 1×", "n/a"))  # fmt: skip
-            continue
-        cls = getattr(hlt, ours_name)
-        q, ours = _stepper(torch.nn.Parameter, lambda p, cls=cls, kw=kw: cls([p], **kw))
-        man = geoopt.Stiefel(canonical=True)
-        p, ref = _stepper(
-            lambda X, man=man: geoopt.ManifoldParameter(X, manifold=man),
-            lambda p, g=geo_name, kw=kw: getattr(geoopt.optim, g)([p], **kw),
-        )
-        t = b.side_by_side(f"step {ours_name}", {"anchor": ref.step, "ours": ours.step})
-        rows.append(_row(measure, anchor, t, "optimizer"))
-        rows[-1].data.update(
-            timed="step() only; gradient computed once by autograd, forward/backward excluded",
-            orth_err_ours=H.orth_err(q.detach().numpy()),
-            orth_err_geoopt=H.orth_err(p.detach().numpy()),
-        )
+    for regime in ("descent", "fixed"):
+        for ours_name, geo_name, kw in pairs:
+            args = ", momentum=0.9" if "momentum" in kw else ""
+            what = (
+                "gradient of the current point + step()"
+                if regime == "descent"
+                else "step() with a fixed gradient (large steps)"
+            )
+            measure = f"hl.torch.{ours_name}(…{args}): {what}, float32 N={OPT_N} M={OPT_M}"
+            anchor = f"geoopt {geo_name}(…{args}), Stiefel(canonical=True)"
+            if geoopt is None:
+                b.step(f"{ours_name} (no geoopt)", 2)
+                rows.append(H.Row(measure, f"{anchor}: not installed ({GEOOPT_ERROR})", "—", "—",
+                                  "—", "≤ 1×", "n/a"))  # fmt: skip
+                continue
+            cls = getattr(hlt, ours_name)
+            q, ours = _stepper(torch.nn.Parameter, lambda p, cls=cls, kw=kw: cls([p], **kw), regime)
+            man = geoopt.Stiefel(canonical=True)
+            p, ref = _stepper(
+                lambda X, man=man: geoopt.ManifoldParameter(X, manifold=man),
+                lambda p, g=geo_name, kw=kw: getattr(geoopt.optim, g)([p], **kw),
+                regime,
+            )
+            t = b.side_by_side(f"{regime} {ours_name}", {"anchor": ref, "ours": ours})
+            kind = "optimizer" if regime == "descent" else "optimizer_stress"
+            rows.append(_row(measure, anchor, t, kind))
+            rows[-1].data.update(
+                regime=regime,
+                orth_err_ours=H.orth_err(q.detach().numpy()),
+                orth_err_geoopt=H.orth_err(p.detach().numpy()),
+            )
     return rows
 
 
 def _row(measure: str, anchor: str, t: dict[str, dict[str, Any]], kind: str) -> H.Row:
     a, o = t["anchor"], t["ours"]
-    row = H.ratio_row(measure, anchor, a["median_s"], o["median_s"], TARGET[kind], kind=kind)
+    target = TARGET.get(kind)
+    row = H.ratio_row(measure, anchor, a["median_s"], o["median_s"], target or 0.0, kind=kind)
+    if target is None:  # reported, not a target
+        row.target, row.met = "—", ""
     row.data.update(anchor_timing=a, ours_timing=o, ratio_of_minima=o["min_s"] / a["min_s"])
     return row
 
@@ -210,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = H.machine_info()
     monitor = H.LoadMonitor()
     rng = np.random.default_rng(0)
-    total = len(BACKENDS) * (len(SHAPES) * len(BS) * 4 + 2) + 4
+    total = len(BACKENDS) * (len(SHAPES) * len(BS) * 4 + 2) + 8
     with H.Bench(cfg["profile"], total, "dispatch") as b:
         rows = cwy_rows(b, rng) + householder_apply_rows(b, rng) + optimizer_rows(b)
     load = monitor.result(machine["cores_available"])
@@ -220,7 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     md = H.table_markdown(rows, mline, args.quick)
     md += (
         "\nratio = ours / anchor, medians of samples taken round-robin in one process; "
-        "optimizer rows time `step()` only (gradient fixed, forward/backward excluded).\n"
+        "optimizer rows: *gradient of the current point + step()* sets the Brockett gradient "
+        "−2AXD of the current X (one 200×200×10 product, the same for both) and steps, as a "
+        "training loop does; *fixed gradient* keeps X₀'s gradient, so momentum saturates and "
+        "every step is large (a stress case of the retraction, no target).\n"
     )
     print(md)
     warn = H.load_warning(load)

@@ -23,7 +23,7 @@ import numpy as np
 from ._agnostic.reflections import householder_apply_vjp as _householder_apply_vjp
 from ._agnostic.reflections import positive_qr_reflectors
 from ._autodiff import call, route
-from ._interop.dlpack import from_numpy, to_numpy
+from ._interop.dlpack import from_numpy, plain_cpu_views, to_numpy
 from ._kernels import numba_enabled, numba_for, numba_for_torch
 from ._lib.checks import (
     as_matrix_operand,
@@ -85,9 +85,19 @@ def householder_apply(V: Any, h: Any, *, xp: Any = None) -> Any:
     if xp is None and type(V) is np.ndarray and type(h) is np.ndarray and V.dtype == h.dtype:
         # the common NumPy call goes straight to the kernel (it checks dtypes and NaN itself)
         nk = numba_enabled()
-        if nk is not None and V.dtype in _KERNEL_DTYPES:
-            as_matrix_operand(h, check_reflectors(V)[0])
-            return nk.hprod(V, h)
+        if nk is not None:
+            y = nk.hprod_vector(V, h)  # one vector: no further checks needed
+            if y is not None:
+                return y
+            if V.dtype in _KERNEL_DTYPES:
+                as_matrix_operand(h, check_reflectors(V)[0])
+                return nk.hprod(V, h)
+    elif xp is None:
+        views = plain_cpu_views(V, h)  # eager CPU torch without autograd: the same kernel
+        nk = numba_enabled() if views is not None else None
+        y = nk.hprod_vector(*views) if nk is not None else None
+        if y is not None:
+            return from_numpy(y, like=V)
     xp, _, _, (V, h) = resolve([("V", V), ("h", h)], xp)
     N, _ = check_reflectors(V)
     hm, vector = as_matrix_operand(h, N)

@@ -555,9 +555,11 @@ def test_empty_and_float32_extremes():
 
 def test_a_posteriori_check_catches_a_wrong_count(monkeypatch):
     """Safety net: if the a priori count were wrong (simulated: every count claims one
-    iteration), the residual check of (I + D)A(I + D) rejects the result and QR + SVD runs."""
+    iteration), the residual check of (I + D)A(I + D) rejects the result and QR + SVD runs.
+    Both plans are patched: arrays (batches) and Python floats (one eager NumPy matrix)."""
     X, kappa = conditioned(np.random.default_rng(18), (), 12, 4, 2.0)
     monkeypatch.setattr(ns_bounds, "counts", lambda lo, *args: np.ones_like(lo))
+    monkeypatch.setattr(ns_bounds, "count_float", lambda *args: 1.0)
     Q, info = hl.polar(X, return_info=True)
     assert info["method"] == "qr-svd" and not info["certified"]
     np.testing.assert_allclose(Q, scipy_polar(X), atol=20 * EPS[np.float64] * 4 * kappa)

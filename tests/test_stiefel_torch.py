@@ -96,7 +96,8 @@ def test_structure_every_step_mixed_groups(algo, dtype):
 
 
 def test_same_trajectory_as_functional_api():
-    """A stiefel group runs exactly hl.stiefel.momentum_sgd (bit for bit, same backend); a
+    """A stiefel group runs exactly hl.stiefel.momentum_sgd (bit for bit on the path the
+    optimizer takes: CPU tensors are stepped in NumPy through zero-copy views); a
     stiefel=False group is heavy-ball SGD, i.e. torch.optim.SGD(momentum) (to rounding:
     torch may fuse p − lr·buf into one FMA)."""
     mats, bias = model(torch.float64, seed=3)
@@ -105,10 +106,10 @@ def test_same_trajectory_as_functional_api():
     opt = StiefelSGD([{"params": [W]}, {"params": [bias], "stiefel": False}], lr=0.2, momentum=0.8)
     ref = torch.optim.SGD([b_ref], lr=0.2, momentum=0.8)
     fn = hl.stiefel.momentum_sgd(lr=0.2, momentum=0.8)
-    X = W.detach().clone()
+    X = W.detach().numpy().copy()
     state = fn.init(X)
     for _ in range(6):
-        G = 2 * (X - T)
+        G = 2 * (X - T.numpy())
         X, state = fn.update(X, G, state)
         opt.zero_grad()
         ref.zero_grad()
@@ -116,7 +117,7 @@ def test_same_trajectory_as_functional_api():
         (3 * (b_ref - 1) ** 2).sum().backward()
         opt.step()
         ref.step()
-        assert torch.equal(W.detach(), X)
+        assert np.array_equal(W.detach().numpy(), X)
         assert torch.allclose(bias, b_ref, rtol=1e-14, atol=1e-14)
     assert abs(float(bias.detach().abs().max())) < 10  # a converging run, not a blow-up
 
@@ -219,17 +220,17 @@ def test_lr_scheduler_changes_the_step():
     opt = StiefelSGD([W], lr=0.1)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     fn_states = []
-    X = W.detach().clone()
+    X = W.detach().numpy().copy()  # CPU tensors are stepped in NumPy: the same path
     for lr in (0.1, 0.05, 0.025):
         fn = hl.stiefel.momentum_sgd(lr=lr)
         state = fn.init(X) if not fn_states else fn_states[-1]
-        X, state = fn.update(X, 2 * (X - T), state)
+        X, state = fn.update(X, 2 * (X - T.numpy()), state)
         fn_states.append(state)
         opt.zero_grad()
         ((W - T) ** 2).sum().backward()
         opt.step()
         sched.step()
-        assert torch.equal(W.detach(), X)
+        assert np.array_equal(W.detach().numpy(), X)
 
 
 def test_bad_input():
@@ -304,3 +305,31 @@ def test_large_steps_from_a_rank_deficient_start_do_not_stop():
         W.grad = torch.randn(5, 2, dtype=torch.float64)
         opt.step()
     torch.testing.assert_close(W.T @ W, torch.eye(2, dtype=torch.float64), atol=1e-13, rtol=0)
+
+
+@pytest.mark.parametrize("algo", sorted(OPTS))
+def test_torch_path_equals_numpy_path(algo, monkeypatch):
+    """CPU tensors are stepped in NumPy (zero-copy views); GPU tensors and torch.compile take
+    the torch path. Both run the same functional update, so they agree to rounding (forced
+    here on the CPU), state tensors included, for every parameter shape."""
+    import householderla._torch_optim as TO
+
+    runs = []
+    for host in (True, False):
+        monkeypatch.setattr(TO, "_on_host", lambda *t, host=host: host)
+        mats, bias = model(torch.float64, seed=5)
+        T = targets(mats)
+        opt = OPTS[algo]([{"params": list(mats.values())}, {"params": [bias], "stiefel": False}])
+        for _ in range(4):
+            opt.zero_grad()
+            loss_fn(mats, bias, T).backward()
+            opt.step()
+        runs.append((mats, bias, opt))
+    (m1, b1, o1), (m2, b2, o2) = runs
+    tol = 1e-12  # four steps of O(1) operations on O(1) entries, float64
+    for name in m1:
+        assert torch.allclose(m1[name], m2[name], rtol=0, atol=tol), name
+        for key, val in o1.state[m1[name]].items():
+            assert val.dtype == o2.state[m2[name]][key].dtype, (name, key)
+            assert torch.allclose(val.double(), o2.state[m2[name]][key].double(), atol=tol)
+    assert torch.allclose(b1, b2, rtol=0, atol=tol)

@@ -10,6 +10,7 @@ matrix, in Python floats. The derivation is in ``docs/theory/retractions.rst``.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 from typing import Any
@@ -23,6 +24,7 @@ __all__ = [
     "MAX_ITERS",
     "NEVER",
     "centre_scale",
+    "count_float",
     "counts",
     "eig_bounds",
     "phi",
@@ -161,7 +163,7 @@ def stage_plan(xp: Any, lo: Any, hi: Any, p: Any, tol: float) -> tuple[Any, Any]
     return xp.where(unscaled, su, sc), xp.where(unscaled, ku, kc)
 
 
-def _count_float(lo: float, hi: float, sq: float, tol: float) -> float:
+def count_float(lo: float, hi: float, sq: float, tol: float) -> float:
     """:func:`counts` for one matrix, in Python floats."""
     p, q = 1.0 - lo * sq, 1.0 - hi * sq
     if max(abs(p), abs(q)) <= tol:
@@ -169,7 +171,7 @@ def _count_float(lo: float, hi: float, sq: float, tol: float) -> float:
     if not (lo > 0 and q > -2.0):
         return NEVER
     r1 = max(phi(min(max(p, -4.0), 1.0)), phi(min(max(q, -4.0), 1.0)))
-    return 1.0 + sum(1.0 for t in _thresholds(tol) if r1 > t)
+    return 1.0 + bisect.bisect_left(_thresholds(tol), r1)  # #{j : t_j < r1}, t increasing
 
 
 def _centre_scale_float(lo: float, hi: float) -> float:
@@ -185,7 +187,7 @@ def plan_float(lo: float, hi: float, p: float, tol: float) -> tuple[float, float
     """:func:`_stage_plan` for one matrix in Python floats: the eager single-matrix call
     (an optimizer step) plans in ~5 µs instead of ~60 µs of 0-d array operations."""
     su, sc = 1.0 / p, _centre_scale_float(lo, hi)
-    ku, kc = _count_float(lo, hi, min(su * su, 4.0), tol), _count_float(lo, hi, sc * sc, tol)
+    ku, kc = count_float(lo, hi, min(su * su, 4.0), tol), count_float(lo, hi, sc * sc, tol)
     return (su, ku) if ku <= kc else (sc, kc)
 
 

@@ -33,7 +33,15 @@ from typing import Any
 import array_api_compat as aac
 import numpy as np
 
-__all__ = ["aligned_empty", "cuda_stream", "from_cupy", "from_numpy", "to_cupy", "to_numpy"]
+__all__ = [
+    "aligned_empty",
+    "cuda_stream",
+    "from_cupy",
+    "from_numpy",
+    "plain_cpu_views",
+    "to_cupy",
+    "to_numpy",
+]
 
 #: Alignment (bytes) under which XLA's CPU client imports a DLPack buffer without a copy.
 JAX_ALIGNMENT = 64
@@ -126,6 +134,31 @@ def to_numpy(x: Any, *, writable: bool = False, name: str = "x") -> np.ndarray:
     raise TypeError(f"{name} must be a NumPy array, a torch tensor or a JAX array on the CPU")
 
 
+def plain_cpu_views(*tensors: Any) -> list[np.ndarray] | None:
+    """NumPy views of plain CPU torch tensors for a Numba kernel, or None.
+
+    The fast way of an eager torch call into a kernel (~1 µs a tensor): every argument an
+    exact ``torch.Tensor`` (no subclass, no Parameter) on the CPU that does not require grad,
+    without lazy conj/neg bits (``Tensor.numpy`` refuses all the others, which then get
+    None); no ``torch.func`` transform active and ``torch.compile`` not tracing. Dtype and
+    layout are the kernel wrapper's to check. The views are writable (setting the flag costs
+    half a microsecond each): hand them only to kernels whose signatures declare their
+    inputs read-only, as those of :mod:`householderla._kernels.numba` do.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    for t in tensors:
+        if type(t) is not torch.Tensor:
+            return None
+    if torch.compiler.is_compiling() or torch._C._functorch.maybe_current_level() is not None:
+        return None
+    try:  # numpy() raises for CUDA tensors, tensors that require grad, conj/neg bits
+        return [t.numpy() for t in tensors]
+    except (RuntimeError, TypeError):
+        return None
+
+
 def aligned_empty(shape: tuple[int, ...], dtype: Any, align: int = JAX_ALIGNMENT) -> np.ndarray:
     """``np.empty(shape, dtype)`` whose data pointer is a multiple of ``align`` bytes (NumPy
     only guarantees 16): kernel outputs allocated here reach JAX by :func:`from_numpy`
@@ -152,9 +185,9 @@ def from_numpy(a: np.ndarray, like: Any) -> Any:
         raise TypeError(f"a must be a NumPy array; got {type(a).__module__}.{type(a).__name__}")
     if like is None or isinstance(like, np.ndarray):
         return a
-    if aac.is_torch_array(like):
-        torch = sys.modules["torch"]
-        if like.device.type != "cpu":
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(like, torch.Tensor):
+        if not like.is_cpu:
             return torch.asarray(a, device=like.device)
         return torch.from_numpy(a if a.flags.writeable else a.copy())  # shares memory
     if aac.is_jax_array(like):

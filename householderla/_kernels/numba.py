@@ -39,7 +39,7 @@ from .numba_loops import (
 if HAVE_NUMBA:
     from numba import types as _nt
 
-__all__ = ["HAVE_NUMBA", "hgrad", "hprod"]
+__all__ = ["HAVE_NUMBA", "hgrad", "hprod", "hprod_vector"]
 
 
 # -- entry kernels (explicit signatures: read-only C inputs accept writable arrays too) -------
@@ -234,6 +234,37 @@ def _raise_nonfinite(V: Any, trapezoidal: bool) -> None:
     check_finite_norms(np.max(np.abs(W), axis=-2, keepdims=True), np)
 
 
+def hprod_vector(
+    V: np.ndarray,
+    h: np.ndarray,
+    *,
+    trapezoidal: bool = False,
+    transpose: bool = False,
+    check: bool = True,
+) -> np.ndarray | None:
+    """:func:`hprod` for the tiny common call — one V (N, L), L ≤ N, one vector h (N,), both
+    C-contiguous of one float32/float64 dtype — with no other checks (an RNN step costs
+    little more than the kernel); None for any other input (:func:`hprod` then takes it, or
+    the caller's checks name what is wrong) and for columns that need rescaling."""
+    dt = V.dtype
+    if (
+        V.ndim == 2
+        and h.ndim == 1
+        and h.dtype is dt
+        and (dt is _F64 or dt is _F32)
+        and V.shape[1] <= V.shape[0] == h.shape[0]
+        and V.flags.c_contiguous
+        and h.flags.c_contiguous
+    ):
+        y = np.empty_like(h)
+        status = fp_vec_kernel(V, h, y, trapezoidal, transpose, SAFE_EXP[dt])
+        if status >= 0:
+            if status and check:
+                _raise_nonfinite(V, trapezoidal)
+            return y
+    return None
+
+
 def hprod(
     V: Any, h: Any, *, trapezoidal: bool = False, transpose: bool = False, check: bool = True
 ) -> np.ndarray:
@@ -259,22 +290,9 @@ def hprod(
         ICML 2017 Table 2), plus 2·N·L for the ‖v_k‖².
     """
     V, h = np.asarray(V), np.asarray(h)
-    dt = V.dtype
-    if (  # one vector, one V, contiguous, same dtype: the short path of a tiny call
-        V.ndim == 2
-        and h.ndim == 1
-        and h.dtype is dt
-        and (dt is _F64 or dt is _F32)
-        and V.shape[1] <= V.shape[0] == h.shape[0]
-        and V.flags.c_contiguous
-        and h.flags.c_contiguous
-    ):
-        y = np.empty_like(h)
-        status = fp_vec_kernel(V, h, y, trapezoidal, transpose, SAFE_EXP[dt])
-        if status >= 0:
-            if status and check:
-                _raise_nonfinite(V, trapezoidal)
-            return y
+    y = hprod_vector(V, h, trapezoidal=trapezoidal, transpose=transpose, check=check)
+    if y is not None:
+        return y
     dtype, n, _, batch, P, vector, B, V3, H3 = _operands(V, h, "h")
     Y = np.empty((*batch, n) if vector else (*batch, n, B), dtype)
     if P == 0:
