@@ -5,7 +5,7 @@ forming Q — prebuilt operator and fresh ``from_lapack(a, tau) @ C`` (build inc
 against SciPy's ``dormqr`` and ``torch.ormqr``; form the thin Q against ``dorgqr`` and
 ``torch.linalg.householder_product``; and the orthogonality ‖QᵀQ − I‖_F of both formed Q.
 Issue 15's targets: apply ≤ 1.0× and form ≤ 1.0× the LAPACK routine, orthogonality ≤ 1.0×.
-Then many small matrices (issue 14): B matrices of N × N formed from reflectors in one call.
+Many small matrices (issue 14) are in ``benchmarks/small.py``.
 
 ``python -m benchmarks.lapack [--quick] [--out DIR]``.
 """
@@ -24,9 +24,9 @@ import householderla as hl
 from . import _harness as H
 
 FULL = {"profile": H.Profile(sample_s=5e-3, min_total=0.5, max_total=3.0, min_rep=7), "m": 1024,
-        "k": 256, "B": 64, "small": [(3, 8192), (8, 8192), (16, 8192), (64, 1024)]}  # fmt: skip
+        "k": 256, "B": 64}  # fmt: skip
 QUICK = {"profile": H.Profile(sample_s=0.0, min_total=0.0, max_total=0.2, min_rep=3, max_rep=3),
-         "m": 64, "k": 16, "B": 4, "small": [(3, 16)]}  # fmt: skip
+         "m": 64, "k": 16, "B": 4}  # fmt: skip
 
 
 def rows(b: H.Bench, m: int, k: int, B: int) -> list[H.Row]:
@@ -82,35 +82,6 @@ def rows(b: H.Bench, m: int, k: int, B: int) -> list[H.Row]:
     return out
 
 
-def small_rows(b: H.Bench, cases: list[tuple[int, int]]) -> list[H.Row]:
-    """Many small matrices (issue 14, item 4): forming B matrices N × N from N reflectors
-    each, ours (``hl.cwy(V).matrix()``, one batched call) against torch's batched
-    ``householder_product`` on the same reflectors in LAPACK's layout."""
-    out = []
-    rng = np.random.default_rng(1)
-    for n, batch in cases:
-        V = rng.standard_normal((batch, n, n))
-        a = np.tril(V, -1) + np.eye(n)
-        ta, tt = torch.from_numpy(a), torch.from_numpy(2 / (a * a).sum(-2))
-        t = b.side_by_side(
-            f"small N={n} B={batch}",
-            {
-                "torch": lambda ta=ta, tt=tt: torch.linalg.householder_product(ta, tt),
-                "ours": lambda a=a: hl.cwy(a).matrix(),
-            },
-        )
-        row = H.ratio_row(
-            f"hl.cwy(V).matrix(), {batch} matrices {n}×{n}, float64",
-            "torch householder_product (batched orgqr)",
-            t["torch"]["median_s"],
-            t["ours"]["median_s"],
-            1 / 3,  # issue 14: ≥ 3× faster than the best anchor at N ≤ 16
-        )
-        row.data.update(timings=t)
-        out.append(row)
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     args = H.parser(__doc__, "tiny sizes: a smoke test (seconds)").parse_args(argv)
     cfg = QUICK if args.quick else FULL
@@ -119,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     threads = H.limit_threads(1)
     machine = H.machine_info()
     monitor = H.LoadMonitor()
-    with H.Bench(cfg["profile"], 7 + 2 * len(cfg["small"]), "lapack") as b:
-        table = rows(b, cfg["m"], cfg["k"], cfg["B"]) + small_rows(b, cfg["small"])
+    with H.Bench(cfg["profile"], 7, "lapack") as b:
+        table = rows(b, cfg["m"], cfg["k"], cfg["B"])
     load = monitor.result(machine["cores_available"])
     frac = load.get("foreign_cpu_fraction")
     mline = H.machine_line(machine, extra=threads)

@@ -19,9 +19,10 @@ Tables:
    on a fresh operator (factors built in the call) and vs a prebuilt operator (factors cached).
    The constants of ``householder.sequential_is_faster`` are read off this table.
 3. *Achieved GFLOP/s* per vector of the trapezoidal forward (FP) and backward (BP, from the
-   output, recomputing the states) against seed 001 Table 2's counts, FP (4n − m + 2)m and BP
-   (7n − 2m + 3)m (with a stored tape) / (11n − 3m + 5)m (states regenerated, as here), and
-   seed 002 Table 1's (Hprod 4k and Hgrad 3n + 6k per reflection of length k).
+   output, recomputing the states) against Mhammedi et al. (ICML 2017) Table 2's counts,
+   FP (4n − m + 2)m and BP (7n − 2m + 3)m (with a stored tape) / (11n − 3m + 5)m (states
+   regenerated, as here), and Zhang, Lei & Dhillon (ICML 2018) Table 1's (Hprod 4k and Hgrad
+   3n + 6k per reflection of length k).
 4. *JIT compile time*: importing the kernel module compiles the three entry kernels for
    float32 and float64 (explicit signatures) or loads them from Numba's on-disk cache; the full run
    also times a cold compile in a subprocess with an empty ``NUMBA_CACHE_DIR``. Compile time is
@@ -361,9 +362,10 @@ def report(res: dict[str, Any]) -> str:
         "",
         "## 3. Achieved GFLOP/s per vector, trapezoidal layout (best of repeats)",
         "",
-        "FP: seed 001 Table 2 (4n − m + 2)m = seed 002 Table 1 Σ 4k; "
-        "BP from the output, states regenerated: seed 001 (11n − 3m + 5)m, "
-        "seed 002 Σ (3n + 6k) + Σ 4k.",
+        "FP: Mhammedi et al. (ICML 2017) Table 2 (4n − m + 2)m = "
+        "Zhang, Lei & Dhillon (ICML 2018) Table 1 Σ 4k; "
+        "BP from the output, states regenerated: Mhammedi et al. (11n − 3m + 5)m, "
+        "Zhang et al. Σ (3n + 6k) + Σ 4k.",
         "",
         "| n | m | dtype | FP time | FP GFLOP/s (001) | BP time | BP GFLOP/s (001) | "
         "BP GFLOP/s (002) | BP/FP time |",

@@ -5,11 +5,12 @@ Run ``python -m benchmarks.stiefel`` (full: n = 1000, m = 10, 5000 steps, a few 
 ``python -m benchmarks.stiefel --quick`` (n = 200, m = 5, 400 steps, < 40 s; writes to
 ``benchmarks/results/quick/``). ``--out DIR`` overrides the directory.
 
-Problem (seed 004 App. Q): maximise tr(XᵀAX) over St(n, m), A = (Ξ + Ξᵀ)/2/√n with Ξ
-i.i.d. normal; f(X) = −tr(XᵀAX), G = −2AX, f* = −(sum of the m largest eigenvalues).
+Problem (Kong, Wang & Tao (ICLR 2023) App. Q): maximise tr(XᵀAX) over St(n, m),
+A = (Ξ + Ξᵀ)/2/√n with Ξ i.i.d. normal; f(X) = −tr(XᵀAX), G = −2AX, f* = −(sum of the m
+largest eigenvalues).
 Every method starts from the same QR-with-sign-fix X₀ (App. P.1).
 
-Methods (hyperparameters of seed 004 Table 5 unless stated):
+Methods (hyperparameters of Kong, Wang & Tao (ICLR 2023) Table 5 unless stated):
 
 * ``ours SGD`` — :func:`householderla.stiefel.momentum_sgd`, η = 0.1, μ = 0.9, and η = 0.3
   (the large-step setting of the issue; the printed Algorithm 1 diverges there).
@@ -35,11 +36,11 @@ library's convention); the baselines run in the input precision. Per iteration w
 f − f* (evaluated in float64) and ‖XᵀX − I‖_F. Targets of the issue: max ‖XᵀX − I‖_F over
 the run ≤ 3e-15 (float64) and ≤ 5e-7 (float32) for ours.
 
-Timing (Fig. 3(c, d)): time per iteration *excluding the gradient* (seed 004 footnote 7) vs n
-(m fixed) and vs m (n fixed), float64, the median of repeated calls of one update with a
-fixed X, G and state: the four methods of one shape timed side by side, round-robin, after one
-warm-up call each (``benchmarks/_harness.py``). Timings on a shared machine are noisy; on a
-loaded 2-core machine threaded OpenBLAS stalls between consecutive small calls (see
+Timing (Fig. 3(c, d)): time per iteration *excluding the gradient* (Kong, Wang & Tao, ICLR 2023,
+footnote 7) vs n (m fixed) and vs m (n fixed), float64, the median of repeated calls of one
+update with a fixed X, G and state: the four methods of one shape timed side by side, round-
+robin, after one warm-up call each (``benchmarks/_harness.py``). Timings on a shared machine are
+noisy; on a loaded 2-core machine threaded OpenBLAS stalls between consecutive small calls (see
 benchmarks/README.md), so the committed run uses ``OPENBLAS_NUM_THREADS=1`` (recorded in the
 machine line).
 """

@@ -15,8 +15,9 @@ Tables:
    both private, imported through ``benchmarks/_internals.py``), SciPy BLAS ``trmm`` for the
    triangles + GEMM for the rest (a reference implementation written here, 2-D NumPy only),
    ``hl.cwy(V) @ h`` as dispatched (structure "auto"), and dense / blocked on torch tensors.
-   Achieved GFLOP/s are against seed 001 Table 2's forward count (4n − m + 2)·m·B for every
-   method, so they are inverse times on one scale; the dense products spend 4nmB + 2m²B.
+   Achieved GFLOP/s are against Mhammedi et al. (ICML 2017) Table 2's forward count
+   (4n − m + 2)·m·B for every method, so they are inverse times on one scale; the dense
+   products spend 4nmB + 2m²B.
 2. *Backward* of the apply (the oRNN VJP's core, from prebuilt factors): dense
    (``lowrank_vjp`` + ``factors_vjp``) vs blocked (the trapezoidal kernels' ``apply_vjp``);
    GFLOP/s against Table 2's BP count (7n − 2m + 3)·m·B.
@@ -253,7 +254,8 @@ def report(res: dict[str, Any]) -> str:
         f"{'?' if frac is None else f'{100 * frac:.0f}'}% of the CPU during the run",
         "(timings on a shared machine are noisy; medians of round-robin repeats)",
         "",
-        "## 1. Apply y = Q h (prebuilt factors); GFLOP/s against seed 001 Table 2 (4n − m + 2)·m·B",
+        "## 1. Apply y = Q h (prebuilt factors); GFLOP/s against "
+        "Mhammedi et al. (ICML 2017) Table 2 (4n − m + 2)·m·B",
         "",
         "| dtype | n | m | B | method | time | GFLOP/s (Table 2) | speed-up vs dense |",
         "|---|---|---|---|---|---|---|---|",

@@ -22,7 +22,8 @@ from ._agnostic import trapezoidal as S
 from ._autodiff import call, route
 from ._compose import compose, is_operator
 from ._interop.dask import dask_matmul, dask_rmatmul, is_dask_array
-from ._kernels import numba_for, numba_for_torch
+from ._interop.dlpack import from_numpy, plain_cpu_views
+from ._kernels import numba_enabled, numba_for, numba_for_torch
 from ._lib.checks import as_matrix_operand, broadcast_batch
 from ._lib.namespace import device_of, mT, resolve
 from ._lib.tracing import is_eager, needs_graph
@@ -314,7 +315,8 @@ class CompactWYOperator(LinearOperatorMixin):
             return None
         f.sequential_used = True  # the next product builds the factors and reuses them
         V = self._V if self._V.dtype == h.dtype else self._xp.astype(self._V, h.dtype)
-        return apply_sequential(V, h, transpose=self._transposed, xp=self._xp)
+        trap = f.trapezoidal()
+        return apply_sequential(V, h, transpose=self._transposed, trapezoidal=trap, xp=self._xp)
 
     def __rmatmul__(self, h: Any) -> Any:
         """``h @ self`` = (selfᵀ @ hᵀ)ᵀ; h (K,) or (..., B, K), K = rows."""
@@ -358,21 +360,21 @@ class CompactWYOperator(LinearOperatorMixin):
             return F.structured_matrix(V, xp, ncols)
         return F.dense_matrix(V, xp, ncols)
 
-    @staticmethod
-    def _small_matrix(V: Any, xp: Any, ncols: int | None) -> Any:
-        """Small N (≤ SMALL_N = 64) on NumPy: the reflections applied to [I; 0] one at a time by
-        the Numba kernel, all matrices of a batch in one call (no per-matrix BLAS call or
-        factor build: at N = 3, 8, 16 with 8192 matrices 5 / 11 / 36 ms against 98 / 104 /
-        166 ms through the factors, and 2.6 / 7.6 / 25 ms for torch's batched orgqr; N = 64, 1024
-        matrices: 150 against 230 ms, torch 60 ms); None
-        otherwise. 4·N·L·ncols flops per matrix."""
-        N = V.shape[-2]
-        if N > SMALL_N or V.dtype not in (np.float32, np.float64):
+    def _small_matrix(self, V: Any, xp: Any, ncols: int | None) -> Any:
+        """Small N (≤ SMALL_N = 64) on NumPy: the reflections applied to [I; 0] by the Numba
+        kernels, all matrices of a batch in one call, many matrices in the SIMD lanes
+        (:func:`householderla._kernels.numba.hform`; no per-matrix BLAS call or factor build),
+        orgqr's flop count for lower-trapezoidal V. None otherwise. Timings are in
+        ``benchmarks/results/small.md``."""
+        if V.shape[-2] > SMALL_N:
             return None
         nk = numba_for(xp, V)
-        if nk is None:
+        views = [V] if nk is not None else plain_cpu_views(V)  # CPU torch without autograd
+        nk = nk or (numba_enabled() if views is not None else None)
+        if nk is None or views[0].dtype not in (np.float32, np.float64):
             return None
-        return nk.hprod(V, np.eye(N, N if ncols is None else ncols, dtype=V.dtype))
+        Q = nk.hform(views[0], ncols, trapezoidal=self._factors.trapezoidal())
+        return Q if views[0] is V else from_numpy(Q, like=V)
 
     def matrix(self) -> Any:
         """The dense matrix, shape ``self.shape``.

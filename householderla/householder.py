@@ -183,24 +183,27 @@ def sequential_is_faster(
     return N <= SEQUENTIAL_MAX_N and B <= SEQUENTIAL_MAX_B
 
 
-def apply_sequential(V: Any, h: Any, *, transpose: bool = False, xp: Any = None) -> Any:
+def apply_sequential(
+    V: Any, h: Any, *, transpose: bool = False, trapezoidal: bool = False, xp: Any = None
+) -> Any:
     """Q h (or Qᵀ h with ``transpose``) for Q = H(v₁)…H(v_L), one reflection at a time.
 
     What the CWY operator's ``@`` calls when :func:`sequential_is_faster` says so: the Numba
     kernel for NumPy float32/float64 inputs (no factors are built), otherwise
     :func:`householder_apply` (with the columns reversed for Qᵀ = H(v_L)…H(v₁)). Shapes as in
-    :func:`householder_apply`; 4·N·L·B flops.
+    :func:`householder_apply`; 4·N·L·B flops, (4N − L + 2)·L·B for lower-trapezoidal V
+    (``trapezoidal``, which the caller has verified: the kernel then skips the zeros).
     """
     xp, _, _, (V, h) = resolve([("V", V), ("h", h)], xp)
     N, _ = check_reflectors(V)
     as_matrix_operand(h, N)
     nk = numba_for(xp, V, h)
     if nk is not None:
-        return nk.hprod(V, h, transpose=transpose)
+        return nk.hprod(V, h, transpose=transpose, trapezoidal=trapezoidal)
     nk = numba_for_torch(V, h) if route(xp, V, h) == "plain" else None
     if nk is not None:
-        y = nk.hprod(to_numpy(V, name="V"), to_numpy(h, name="h"), transpose=transpose)
-        return from_numpy(y, like=V)
+        Vn, hn = to_numpy(V, name="V"), to_numpy(h, name="h")
+        return from_numpy(nk.hprod(Vn, hn, transpose=transpose, trapezoidal=trapezoidal), like=V)
     return householder_apply(xp.flip(V, axis=-1) if transpose else V, h, xp=xp)
 
 

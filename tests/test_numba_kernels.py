@@ -323,3 +323,74 @@ def test_disable_env_var_and_namespace_dispatch(monkeypatch):
     assert numba_for(np, np.ones(2)) is nk
     xps = require("array_api_strict")
     assert numba_for(xps, xps.ones(2)) is None  # other namespaces: unchanged
+
+
+# -- many small matrices: the batch-lane kernel ------------------------------------------------
+def _per_matrix(V, h, **kw):
+    """hprod one matrix at a time: the per-matrix kernel, the reference for the lanes."""
+    return np.stack([nk.hprod(V[p], h if h.ndim == 2 else h[p], **kw) for p in range(len(V))])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("P", "N", "L", "B"), [(16, 3, 3, 3), (37, 8, 5, 2), (64, 16, 16, 1)])
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("trapezoidal", [False, True])
+def test_batch_lanes_equal_per_matrix_kernel_bit_for_bit(dtype, P, N, L, B, transpose, trapezoidal):
+    """P ≥ TILE/2 matrices of N ≤ TILE_MAX_N run in the SIMD lanes; the operations and their
+    order are those of the per-matrix kernel, so every matrix must agree bit for bit — applied
+    to operands, formed from [I; 0] (``hform``, which skips the unchanged columns for
+    trapezoidal V), and with a partial tile (P not a multiple of the tile)."""
+    rng = np.random.default_rng(P + N + L)
+    V = rng.standard_normal((P, N, L)).astype(dtype)
+    if trapezoidal:
+        V = np.tril(V, -1) + np.eye(N, L, dtype=dtype)
+    H = rng.standard_normal((P, N, B)).astype(dtype)
+    kw = {"transpose": transpose, "trapezoidal": trapezoidal}
+    assert np.array_equal(nk.hprod(V, H, **kw), _per_matrix(V, H, **kw))
+    if not transpose:
+        Q = nk.hform(V, trapezoidal=trapezoidal)
+        assert np.array_equal(Q, _per_matrix(V, np.eye(N, dtype=dtype), trapezoidal=trapezoidal))
+        assert np.array_equal(nk.hform(V, 2, trapezoidal=trapezoidal), Q[..., :2])
+
+
+def test_batch_lanes_rescale_zero_columns_and_nonfinite():
+    """Columns whose ‖v‖² leaves the safe range (1e±200, 1e-300) make the lanes hand the
+    batch back for an exact power-of-two rescale: same answer as the unscaled columns; zero
+    columns are identity reflectors; NaN raises ValueError naming V."""
+    rng = np.random.default_rng(5)
+    V = rng.standard_normal((20, 6, 6))
+    H = rng.standard_normal((20, 6, 2))
+    ref = nk.hprod(V, H)
+    for scale in (1e-200, 1e-300, 1e200):  # squares under- or overflow; entries stay normal
+        W = V.copy()
+        W[3, :, 2] *= scale
+        got = nk.hprod(W, H)
+        assert np.all(np.isfinite(got))
+        np.testing.assert_allclose(got, ref, rtol=0, atol=64 * EPS[np.float64] * 6 * 6)
+    W = V.copy()
+    W[7, :, 4] = 0
+    assert np.array_equal(nk.hprod(W, H)[7], nk.hprod(W[7], H[7]))
+    W[11, 2, 1] = np.nan
+    with pytest.raises(ValueError, match="V"):
+        nk.hprod(W, H)
+    with pytest.raises(ValueError, match="V"):
+        nk.hform(W)
+
+
+@pytest.mark.parametrize("N", [3, 16])
+def test_many_small_matrices_through_the_operators(N):
+    """hl.cwy(V).matrix() and hl.cwy(V) @ h of a batch of small matrices (the lanes, NumPy and
+    CPU torch tensors) against torch.linalg.householder_product / torch.ormqr (LAPACK orgqr
+    / ormqr) on the same reflectors in LAPACK's layout: to a few ulps per reflection."""
+    torch = require("torch")
+    rng = np.random.default_rng(N)
+    a = np.tril(rng.standard_normal((64, N, N)), -1) + np.eye(N)
+    tau = 2 / (a * a).sum(-2)
+    h = rng.standard_normal((64, N, 3))
+    Q_ref = torch.linalg.householder_product(torch.from_numpy(a), torch.from_numpy(tau)).numpy()
+    y_ref = torch.ormqr(torch.from_numpy(a), torch.from_numpy(tau), torch.from_numpy(h)).numpy()
+    tol = 8 * N * EPS[np.float64]  # N reflections of O(1) rounding each, entries of size ≤ 1
+    np.testing.assert_allclose(hl.cwy(a).matrix(), Q_ref, rtol=0, atol=tol)
+    Q_t = hl.cwy(torch.from_numpy(a)).matrix()
+    assert isinstance(Q_t, torch.Tensor) and np.array_equal(Q_t.numpy(), hl.cwy(a).matrix())
+    np.testing.assert_allclose(hl.cwy(a) @ h, y_ref, rtol=0, atol=tol * np.abs(h).max() * 4)
