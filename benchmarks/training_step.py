@@ -1,27 +1,27 @@
-"""Training-step benchmark: one forward + backward of an orthogonal N×N layer on a batch,
-householderla's CWY against ``torch.nn.utils.parametrizations.orthogonal`` (CPU, float32).
+"""Training-step benchmark: forward + backward + SGD step of one orthogonal N×N layer on a
+batch of B rows, householderla against torch's own orthogonal maps and geotorch (CPU).
 
-Run ``python -m benchmarks.training_step`` (N ∈ {128, 256, 512, 1024}; a few minutes on 2
-cores; writes ``benchmarks/results/training_step.{json,md,png}``) or
-``python -m benchmarks.training_step --quick`` (N ∈ {128, 256}, < 40 s; writes to
-``benchmarks/results/quick/``). ``--out DIR`` overrides the directory.
+Run ``python -m benchmarks.training_step`` (N ∈ {128, 256, 512, 1024}, B ∈ {32, 256, 1024},
+float32 and float64; one thread; several minutes on 2 cores; writes
+``benchmarks/results/training_step.{json,md,png}``) or ``--quick`` (a smoke test, seconds);
+``--out DIR`` elsewhere, ``--threads K`` for K threads.
 
-One step is ``loss = ⟨G, layer(x)⟩; loss.backward()`` for x of shape (B, N), B = 64, with the
-gradient buffers cleared before each step: the parametrization's forward (forming W or not),
-the layer's product and the whole backward to the trainable parameters. Rows, measured side
-by side in one run (``benchmarks/_harness.py``: the methods of one N timed round-robin after
-a warm-up call each, the median of an adaptive number of samples):
+One step is ``opt.zero_grad(); loss = ⟨G, layer(x)⟩; loss.backward(); opt.step()`` with
+``torch.optim.SGD(lr=1e-3)`` — the forward (forming W or not), the product, the whole backward
+to the trainable parameters and the parameter update. Methods, measured side by side in one run
+(``benchmarks/_harness.py``: round-robin samples after a warm-up call each, medians):
 
-* ``hl CWY weight``: ``hl.torch.orthogonal(Linear(N, N), map="cwy")`` — W = I − U T Uᵀ
-  formed (2·N²·L + N·L² flops, L = N), then x Wᵀ; backward by the explicit CWY VJPs.
-* ``hl CWY operator``: the same reflectors applied without forming W, ``hl.cwy(V) @ xᵀ``
-  (4·N·L·B + L²·B flops) — what CWY is for when B < N.
-* ``torch matrix_exp`` / ``torch cayley`` / ``torch householder``: torch's own orthogonal
-  parametrization with that ``orthogonal_map`` (default trivialization).
-* ``geotorch SO(n)`` when geotorch is importable (it is not installed here).
+* ``hl OrthogonalLinear``: ``hl.torch.OrthogonalLinear(N, N, bias=False)`` — the reflectors
+  applied to the batch by blocked compact WY when B ≤ N (never forming W), W formed above.
+* ``hl orthogonal (W formed)``: ``hl.torch.orthogonal(Linear(N, N), map="cwy")`` — W = I − U T Uᵀ
+  formed at every step, then x Wᵀ.
+* ``torch matrix_exp`` / ``torch cayley`` / ``torch householder``:
+  ``torch.nn.utils.parametrizations.orthogonal`` with that ``orthogonal_map``.
+* ``geotorch SO(n)``: ``geotorch.orthogonal`` (the matrix-exponential trivialization) when
+  geotorch is importable (the ``bench`` extra installs it).
 
-Timings on a shared machine are noisy: the load average at start and end is recorded, and
-the ratios (measured in one run, interleaved per N) are what to read.
+Issue 19's target: ``hl OrthogonalLinear`` faster than the fastest of the anchors (torch's
+three maps and geotorch) wherever B ≤ N, and never slower than 1.2× elsewhere.
 """
 
 from __future__ import annotations
@@ -33,12 +33,30 @@ from typing import Any
 import torch
 from torch.nn.utils import parametrizations
 
-import householderla as hl
 import householderla.torch as hlt
 from benchmarks import _harness as H
 
-FULL = {"N": [128, 256, 512, 1024], "B": 64, "profile": H.Profile(min_total=0.5, max_rep=10)}
-QUICK = {"N": [128, 256], "B": 64, "profile": H.Profile(min_total=0.2, max_rep=7)}
+try:  # an anchor; a missing geotorch is said in the table
+    import geotorch
+except ImportError as exc:  # pragma: no cover - geotorch is a bench extra
+    geotorch, GEOTORCH = None, f"not importable ({type(exc).__name__}: {exc})"
+else:
+    GEOTORCH = "measured"
+
+FULL = {
+    "N": [128, 256, 512, 1024],
+    "B": [32, 256, 1024],
+    "dtypes": ["float32", "float64"],
+    "profile": H.Profile(min_total=0.4, max_total=3.0, min_rep=3, max_rep=10),
+}
+QUICK = {
+    "N": [32, 64],
+    "B": [16],
+    "dtypes": ["float32"],
+    "profile": H.Profile(sample_s=0.0, min_total=0.0, max_total=0.2, min_rep=2, max_rep=2),
+}
+OURS = "hl OrthogonalLinear"
+ANCHORS = ("torch matrix_exp", "torch cayley", "torch householder", "geotorch SO(n)")
 
 
 def _orth_err(W: torch.Tensor) -> float:
@@ -47,165 +65,158 @@ def _orth_err(W: torch.Tensor) -> float:
 
 
 class _Step:
-    """A layer, its input and output cotangent; ``__call__`` runs one forward + backward."""
+    """A layer, its input, output cotangent and optimizer; ``__call__`` runs one step."""
 
-    def __init__(self, forward: Callable[[], torch.Tensor], params: list[Any], G: Any) -> None:
-        self.forward, self.params, self.G = forward, params, G
+    def __init__(self, layer: torch.nn.Module, x: torch.Tensor, G: torch.Tensor) -> None:
+        self.layer, self.x, self.G = layer, x, G
+        self.opt = torch.optim.SGD(layer.parameters(), lr=1e-3)
 
     def __call__(self) -> None:
-        for p in self.params:
-            p.grad = None
-        y = self.forward()
-        (y * self.G).sum().backward()
+        self.opt.zero_grad()
+        (self.layer(self.x) * self.G).sum().backward()
+        self.opt.step()
+
+    def weight(self) -> torch.Tensor:
+        return self.layer.weight
 
 
-def make_steps(N: int, B: int, seed: int = 0) -> dict[str, tuple[_Step, Callable[[], Any]]]:
-    """name -> (one training step, the current weight as a tensor)."""
+def make_steps(N: int, B: int, dtype: torch.dtype, seed: int = 0) -> dict[str, _Step]:
+    """name -> one training step of that method on the same x and G."""
     torch.manual_seed(seed)
-    x = torch.randn(B, N)
-    G = torch.randn(B, N)
-    out: dict[str, tuple[_Step, Callable[[], Any]]] = {}
-
-    lin = torch.nn.Linear(N, N, bias=False)
-    hlt.orthogonal(lin, map="cwy")
-    out["hl CWY weight"] = (_Step(lambda: lin(x), list(lin.parameters()), G), lambda: lin.weight)
-
-    V = torch.nn.Parameter(lin.parametrizations.weight.original.detach().clone())
-    out["hl CWY operator"] = (
-        _Step(lambda: (hl.cwy(V) @ x.T).T, [V], G),
-        lambda: hl.cwy(V).matrix(),
-    )
-
+    x = torch.randn(B, N, dtype=dtype)
+    G = torch.randn(B, N, dtype=dtype)
+    gen = torch.Generator().manual_seed(seed)
+    layers: dict[str, Callable[[], torch.nn.Module]] = {
+        OURS: lambda: hlt.OrthogonalLinear(N, N, bias=False, generator=gen, dtype=dtype),
+        "hl orthogonal (W formed)": lambda: hlt.orthogonal(
+            torch.nn.Linear(N, N, bias=False, dtype=dtype), map="cwy", generator=gen
+        ),
+    }
     for name in ("matrix_exp", "cayley", "householder"):
-        layer = torch.nn.Linear(N, N, bias=False)
-        parametrizations.orthogonal(layer, orthogonal_map=name)
-        out[f"torch {name}"] = (
-            _Step(lambda layer=layer: layer(x), list(layer.parameters()), G),
-            lambda layer=layer: layer.weight,
+        layers[f"torch {name}"] = lambda name=name: parametrizations.orthogonal(
+            torch.nn.Linear(N, N, bias=False, dtype=dtype), orthogonal_map=name
         )
-    try:
-        import geotorch  # type: ignore[import-not-found]
-    except ImportError:
-        pass
-    else:  # pragma: no cover - geotorch is not installed here
-        layer = torch.nn.Linear(N, N, bias=False)
-        geotorch.orthogonal(layer, "weight")
-        out["geotorch SO(n)"] = (
-            _Step(lambda: layer(x), list(layer.parameters()), G),
-            lambda: layer.weight,
-        )
-    return out
+    if geotorch is not None:
+
+        def geo() -> torch.nn.Module:
+            layer = torch.nn.Linear(N, N, bias=False, dtype=dtype)
+            geotorch.orthogonal(layer, "weight")
+            return layer
+
+        layers["geotorch SO(n)"] = geo
+    return {name: _Step(make(), x, G) for name, make in layers.items()}
 
 
-def geotorch_status() -> str:
-    try:
-        import geotorch  # type: ignore[import-not-found]  # noqa: F401
-    except ImportError as exc:
-        return f"not importable ({exc}); not installed on purpose"
-    return "measured"  # pragma: no cover
-
-
-def run(cfg: dict[str, Any], progress: bool = True) -> list[dict[str, Any]]:
+def run(cfg: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
-    names = list(make_steps(8, 2))
-    total = len(cfg["N"]) * len(names) if progress else 0
-    with H.Bench(cfg["profile"], total, "training step", unit="case") as b:
-        for N in cfg["N"]:
-            steps = make_steps(N, cfg["B"])
-            if progress:
-                t = b.side_by_side(f"N={N}", {k: step for k, (step, _) in steps.items()})
-            else:
-                t = H.measure({k: step for k, (step, _) in steps.items()}, cfg["profile"])
-            for name, (_, weight) in steps.items():
+    cases = [(d, N, B) for d in cfg["dtypes"] for N in cfg["N"] for B in cfg["B"]]
+    with H.Bench(cfg["profile"], len(cases) * (5 + (geotorch is not None)), "training step") as b:
+        for dname, N, B in cases:
+            steps = make_steps(N, B, getattr(torch, dname))
+            t = b.side_by_side(f"{dname} N={N} B={B}", dict(steps.items()))
+            anchors = [a for a in ANCHORS if a in t]
+            best = min(anchors, key=lambda a: t[a]["median_s"])
+            for name, step in steps.items():
                 rows.append(
                     {
+                        "dtype": dname,
                         "N": N,
-                        "B": cfg["B"],
+                        "B": B,
                         "method": name,
-                        "orth_err": _orth_err(weight()),
+                        "orth_err": _orth_err(step.weight()),
+                        "fastest_anchor": best,
+                        "vs_fastest_anchor": t[name]["median_s"] / t[best]["median_s"],
+                        **({"operator_path": step.layer.uses_operator(B)} if name == OURS else {}),
                         **t[name],
                     }
                 )
-    for r in rows:
-        ref = next(
-            x["median_s"] for x in rows if x["N"] == r["N"] and x["method"] == "hl CWY weight"
-        )
-        r["vs_hl_cwy_weight"] = r["median_s"] / ref
     return rows
 
 
-def report_md(res: dict[str, Any]) -> str:
-    m, load = res["machine"], res["load"]
+def _met(r: dict[str, Any]) -> str:
+    target = 1.0 if r["B"] <= r["N"] else 1.2
+    return f"{'yes' if r['vs_fastest_anchor'] < target else 'NO'} (< {target:g}×)"
+
+
+def report_md(res: dict[str, Any], threads: str) -> str:
+    load = res["load"]
     frac = load.get("foreign_cpu_fraction")
     methods = list(dict.fromkeys(r["method"] for r in res["rows"]))
     lines = [
-        "# Training step: forward + backward of an orthogonal N×N layer (float32, CPU)",
+        "# Training step: forward + backward + SGD step of an orthogonal N×N layer (CPU)",
         "",
-        f"Machine: {H.machine_line(m)}; torch {m['torch_threads']} threads; load average "
-        f"{load['loadavg_start']} at start, {load['loadavg_end']} at end, other processes used "
-        f"{'?' if frac is None else f'{100 * frac:.0f}%'} of the CPU; batch B = "
-        f"{res['config']['B']}; geotorch: {res['geotorch']}. Read the ratios.",
+        f"**Machine:** {H.machine_line(res['machine'], extra=threads)}; other processes used "
+        f"{'?' if frac is None else f'{100 * frac:.0f}%'} of the CPU; geotorch: {GEOTORCH}.",
         "",
-        "Median time per step (ms); in brackets, time / `hl CWY weight`.",
-        "",
-        "| N | " + " | ".join(methods) + " |",
-        "|---|" + "---|" * len(methods),
+        f"Median time per step (ms); `{OURS}` / the fastest anchor (torch's three maps and "
+        "geotorch) in the last columns, target: < 1× where B ≤ N, < 1.2× elsewhere.",
     ]
-    for N in res["config"]["N"]:
-        cells = []
-        for meth in methods:
-            r = next(x for x in res["rows"] if x["N"] == N and x["method"] == meth)
-            cells.append(f"{r['median_s'] * 1e3:.2f} ({r['vs_hl_cwy_weight']:.2f}×)")
-        lines.append(f"| {N} | " + " | ".join(cells) + " |")
-    lines += ["", "‖WᵀW − I‖_F of the weight each method trains (float32):", ""]
-    lines += ["| N | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
-    for N in res["config"]["N"]:
-        cells = [
-            f"{next(x for x in res['rows'] if x['N'] == N and x['method'] == m)['orth_err']:.1e}"
-            for m in methods
-        ]
-        lines.append(f"| {N} | " + " | ".join(cells) + " |")
+    for dname in res["config"]["dtypes"]:
+        lines += ["", f"## {dname}", ""]
+        lines += ["| N | B | " + " | ".join(methods) + " | ours / fastest anchor | met |"]
+        lines += ["|---|---|" + "---|" * (len(methods) + 2)]
+        for N in res["config"]["N"]:
+            for B in res["config"]["B"]:
+                rs = {
+                    r["method"]: r
+                    for r in res["rows"]
+                    if (r["dtype"], r["N"], r["B"]) == (dname, N, B)
+                }
+                ours = rs[OURS]
+                cells = [f"{rs[m]['median_s'] * 1e3:.2f}" for m in methods]
+                ratio = f"{ours['vs_fastest_anchor']:.2f}× ({ours['fastest_anchor']})"
+                lines.append(f"| {N} | {B} | " + " | ".join(cells) + f" | {ratio} | {_met(ours)} |")
+    lines += ["", "‖WᵀW − I‖_F of the trained weight after the timed steps (largest B):", ""]
+    lines += ["| dtype | N | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]
+    for dname in res["config"]["dtypes"]:
+        for N in res["config"]["N"]:
+            B = res["config"]["B"][-1]
+            rs = {
+                r["method"]: r for r in res["rows"] if (r["dtype"], r["N"], r["B"]) == (dname, N, B)
+            }
+            lines.append(
+                f"| {dname} | {N} | "
+                + " | ".join(f"{rs[m]['orth_err']:.1e}" for m in methods)
+                + " |"
+            )
     return "\n".join(lines) + "\n"
 
 
 def plot(res: dict[str, Any], path: Any) -> None:
     plt = H.pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for meth in dict.fromkeys(r["method"] for r in res["rows"]):
-        rs = [r for r in res["rows"] if r["method"] == meth]
-        ax.loglog([r["N"] for r in rs], [r["median_s"] * 1e3 for r in rs], "o-", label=meth)
-    ax.set(
-        xlabel="N",
-        ylabel="forward + backward (ms)",
-        title=f"orthogonal N×N layer, batch {res['config']['B']}, float32, CPU",
-    )
-    Ns = res["config"]["N"]
-    ax.set_xticks(Ns, labels=[str(n) for n in Ns])
-    ax.minorticks_off()
-    ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=8)
+    Bs = res["config"]["B"]
+    fig, axes = plt.subplots(1, len(Bs), figsize=(4.2 * len(Bs), 3.8), squeeze=False)
+    dname = res["config"]["dtypes"][0]
+    for ax, B in zip(axes[0], Bs, strict=True):
+        for meth in dict.fromkeys(r["method"] for r in res["rows"]):
+            rs = [r for r in res["rows"] if (r["method"], r["B"], r["dtype"]) == (meth, B, dname)]
+            style = "o-" if meth.startswith("hl") else "s--"
+            ax.loglog([r["N"] for r in rs], [r["median_s"] * 1e3 for r in rs], style, label=meth)
+        ax.set(xlabel="N", ylabel="step (ms)", title=f"batch B = {B}, {dname}")
+        Ns = res["config"]["N"]
+        ax.set_xticks(Ns, labels=[str(n) for n in Ns])
+        ax.minorticks_off()
+        ax.grid(True, which="major", alpha=0.3)
+    axes[0][0].legend(fontsize=7)
     H.save_figure(fig, path, dpi=110)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = H.parser(__doc__, "small sizes, a smoke test (< 40 s)")
-    ap.add_argument("--no-progress", action="store_true", help="no tqdm bar")
-    ap.add_argument(
-        "--threads", type=int, default=None, help="torch intra-op threads (default: torch's)"
-    )
+    ap = H.parser(__doc__, "small sizes, a smoke test (seconds)")
+    ap.add_argument("--threads", type=int, default=1, help="threads (default 1)")
     args = ap.parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
     cfg = QUICK if args.quick else FULL
     out_dir = H.out_dir(args)
     t0 = time.perf_counter()
+    threads = H.limit_threads(args.threads)
     res: dict[str, Any] = {"machine": H.machine_info(), "quick": args.quick, "config": cfg}
     monitor = H.LoadMonitor()
-    res["geotorch"] = geotorch_status()
-    res["rows"] = run(cfg, progress=not args.no_progress)
+    res["geotorch"] = GEOTORCH
+    res["threads"] = threads
+    res["rows"] = run(cfg)
     res["load"] = monitor.result(res["machine"]["cores_available"])
     res["wall_s"] = time.perf_counter() - t0
-    text = report_md(res)
+    text = report_md(res, threads)
     print(text)
     print(f"wall time {res['wall_s']:.1f} s")
     H.write(out_dir / "training_step.json", res)

@@ -20,6 +20,7 @@ from ._agnostic import compact_wy as K
 from ._agnostic import forming as F
 from ._agnostic import trapezoidal as S
 from ._autodiff import call, route
+from ._blocked import apply_blocks, block_factors, use_blocks
 from ._compose import compose, is_operator
 from ._interop.dask import dask_matmul, dask_rmatmul, is_dask_array
 from ._interop.dlpack import from_numpy, plain_cpu_views
@@ -67,6 +68,7 @@ class LazyFactors:
         "U",
         "V",
         "_trapezoidal",
+        "blocks",
         "direct",
         "direct_type",
         "sequential_used",
@@ -77,6 +79,7 @@ class LazyFactors:
     def __init__(self, V: Any, xp: Any, structure: str = "auto") -> None:
         self.V, self.xp, self.structure = V, xp, structure
         self.U = self.T = None
+        self.blocks: list[tuple[int, Any, Any]] | None = None  # blocked factors (``_blocked``)
         self._trapezoidal: bool | None = None
         self.sequential_used = False
         # the products of a built single-matrix operator on NumPy / torch without autodiff:
@@ -102,10 +105,23 @@ class LazyFactors:
             self._trapezoidal = K.is_lower_trapezoidal(self.V, self.xp)
         return self._trapezoidal
 
-    def get(self) -> tuple[Any, Any]:
-        stale = self.U is None or (
-            aac.is_torch_namespace(self.xp) and needs_graph(self.V) and not self.U.requires_grad
+    def _stale(self, factor: Any) -> bool:
+        """No factor yet, or one cached without a graph (torch) that a later use needs."""
+        return factor is None or (
+            aac.is_torch_namespace(self.xp) and needs_graph(self.V) and not factor.requires_grad
         )
+
+    def get_blocks(self, B: int) -> list[tuple[int, Any, Any]] | None:
+        """The blocked factors for a product with B columns: built on the first product when
+        the single pair is not built and ``use_blocks`` says so, then reused; else None."""
+        if self.blocks is None and (self.U is not None or not use_blocks(self.V.shape[-1], B)):
+            return None
+        if self._stale(None if self.blocks is None else self.blocks[0][1]):
+            self.blocks = block_factors(self.V, self.xp, self.trapezoidal())
+        return self.blocks
+
+    def get(self) -> tuple[Any, Any]:
+        stale = self._stale(self.U)
         if stale:
             self.U, self.T = factors_of(self.V, self.xp)
             self.direct = None
@@ -274,6 +290,10 @@ class CompactWYOperator(LinearOperatorMixin):
         y = self._first_product_sequential(h)
         if y is not None:
             return y
+        blocks = self._factors.get_blocks(hm.shape[-1]) if self._mode == "square" else None
+        if blocks is not None:  # many reflectors, few columns: blocked compact WY
+            y = apply_blocks(blocks, hm, xp, self._transposed)
+            return y[..., 0] if vector else y
         U, T = self._U, self._T
         if U.dtype != h.dtype:
             U, T = xp.astype(U, h.dtype), xp.astype(T, h.dtype)

@@ -147,6 +147,25 @@ class Orthogonal(torch.nn.Module):
             Q = cwy(V).__matmul__(torch.eye(self.N, self.M, dtype=V.dtype, device=V.device))
         return Q.mT if self.transposed else Q
 
+    def operator(self, *params: torch.Tensor) -> Any:
+        """The weight ``forward(*params)`` as an operator that is never formed (``@``, ``.T``),
+        or None where no operator represents it (a rectangular ``"cwy"`` weight with more
+        reflectors than min(n, k): its first columns of an N × N product)."""
+        if self.map == "svd":
+            if self.sigma_radius == 0.0:
+                U, V = params
+                sigma = torch.ones(self.M, dtype=U.dtype, device=U.device)
+            else:
+                U, s_hat, V = params
+                sigma = bounded_sigma(s_hat, 1.0, self.sigma_radius)
+            return svd_householder(U, sigma, V)
+        (V,) = params
+        if self.square and self.map == "cwy":
+            return cwy(V)
+        if self.reflectors != self.M:
+            return None
+        return tcwy(V).T if self.transposed else tcwy(V)
+
     def right_inverse(self, W: torch.Tensor) -> Any:
         """Reflection vectors V with ``forward(V) ≈ W`` for orthogonal / Stiefel ``W``.
 

@@ -18,6 +18,10 @@ map                                         custom_vjp rule(s)
 ``qr_retraction``                           ``qr_q`` (X + tZ by JAX's autodiff)
 ==========================================  ============================================
 
+:func:`orthogonal_linear` is the functional form of ``hl.torch.OrthogonalLinear`` for
+flax/equinox-style models: x Wᵀ for the orthogonal / Stiefel weight of reflection vectors V,
+without forming W for batches of at most N rows.
+
 float32 and float64 (``jax_enable_x64``) inputs keep their dtype.
 """
 
@@ -44,6 +48,7 @@ __all__ = [
     "cwy",
     "householder_apply",
     "householder_product",
+    "orthogonal_linear",
     "polar",
     "polar_retraction",
     "qr_retraction",
@@ -76,3 +81,51 @@ def householder_apply(V: Any, h: Any) -> Any:
 def householder_product(V: Any) -> Any:
     """Dense H(v₁)…H(v_L), shape (..., N, N), by sequential reflections (4·N²·L flops)."""
     return _householder.householder_product(V, xp=jnp)
+
+
+def orthogonal_linear(V: Any, x: Any) -> Any:
+    """y = x Wᵀ for the weight W of reflection vectors V, W applied without being formed when
+    x has at most max(in, out) rows (blocked compact WY), formed otherwise.
+
+    Parameters
+    ----------
+    V : array, shape (N, L), L ≤ N
+        The trainable reflection vectors: L = N gives W = cwy(V) ∈ O(N) (in = out = N);
+        L < N gives the Stiefel matrix Ω = tcwy(V) (N × L), used as W = Ω (in = L, out = N)
+        or W = Ωᵀ (in = N, out = L) according to ``x.shape[-1]``.
+    x : array, shape (..., in)
+
+    Returns
+    -------
+    array, shape (..., out)
+        Through the ``cwy_factors`` / ``lowrank_apply`` custom_vjp rules, so ``jax.grad``
+        reaches V (and x); ``jax.jit``-able. The flax/equinox counterpart of
+        :class:`householderla.torch.OrthogonalLinear` (same cost model).
+
+    Examples
+    --------
+    >>> import jax, jax.numpy as jnp, householderla as hl
+    >>> V = jax.random.normal(jax.random.PRNGKey(0), (6, 6))
+    >>> x = jnp.ones((2, 6))
+    >>> y = hl.jax.orthogonal_linear(V, x)
+    >>> bool(jnp.allclose(y, x @ hl.cwy(V).matrix().T, atol=1e-5))
+    True
+    """
+    N, L = V.shape[-2], V.shape[-1]
+    k = x.shape[-1]
+    if L == N and k == N:
+        op = cwy(V)
+    elif L < N and k in (L, N):
+        op = tcwy(V) if k == L else tcwy(V).T
+    else:
+        raise ValueError(
+            f"x must have shape (..., {L}) or (..., {N}) for V of shape {tuple(V.shape)} "
+            f"(square V: (..., {N})); got {tuple(x.shape)}"
+        )
+    x2 = jnp.reshape(x, (-1, k))
+    out = op.shape[-2]
+    if x2.shape[0] <= max(N, L):
+        y = (op @ x2.T).T
+    else:
+        y = x2 @ op.matrix().T
+    return jnp.reshape(y, (*x.shape[:-1], out))

@@ -33,8 +33,8 @@ from ._euclidean import (
     euclidean_adam,
     euclidean_sgd,
 )
-from ._lib.checks import check_choice, check_real, check_stiefel_shape
-from ._lib.jit import select
+from ._lib.checks import check_choice, check_finite, check_real, check_stiefel_shape
+from ._lib.jit import host, select
 from ._lib.namespace import accumulation_dtype_for, mT, resolve
 from ._lib.tracing import is_eager
 from .retractions import polar
@@ -88,6 +88,7 @@ def _prepare(X: Any, G: Any, state: Any, xp: Any) -> tuple[Any, Any, Any, Any]:
         raise ValueError(f"G must have the shape of X {tuple(X.shape)}; got {tuple(G.shape)}")
     if G.dtype != dtype:
         G = xp.astype(G, dtype)
+    check_finite(G, xp, "G")
     N, M = X.shape[-2], X.shape[-1]
     U_cols = 0 if M == N else M
     for name in state._fields:
@@ -105,6 +106,48 @@ def _prepare(X: Any, G: Any, state: Any, xp: Any) -> tuple[Any, Any, Any, Any]:
                 f"{tuple(want)}; was the state made by init() for this X?"
             )
     return xp, X, G, dtype
+
+
+def _check_step(name: str, W: Any, xp: Any, eager: bool) -> None:
+    """The rotation step W = ηZ (Adam: ηκ Z ⊘ (p^½ + ε)) must stay below 1/√eps: beyond it
+    R = I + W and S = RᵀR = I − W² lose every digit of their identity part, so the update
+    means nothing in the working precision (and S turns numerically singular). Eager only."""
+    if not eager or 0 in W.shape:
+        return
+    m = host(xp.max(xp.abs(W)))
+    limit = 1.0 / math.sqrt(float(xp.finfo(W.dtype).eps))
+    if not m <= limit:
+        raise ValueError(
+            f"{name}: the rotation step lr·Z has entries up to {m:.1e}, beyond 1/sqrt(eps) = "
+            f"{limit:.1e} where the update loses all precision: the gradient G has exploded "
+            "or lr is too large (clip G or lower lr)"
+        )
+
+
+def _growth(method: str) -> str:
+    """Why the momentum U can grow without bound (the message of a ValueError)."""
+    if method == "euler":
+        return (
+            "the forward-Euler momentum rotation μI + dηZ grows ‖U‖ by up to "
+            "(μ² + (dη‖Z‖₂)²)^½ per step (expm_method='cayley' or 'expm' keeps it bounded)"
+        )
+    return "the gradient's scale carried the momentum out of range"
+
+
+def _check_powers(name: str, what: str, a: Any, k: int, why: str, xp: Any, eager: bool) -> None:
+    """The step forms sums of k-th powers of the entries of ``a`` (second moments: k = 2; the
+    momentum's energy ⟨ηB, S⁻¹ηB⟩, B = ŨᵀU½: k = 4): entries beyond (max/size)^{1/k}/4 would
+    overflow them. Raise, saying why, before they do (eager only); a NaN gets the same."""
+    if not eager or 0 in a.shape:
+        return
+    m = host(xp.max(xp.abs(a)))
+    size = a.shape[-1] * a.shape[-2]
+    limit = 0.25 * (float(xp.finfo(a.dtype).max) / size**2) ** (1.0 / k)
+    if not m <= limit:
+        raise ValueError(
+            f"{name}: {what} has entries up to {m:.1e}, whose {'squares' if k == 2 else 'powers'}"
+            f" overflow {a.dtype} (limit {limit:.1e}): {why}; clip G or lower lr"
+        )
 
 
 def _project_first(X: Any, count: Any, xp: Any) -> Any:
@@ -264,11 +307,14 @@ def momentum_sgd(
         X, G, U, Z = _to(xp, work, X, G, state.U, state.Z)
         A = mT(X) @ G
         Z_next = mu * Z - c * (A - mT(A))
+        eager = is_eager(X)
+        _check_step("momentum_sgd", lr * Z_next, xp, eager)
         R = expm_skew(lr * Z_next, method, xp)
         if X.shape[-1] == X.shape[-2]:  # SO(n): g = 0, no U (Algorithm 4)
             X_next, U_next = polar(X @ R, rank_deficient="svd", xp=xp), U
         else:
             U_half = U @ momentum_rotation(Z, mu, d * lr, method, xp) - (G - X @ A)
+            _check_powers("momentum_sgd", "the momentum U", U_half, 4, _growth(method), xp, eager)
             C = sym(mT(U_half) @ U_half)
             X_next, U_next = _phi3(X, R, U_half, U_half, C, lr, transport, xp)
         X_next, U_next, Z_next = _to(xp, dtype, X_next, U_next, Z_next)
@@ -357,17 +403,24 @@ def adam(
         else:
             t = xp.astype(count, work)
             kappa = xp.sqrt(-xp.expm1(t * log_b2))
+        eager = is_eager(X)
+        # the second moments square f and g, whose entries are at most 2·max|G| (XᵀX = I)
+        _check_powers("adam", "the gradient G", 2 * G, 2, "the moments square it", xp, eager)
         A = mT(X) @ G
         f = c * (A - mT(A))
         p = b2 * p + (1.0 - b2) * (f * f)
         Z_next = b1 * Z - (1.0 - b1) * f
-        R = expm_skew((lr * kappa) * (Z_next / (xp.sqrt(p) + eps)), method, xp)
+        step = (lr * kappa) * (Z_next / (xp.sqrt(p) + eps))
+        _check_step("adam", step, xp, eager)
+        _check_step("adam", (d * lr) * Z, xp, eager)  # the momentum rotation, unnormalised
+        R = expm_skew(step, method, xp)
         if X.shape[-1] == X.shape[-2]:  # SO(n) (Algorithm 5)
             X_next, U_next = polar(X @ R, rank_deficient="svd", xp=xp), U
         else:
             g = G - X @ A
             q = b2 * q + (1.0 - b2) * (g * g)
             U_half = U @ momentum_rotation(Z, b1, d * lr, method, xp) - (1.0 - b1) * g
+            _check_powers("adam", "the momentum U", U_half, 4, _growth(method), xp, eager)
             W = U_half / (xp.sqrt(q) + eps)
             Ut = kappa * (W - X @ (mT(X) @ W))
             B = mT(Ut) @ U_half

@@ -42,6 +42,9 @@ from ._lib.checks import as_matrix_operand, check_finite_norms, check_reflectors
 from ._lib.namespace import resolve
 from ._lib.tracing import is_transformed
 
+# -- the orthogonal layer applied without forming its weight (householderla/_torch_layer.py) ----
+from ._torch_layer import OrthogonalLinear
+
 # -- optimizers: StiefelSGD / StiefelAdam (householderla/_torch_optim.py) ----------------------
 from ._torch_optim import StiefelAdam, StiefelSGD
 
@@ -59,6 +62,7 @@ __all__ = [
     "HouseholderApplyNumba",
     "LowRankApply",
     "Orthogonal",
+    "OrthogonalLinear",
     "Polar",
     "QRPositive",
     "StiefelAdam",

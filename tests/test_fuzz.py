@@ -12,10 +12,13 @@ times the conditioning where an inverse enters (the CWY factor T, Cayley's I + A
 
 from __future__ import annotations
 
+import re
+
+import array_api_compat
 import numpy as np
 import pytest
 import scipy.linalg
-from conftest import to_numpy
+from conftest import require, to_numpy
 from helpers import (
     EPS,
     examples,
@@ -275,6 +278,11 @@ def test_polar_qr_and_cayley_on_every_backend(bk_eager, seed, c_exp, shape):
     np.testing.assert_allclose(to_numpy(Y), ref, atol=50 * EPS[np.float64] * shape[0] * cond)
 
 
+def _ns(a):
+    """The array's namespace (the layout tests run NumPy and torch inputs)."""
+    return array_api_compat.array_namespace(a)
+
+
 #: every public function on (X (6, 3) on St(6, 3) or any (6, 3) matrix, Z (6, 3), Q (6, 6)):
 #: name → f(X, Z, Q) returning one array; each is run on the same values in every layout
 PUBLIC = {
@@ -285,10 +293,10 @@ PUBLIC = {
     "householder_product": lambda X, Z, Q: hl.householder_product(Z),
     "householder_vectors": lambda X, Z, Q: hl.householder_vectors(Q),
     "tcwy_vectors": lambda X, Z, Q: hl.tcwy_vectors(X),
-    "ornn": lambda X, Z, Q: hl.ornn(np.tril(Z)[:, :3], -1).matrix(),
+    "ornn": lambda X, Z, Q: hl.ornn(_ns(Z).tril(Z)[:, :3], -1).matrix(),
     "ornn_params": lambda X, Z, Q: hl.ornn_params(Q)[0],
     "svd_householder": lambda X, Z, Q: hl.svd_householder(
-        Z, np.arange(1.0, 4.0), Q[:3, :3]
+        Z, _ns(Z).arange(1.0, 4.0, dtype=Z.dtype), Q[:3, :3]
     ).matrix(),
     "svd_householder_params": lambda X, Z, Q: hl.svd_householder_params(Z)[0],
     "bounded_sigma": lambda X, Z, Q: hl.bounded_sigma(Z, 1.0, 0.5),
@@ -330,3 +338,145 @@ def test_every_public_function_in_every_layout(name):
         np.testing.assert_allclose(out, ref, rtol=0, atol=100 * EPS[np.float64], err_msg=how)
         for a, c in zip(args, copies, strict=True):
             assert np.array_equal(a, c), f"{name} wrote into its {how} input"
+
+
+# -- issue 12's last gaps: ornn / SVD VJPs and bounded_sigma across scales, optimizers at
+# extreme gradients, torch layouts -------------------------------------------------------------
+
+
+@given(seed=st.integers(0, 2**31 - 1), exps=st.lists(st.integers(-300, 300), min_size=6))
+@examples(10)
+def test_ornn_and_svd_vjps_are_scale_covariant_on_every_backend(bk_eager, seed, exps):
+    """ornn(cU) = ornn(U) and svd_householder(c₁U, σ, c₂V) = svd_householder(U, σ, V) column
+    by column (H(cv) = H(v)), so their VJPs with respect to the vectors scale by 1/c and the
+    others do not change: checked at scales 10^±300 on each eager backend against the unit
+    columns. Bound: 50·eps·n relative to the unit-scale cotangents (the maps are orthogonal)."""
+    bk = bk_eager
+    rng = np.random.default_rng(seed)
+    n = 5
+    U = np.tril(rng.standard_normal((n, 3)))
+    Uv, Vv = rng.standard_normal((n, 3)), rng.standard_normal((4, 3))
+    sigma = np.array([2.0, 1.0, 0.5, 0.25])
+    h, g = rng.standard_normal((n, 2)), rng.standard_normal((n, 2))
+    x, gy = rng.standard_normal((4, 2)), rng.standard_normal((n, 2))
+    scale = 10.0 ** np.array((exps * 2)[:6], dtype=float)
+    cU, cUv, cVv = scale[:3], scale[3:6], scale[:3][::-1]
+    bound = 50 * EPS[np.float64] * n
+
+    def close(a, b, ref_scale, what):
+        np.testing.assert_allclose(to_numpy(a), to_numpy(b), rtol=0, atol=bound * ref_scale,
+                                   err_msg=what)  # fmt: skip
+
+    A = lambda a: bk.asarray(a)  # noqa: E731
+    y1 = hl.ornn(A(U), 1) @ A(h)
+    close(hl.ornn(A(U * cU), 1) @ A(h), y1, 1 + np.abs(h).max(), "ornn")
+    Ub1, hb1 = (to_numpy(a) for a in hl.vjp.ornn_apply(A(U), 1, A(h), A(g)))
+    Ub, hb = (to_numpy(a) for a in hl.vjp.ornn_apply(A(U * cU), 1, A(h), A(g)))
+    ref = np.abs(Ub1).max() + np.abs(hb1).max() + 1
+    close(hb, hb1, ref, "ornn h_bar")
+    close(Ub * cU, Ub1, ref, "ornn U_bar · c")
+    W1 = hl.svd_householder(A(Uv), A(sigma), A(Vv))
+    Wc = hl.svd_householder(A(Uv * cUv), A(sigma), A(Vv * cVv))
+    close(Wc @ A(x), W1 @ A(x), 2 * (1 + np.abs(x).max()), "svd_householder")
+    out1 = [to_numpy(a) for a in hl.vjp.svd_householder_apply(A(Uv), A(sigma), A(Vv), A(x), A(gy))]
+    outc = [
+        to_numpy(a)
+        for a in hl.vjp.svd_householder_apply(A(Uv * cUv), A(sigma), A(Vv * cVv), A(x), A(gy))
+    ]
+    ref = 1 + max(np.abs(a).max() for a in out1)
+    close(outc[0] * cUv, out1[0], ref, "svd U_bar · c")
+    close(outc[1], out1[1], ref, "svd sigma_bar")
+    close(outc[2] * cVv, out1[2], ref, "svd V_bar · c")
+    close(outc[3], out1[3], ref, "svd x_bar")
+
+
+@pytest.mark.parametrize("s_hat", [-1e300, -1e30, -1.0, -1e-300, 0.0, 1e-300, 1.0, 1e30, 1e300])
+def test_bounded_sigma_at_extreme_inputs_on_every_backend(bk_eager, s_hat):
+    """σ = 2r(sigmoid(ŝ) − ½) + c stays in [c − r, c + r] for every finite ŝ (saturating at
+    ±1e30 and beyond, no NaN, no warning), and its VJP is 2r·f(1 − f)·g ≥ 0, exactly 0 once
+    e^{−|ŝ|} underflows — checked against the closed form in float64."""
+    bk = bk_eager
+    s = bk.asarray(np.array([s_hat, -s_hat]))
+    c, r = 1.0, 0.5
+    sig = to_numpy(hl.bounded_sigma(s, c, r))
+    f = 0.5 * (1 + np.tanh(0.5 * np.array([s_hat, -s_hat])))
+    np.testing.assert_allclose(sig, 2 * r * (f - 0.5) + c, rtol=0, atol=4 * EPS[np.float64])
+    assert np.all((sig >= c - r) & (sig <= c + r))
+    gbar = to_numpy(hl.vjp.bounded_sigma(s, c, r, bk.asarray(np.ones(2))))
+    e = np.exp(-abs(s_hat))
+    np.testing.assert_allclose(gbar, 2 * r * e / (1 + e) ** 2 * np.ones(2), rtol=1e-14, atol=0)
+    assert np.all(gbar >= 0)
+
+
+OPTIMIZERS = {
+    "sgd": lambda m: hl.stiefel.momentum_sgd(lr=0.1, expm_method=m),
+    "adam": lambda m: hl.stiefel.adam(lr=0.1, expm_method=m),
+}
+
+
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    k=st.integers(-300, 300),
+    kind=st.sampled_from(sorted(OPTIMIZERS)),
+    method=st.sampled_from(["euler", "cayley"]),
+)
+@examples(12)
+def test_optimizer_steps_at_extreme_gradient_scales_on_every_backend(
+    bk_eager, seed, k, kind, method
+):
+    """Ten steps with the gradient 10^k·G₀, k ∈ [−300, 300]: every step either gives a finite
+    point on the manifold (‖XᵀX − I‖ ≤ 50·eps·M) with a finite state, or raises ValueError
+    naming what went out of range (the gradient G, the rotation step lr·Z, the momentum U) —
+    never a backend error, a warning (the suite turns warnings into errors) or a NaN."""
+    bk = bk_eager
+    rng = np.random.default_rng(seed)
+    X = np.linalg.qr(rng.standard_normal((6, 3)))[0]
+    G = rng.standard_normal((6, 3)) * 10.0**k
+    opt = OPTIMIZERS[kind](method)
+    Xb = bk.asarray(X)
+    state = opt.init(Xb)
+    for _ in range(10):
+        try:
+            Xb, state = opt.update(Xb, bk.asarray(G), state)
+        except ValueError as exc:
+            assert re.search(r"the gradient G|the rotation step|the momentum U", str(exc)), exc
+            return
+        Xn = to_numpy(Xb)
+        assert np.all(np.isfinite(Xn))
+        assert np.abs(Xn.T @ Xn - np.eye(3)).max() <= 50 * EPS[np.float64] * 3
+        assert all(np.all(np.isfinite(to_numpy(a))) for a in state)
+
+
+#: torch layouts: (name, how a contiguous (rows, cols) tensor becomes that layout)
+TORCH_LAYOUTS = {
+    "transposed": lambda t: t.mT.contiguous().mT,  # column-major strides
+    "strided": lambda t: t.repeat_interleave(2, dim=0)[::2],  # every other row of a bigger one
+    "expanded": lambda t: t[None].expand(2, *t.shape)[1],  # a view of a stride-0 batch
+    "neg_bit": lambda t: (-t).neg(),  # lazy negation bit resolved by the library
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLIC))
+def test_every_public_function_in_every_torch_layout(name):
+    """Non-contiguous torch tensors (column-major, strided, views of an expanded batch, with
+    the lazy neg bit) give the contiguous result to a few ulps, the same type and dtype, and
+    are never written (torch's version counter would count a write)."""
+    torch = require("torch")
+    rng = np.random.default_rng(stable_seed(name))
+    X = np.linalg.qr(rng.standard_normal((6, 3)))[0]
+    Z = rng.standard_normal((6, 3))
+    Q = haar_orthogonal(rng, 6, 1)
+    base = [torch.from_numpy(a.copy()) for a in (X, Z, Q)]
+    ref = PUBLIC[name](*base)
+    for how, make in TORCH_LAYOUTS.items():
+        args = [make(a) for a in base]
+        if how == "neg_bit":
+            args = [torch._neg_view(a.neg()) for a in base]  # the same values, neg bit set
+        versions = [a._version for a in args]
+        copies = [a.clone() for a in args]
+        out = PUBLIC[name](*args)
+        assert type(out) is type(ref) and out.dtype == ref.dtype, how
+        np.testing.assert_allclose(to_numpy(out), to_numpy(ref), rtol=0,
+                                   atol=100 * EPS[np.float64], err_msg=how)  # fmt: skip
+        for a, c, v in zip(args, copies, versions, strict=True):
+            assert a._version == v and torch.equal(a, c), f"{name} wrote into its {how} input"

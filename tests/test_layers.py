@@ -6,8 +6,9 @@
     1  _agnostic | _kernels | _interop   backend-neutral math | compiled kernels | Dask, DLPack
     2  _autodiff                     route/call and one rule table per framework
     3  public modules                cwy, householder, lapack, ornn, svd, retractions, stiefel, vjp
-                                     (and their private helpers _operator, _svd_vjp, _euclidean)
-    4  adapters                      torch, jax, _torch_optim, _optax
+                                     (and their private helpers _operator, _svd_vjp, _euclidean,
+                                     _compose, _linear_operator, _blocked)
+    4  adapters                      torch, jax, _torch_optim, _torch_param, _torch_layer, _optax
     5  __init__
 
 A module may import from a lower layer, or from its own group of the same layer (a module of
@@ -37,8 +38,15 @@ GROUPS = {
     "_autodiff": (2, "_autodiff"),
 }
 PUBLIC = {"cwy", "householder", "lapack", "ornn", "svd", "retractions", "stiefel", "vjp"}
-PUBLIC_PRIVATE = {"_operator", "_svd_vjp", "_euclidean", "_compose", "_linear_operator"}
-ADAPTERS = {"torch", "jax", "_torch_optim", "_torch_param", "_optax"}
+PUBLIC_PRIVATE = {
+    "_operator",
+    "_svd_vjp",
+    "_euclidean",
+    "_compose",
+    "_linear_operator",
+    "_blocked",
+}
+ADAPTERS = {"torch", "jax", "_torch_optim", "_torch_param", "_torch_layer", "_optax"}
 #: Modules that may import a framework at module level (they are imported only lazily).
 FRAMEWORK_MODULES = {
     "householderla._autodiff.torch": {"torch"},
@@ -48,6 +56,7 @@ FRAMEWORK_MODULES = {
     "householderla.jax": {"jax"},
     "householderla._torch_optim": {"torch"},
     "householderla._torch_param": {"torch"},
+    "householderla._torch_layer": {"torch"},
     "householderla._optax": {"jax"},
 }
 FRAMEWORKS = {"torch", "jax", "jaxlib", "cupy", "cupyx", "numba", "dask"}

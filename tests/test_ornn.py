@@ -481,9 +481,11 @@ def test_trapezoidal_checks_or_ignores_the_upper_part(bk):
 
 def test_structured_large_shape_default_dispatch(monkeypatch):
     """At a shape where the rule picks the blocked products (L ≥ 256, L ≥ N/2, B ≥ 16), ``@``
-    runs them by default and agrees with the dense products; float32 as well (float64 T,
-    float32 products: ~eps32·n relative error per entry, bound 2e-4 on entries of order 1).
-    The Numba first-product shortcut of ``@`` is switched off so the CWY kernels run."""
+    of an operator whose single factor pair is built (``.U``) runs them by default and agrees
+    with the dense products; float32 as well (float64 T, float32 products: ~eps32·n relative
+    error per entry, bound 2e-4 on entries of order 1). The Numba first-product shortcut of
+    ``@`` is switched off so the CWY kernels run; a fresh operator's first product takes the
+    blocked compact WY (``tests/test_blocked.py``)."""
     monkeypatch.setenv("HL_DISABLE_NUMBA", "1")
     assert _structured.use_structured(300, 299, 16) and not _structured.use_structured(300, 299, 15)
     assert not _structured.use_structured(1024, 256, 64)  # one block: nothing to gain
@@ -502,14 +504,16 @@ def test_structured_large_shape_default_dispatch(monkeypatch):
     for dtype, atol in ((np.float64, 1e-12), (np.float32, 2e-4)):
         Vd, hd = V.astype(dtype), h.astype(dtype)
         calls.clear()
-        y = hl.cwy(Vd) @ hd
+        op = hl.cwy(Vd)
+        op.U  # noqa: B018 - the single factor pair, as a reused operator has it
+        y = op @ hd
         yT = hl.tcwy(Vd).T @ hd
         assert calls == ["square", "project"]
         assert y.dtype == dtype
         np.testing.assert_allclose(y, hl.cwy(Vd, structure="dense") @ hd, atol=atol)
         np.testing.assert_allclose(yT, hl.tcwy(Vd, structure="dense").T @ hd, atol=atol)
         calls.clear()
-        hl.cwy(Vd) @ hd[:, :1]  # B = 1 with L < 512: dense (memory bound, no gain measured)
+        op @ hd[:, :1]  # B = 1 with L < 512: dense (memory bound, no gain measured)
         assert calls == []
 
 

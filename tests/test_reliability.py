@@ -154,6 +154,9 @@ def test_empty_operand_columns(bk):
     assert to_numpy(op @ bk.asarray(np.zeros((5, 0)))).shape == (5, 0)
 
 
+_sgd, _adam = hl.stiefel.momentum_sgd(lr=0.1), hl.stiefel.adam(lr=0.1)
+
+
 @pytest.mark.parametrize(
     ("call", "name"),
     [
@@ -164,6 +167,8 @@ def test_empty_operand_columns(bk):
         (lambda X, G: hl.qr_retraction(X, G, float("inf")), "step"),
         (lambda X, G: hl.qr_retraction(X, G, np.array(np.nan)), "step"),
         (lambda X, G: hl.qr_retraction(X * np.nan, G), "X"),
+        (lambda X, G: _sgd.update(X, G * np.nan, _sgd.init(X)), "G"),
+        (lambda X, G: _adam.update(X, G * np.inf, _adam.init(X)), "G"),
     ],
 )
 def test_non_finite_arguments_are_named(call, name):

@@ -1,0 +1,147 @@
+"""``householderla.torch.OrthogonalLinear``: a linear layer with an orthogonal weight that is
+applied to the batch without being formed when that is cheaper.
+
+The weight W (out × in) is a map of trainable reflection vectors — CWY (square; Likhosherstov
+et al., AISTATS 2021, Theorem 2), T-CWY (rectangular; Theorem 3) or SVD-Householder (Zhang,
+Lei & Dhillon, ICML 2018 eq. 3) — exactly as :func:`householderla.torch.orthogonal` registers
+it. What differs is the forward: for a batch of B rows, forming W costs ≈ 3·N³ flops for a
+square CWY weight (N = L) and the GEMM 2·N²·B more, while applying the reflectors costs
+N·L·nb + 4·N·L·B in blocks of nb reflectors (:mod:`householderla._blocked`), so below
+B ≈ N the layer never forms W. The backward is the explicit VJPs of the blocks, each reusing
+the factors its forward built.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ._torch_param import INITS, MAPS, Orthogonal
+
+__all__ = ["OPERATOR_MAX_ROWS", "OrthogonalLinear"]
+
+#: The operator path runs for a batch of at most this many rows per max(in, out) (forming W
+#: above it): the flop counts cross near B ≈ 1.6·N for a square CWY weight; 1.0 keeps a margin
+#: for the blocks' smaller GEMMs (``benchmarks/training_step.py`` measures both paths).
+OPERATOR_MAX_ROWS = 1.0
+
+
+class OrthogonalLinear(torch.nn.Module):
+    """y = x Wᵀ + b with W orthogonal (square), with orthonormal columns (out > in) or rows
+    (out < in), like ``torch.nn.Linear`` otherwise.
+
+    Parameters
+    ----------
+    in_features, out_features : int
+        Sizes of each input and output row.
+    bias : bool
+        Learn an additive bias (``torch.nn.Linear``'s initialisation, U(−1/√in, 1/√in)).
+    map : {"cwy", "tcwy", "svd"}
+        The weight map, as in :func:`householderla.torch.orthogonal` (default "cwy").
+    init : {"haar", "identity"}
+        Starting weight: Haar-random, or the identity ``[I; 0]`` by pairs of equal reflectors.
+    generator : torch.Generator, optional
+        Random source of ``init`` and of the bias.
+    device, dtype
+        Of the parameters (float32 or float64; default torch's default dtype).
+
+    Attributes
+    ----------
+    vectors : torch.nn.ParameterList
+        The trainable reflection vectors (one tensor for "cwy"/"tcwy"; U_vecs, [ŝ,] V_vecs for
+        "svd").
+    weight : torch.Tensor
+        W, formed on access (assigning an orthogonal W sets the vectors by the constructive
+        inverse).
+
+    Notes
+    -----
+    ``forward`` applies the weight as an operator — ``(W @ xᵀ)ᵀ`` by blocked compact WY for
+    CWY, T-CWY's products for rectangular weights — when the batch has at most
+    ``OPERATOR_MAX_ROWS · max(in, out)`` rows, and forms W otherwise. Square CWY at N = L:
+    N·L·64 + 4·N·L·B flops forward instead of ≈ 3·N³ + 2·N²·B.
+
+    Examples
+    --------
+    >>> import torch, householderla as hl
+    >>> layer = hl.torch.OrthogonalLinear(16, 16, dtype=torch.float64)
+    >>> x = torch.randn(4, 16, dtype=torch.float64)
+    >>> y = layer(x)
+    >>> bool(torch.allclose(y, x @ layer.weight.T + layer.bias))
+    True
+    >>> y.sum().backward()                      # gradients reach the reflection vectors
+    >>> layer.vectors[0].grad.shape
+    torch.Size([16, 16])
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        map: str = "cwy",
+        *,
+        init: str = "haar",
+        generator: torch.Generator | None = None,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__()
+        for name, n in (("in_features", in_features), ("out_features", out_features)):
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"{name} must be a positive integer; got {n!r}")
+        if map not in MAPS:
+            raise ValueError(f"map must be one of {MAPS}; got {map!r}")
+        if init not in INITS or init == "keep":
+            raise ValueError(f"init must be 'haar' or 'identity'; got {init!r}")
+        dtype = torch.get_default_dtype() if dtype is None else dtype
+        if dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"dtype must be torch.float32 or torch.float64; got {dtype}")
+        self.in_features, self.out_features = in_features, out_features
+        self.map = map
+        self._map = Orthogonal((out_features, in_features), map, None)
+        with torch.no_grad():
+            V = self._map.initial_vectors(init, dtype, device, generator)
+        self.vectors = torch.nn.ParameterList(V if isinstance(V, tuple) else (V,))
+        if bias:
+            bound = 1.0 / math.sqrt(in_features)
+            b = torch.rand(out_features, dtype=dtype, device=device, generator=generator)
+            self.bias = torch.nn.Parameter((2 * b - 1) * bound)
+        else:
+            self.register_parameter("bias", None)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """W (out_features × in_features), formed (differentiable)."""
+        return self._map(*self.vectors)
+
+    @weight.setter
+    def weight(self, W: torch.Tensor) -> None:
+        with torch.no_grad():
+            V = self._map.right_inverse(W)
+            for p, v in zip(self.vectors, V if isinstance(V, tuple) else (V,), strict=True):
+                p.copy_(v)
+
+    def uses_operator(self, rows: int) -> bool:
+        """Whether ``forward`` of a batch of ``rows`` rows applies W without forming it."""
+        return rows <= OPERATOR_MAX_ROWS * max(self.in_features, self.out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.ndim == 0 or x.shape[-1] != self.in_features:
+            got = "a scalar" if x.ndim == 0 else f"shape {tuple(x.shape)}"
+            raise ValueError(f"x must have shape (..., {self.in_features}); got {got}")
+        x2 = x.reshape(-1, self.in_features)
+        op = self._map.operator(*self.vectors) if self.uses_operator(x2.shape[0]) else None
+        if op is None:
+            return torch.nn.functional.linear(x, self.weight, self.bias)
+        # the method, not ``@``: dynamo puts ``object @ tensor`` into a graph as it is
+        y = op.__matmul__(x2.mT).mT.reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}, map={self.map!r}"
+        )

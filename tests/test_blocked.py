@@ -1,0 +1,173 @@
+"""Blocked compact WY (``householderla._blocked``): Q = Q₁ ⋯ Q_m with Q_b the CWY of the b-th
+block of reflectors, used by ``hl.cwy(V) @ h`` when L is large and h has few columns.
+
+The oracle is the dense product of the definition H(v) = I − 2vvᵀ/‖v‖²
+(``product_of_reflections``) in float64 NumPy. Tolerance 20·eps·L·‖h‖: each of the L reflections
+adds a few ulps, whichever grouping applies them; a wrong block order, a missing block or a
+transposed factor is off by O(1). The block size is shrunk (BLOCK = 4, MIN_L = 8) so that small
+shapes run several blocks, including a partial last block.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import require, to_numpy
+from helpers import EPS, product_of_reflections
+
+import householderla as hl
+from householderla import _blocked
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    monkeypatch.setattr(_blocked, "BLOCK", 4)
+    monkeypatch.setattr(_blocked, "MIN_L", 8)
+
+
+def _data(seed, N, L, B, batch=()):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((*batch, N, L)), rng.standard_normal((*batch, N, B))
+
+
+@pytest.mark.parametrize(
+    ("N", "L", "B", "batch"), [(12, 10, 2, ()), (9, 9, 1, ()), (8, 8, 2, (3,))]
+)
+def test_blocked_product_equals_the_dense_product(bk, small_blocks, N, L, B, batch):
+    """Q h and Qᵀ h of a fresh operator (blocks built: L ≥ MIN_L, 4B ≤ L) and of the same
+    operator again (blocks reused), against the dense product; one-vector operands too."""
+    V, h = _data(N + L, N, L, B, batch)
+    Q = product_of_reflections(V)
+    tol = 20 * EPS[np.float64] * L * np.abs(h).max()
+
+    def twice(v, x):  # a fresh operator's product (blocks built), then again (reused), and Qᵀ
+        op = hl.cwy(v)
+        return op @ x, op @ x, op.T @ x
+
+    y, y2, yt = bk.call(twice, bk.param(V), bk.asarray(h))
+    np.testing.assert_allclose(to_numpy(y), Q @ h, rtol=0, atol=tol)
+    np.testing.assert_allclose(to_numpy(y2), Q @ h, rtol=0, atol=tol)
+    np.testing.assert_allclose(to_numpy(yt), np.swapaxes(Q, -1, -2) @ h, rtol=0, atol=tol)
+    if not batch:
+        y1 = bk.call(lambda v, x: hl.cwy(v) @ x, bk.param(V), bk.asarray(h[:, 0]))
+        np.testing.assert_allclose(to_numpy(y1), Q @ h[:, 0], rtol=0, atol=tol)
+
+
+@pytest.mark.no_dask("the rule check builds operators from NumPy only")
+def test_blocks_are_used_only_where_they_pay(small_blocks, monkeypatch):
+    """Blocks for the first product when L ≥ MIN_L and 4B ≤ L (and the sequential Numba
+    kernel does not take it, as it does for N ≤ 512 on NumPy); never for T-CWY, for wide
+    operands, or once the single factor pair is built (the ``.U`` property)."""
+    monkeypatch.setenv("HL_DISABLE_NUMBA", "1")
+    V, h = _data(1, 12, 12, 2)
+    op = hl.cwy(V)
+    op @ h
+    assert op._factors.blocks is not None and op._factors.U is None
+    wide = hl.cwy(V)
+    wide @ np.ones((12, 4))  # 4B = 16 > L
+    assert wide._factors.blocks is None
+    built = hl.cwy(V)
+    built.U  # noqa: B018 - builds the single pair
+    built @ h
+    assert built._factors.blocks is None
+    t = hl.tcwy(V[:, :9])
+    t @ np.ones((9, 2))
+    assert t._factors.blocks is None
+
+
+def test_torch_gradients_through_blocks_equal_the_single_block(small_blocks):
+    """The backward of the blocked product (the blocks' explicit VJPs in reverse order, each
+    reusing its forward's factors) equals the single block's, and gradcheck / gradgradcheck
+    pass through it (float64)."""
+    torch = require("torch")
+    V, h = _data(3, 8, 8, 2)  # two blocks of 4
+    Vt = torch.tensor(V, requires_grad=True)
+    ht = torch.tensor(h, requires_grad=True)
+    G = torch.tensor(np.random.default_rng(4).standard_normal((8, 2)))
+    gb = torch.autograd.grad(((hl.cwy(Vt) @ ht) * G).sum(), (Vt, ht))
+    single = hl.cwy(Vt)
+    single.U  # noqa: B018 - the single factor pair: no blocks
+    gs = torch.autograd.grad(((single @ ht) * G).sum(), (Vt, ht))
+    for a, b in zip(gb, gs, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=100 * EPS[np.float64])
+    f = lambda v, x: hl.cwy(v) @ x  # noqa: E731
+    assert torch.autograd.gradcheck(f, (Vt, ht))
+    assert torch.autograd.gradgradcheck(f, (Vt, ht))
+
+
+def test_jax_gradients_through_blocks(small_blocks):
+    """jax.grad through the blocked product (each block's custom_vjp rules), eager and under
+    jit, equals the single block's gradient."""
+    jax = require("jax")
+    import jax.numpy as jnp
+
+    jax.config.update("jax_enable_x64", True)  # as the bk fixture does: float64 tolerances
+    V, h = _data(5, 10, 10, 2)
+    G = np.random.default_rng(6).standard_normal((10, 2))
+
+    def loss(v, x):
+        return jnp.sum((hl.cwy(v) @ x) * G)
+
+    def loss_single(v, x):
+        op = hl.cwy(v)
+        op.U  # noqa: B018
+        return jnp.sum((op @ x) * G)
+
+    ref = jax.grad(loss_single, argnums=(0, 1))(jnp.asarray(V), jnp.asarray(h))
+    for fn in (jax.grad(loss, argnums=(0, 1)), jax.jit(jax.grad(loss, argnums=(0, 1)))):
+        got = fn(jnp.asarray(V), jnp.asarray(h))
+        for a, b in zip(got, ref, strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-12)
+
+
+@pytest.mark.no_dask("the row-offset check builds operators from NumPy only")
+def test_trapezoidal_blocks_touch_only_their_rows(small_blocks, monkeypatch):
+    """For lower-trapezoidal V (LAPACK / oRNN layout) block b's factors start at its first
+    column's row: the product equals the dense one, the factors have N − s rows, and a
+    product leaves the rows above a block's first row to the earlier blocks."""
+    monkeypatch.setenv("HL_DISABLE_NUMBA", "1")
+    rng = np.random.default_rng(8)
+    N, L = 13, 12
+    V = np.tril(rng.standard_normal((N, L)))
+    h = rng.standard_normal((N, 3))
+    op = hl.cwy(V)
+    y = op @ h
+    starts = [s for s, _, _ in op._factors.blocks]
+    assert starts == [0, 4, 8]
+    assert [U.shape for _, U, _ in op._factors.blocks] == [(13, 4), (9, 4), (5, 4)]
+    Q = product_of_reflections(V)
+    tol = 20 * EPS[np.float64] * L * np.abs(h).max()
+    np.testing.assert_allclose(y, Q @ h, rtol=0, atol=tol)
+    np.testing.assert_allclose(op.T @ h, Q.T @ h, rtol=0, atol=tol)
+
+
+def test_jax_orthogonal_linear(small_blocks):
+    """hl.jax.orthogonal_linear: x Wᵀ for square (blocked operator), tall and wide Stiefel
+    weights, small and large batches (the formed W), under jit, with gradients equal to those
+    through the formed weight; a mismatched x raises naming its shape."""
+    jax = require("jax")
+    import jax.numpy as jnp
+
+    jax.config.update("jax_enable_x64", True)  # as the bk fixture does: float64 tolerances
+    rng = np.random.default_rng(9)
+    for N, L, k in ((10, 10, 10), (10, 6, 6), (10, 6, 10)):
+        V = jnp.asarray(rng.standard_normal((N, L)))
+        W = hl.cwy(V).matrix() if L == N else hl.tcwy(V).matrix()
+        W = W if k == L else W.T  # (out, in)
+        for rows in (3, 40):
+            x = jnp.asarray(rng.standard_normal((rows, k)))
+            y = jax.jit(hl.jax.orthogonal_linear)(V, x)
+            np.testing.assert_allclose(np.asarray(y), np.asarray(x @ W.T), rtol=0, atol=1e-13)
+
+            def loss(v, x=x):
+                return jnp.sum(hl.jax.orthogonal_linear(v, x) ** 3)
+
+            def loss_ref(v, x=x, L=L, N=N, k=k):
+                w = hl.cwy(v).matrix() if L == N else hl.tcwy(v).matrix()
+                return jnp.sum((x @ (w if k == L else w.T).T) ** 3)
+
+            np.testing.assert_allclose(
+                np.asarray(jax.grad(loss)(V)), np.asarray(jax.grad(loss_ref)(V)), atol=1e-11
+            )
+    with pytest.raises(ValueError, match=r"x must have shape"):
+        hl.jax.orthogonal_linear(jnp.ones((5, 3)), jnp.ones((2, 4)))

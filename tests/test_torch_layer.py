@@ -1,0 +1,116 @@
+"""``hl.torch.OrthogonalLinear``: a linear layer with an orthogonal / Stiefel weight, applied to
+small batches without forming it (issue 19, item 3).
+
+Oracles: ``x Wᵀ + b`` with the formed weight (``layer.weight``, the map of
+``hl.torch.orthogonal``), and torch autograd through that formed weight for the gradients.
+Both paths run the same reflections in another grouping: float64 results agree to
+100·eps·N (N reflections of a few ulps each on O(1) entries); a missing transpose, a
+wrong block order or a lost bias is off by O(1).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import require
+from helpers import EPS
+
+torch = require("torch")
+
+import householderla as hl  # noqa: E402
+from householderla import _blocked, _torch_layer  # noqa: E402
+
+TOL = 100 * EPS[np.float64]
+SHAPES = [(16, 16, "cwy"), (12, 8, "cwy"), (8, 12, "tcwy"), (12, 8, "tcwy"), (10, 6, "svd"),
+          (6, 10, "svd")]  # fmt: skip
+
+
+def _pair(in_f, out_f, map_, bias=True):
+    """Two identical layers (same parameters)."""
+    a = hl.torch.OrthogonalLinear(
+        in_f, out_f, bias, map_, generator=torch.Generator().manual_seed(1), dtype=torch.float64
+    )
+    b = hl.torch.OrthogonalLinear(
+        in_f, out_f, bias, map_, generator=torch.Generator().manual_seed(1), dtype=torch.float64
+    )
+    return a, b
+
+
+@pytest.mark.parametrize(("in_f", "out_f", "map_"), SHAPES)
+def test_operator_path_equals_the_formed_weight(in_f, out_f, map_, monkeypatch):
+    """Forward and gradients (to the vectors, the bias and x) of the operator path equal those
+    through the formed weight, for square, tall and wide weights of every map, with leading
+    batch axes; the weight is orthonormal."""
+    monkeypatch.setattr(_blocked, "BLOCK", 4)  # several blocks at these sizes
+    monkeypatch.setattr(_blocked, "MIN_L", 8)
+    op_layer, w_layer = _pair(in_f, out_f, map_)
+    x = torch.randn(2, 3, in_f, dtype=torch.float64, requires_grad=True)
+    G = torch.randn(2, 3, out_f, dtype=torch.float64)
+    assert op_layer.uses_operator(6)
+    y = op_layer(x)
+    gx = torch.autograd.grad((y * G).sum(), x, retain_graph=True)[0]
+    (y * G).sum().backward()
+    monkeypatch.setattr(_torch_layer, "OPERATOR_MAX_ROWS", 0.0)  # forms W
+    assert not w_layer.uses_operator(6)
+    y_ref = w_layer(x)
+    torch.testing.assert_close(y, y_ref, rtol=0, atol=TOL * max(in_f, out_f))
+    torch.testing.assert_close(y_ref, x @ w_layer.weight.T + w_layer.bias, rtol=0, atol=TOL)
+    gx_ref = torch.autograd.grad((y_ref * G).sum(), x, retain_graph=True)[0]
+    (y_ref * G).sum().backward()
+    torch.testing.assert_close(gx, gx_ref, rtol=0, atol=TOL * max(in_f, out_f))
+    for p, q in zip(op_layer.parameters(), w_layer.parameters(), strict=True):
+        assert p.grad is not None and float(p.grad.abs().max()) > 0
+        torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=1e3 * TOL)
+    W = op_layer.weight.detach()
+    M = W.T @ W if out_f >= in_f else W @ W.T
+    torch.testing.assert_close(M, torch.eye(min(in_f, out_f), dtype=W.dtype), rtol=0, atol=TOL)
+
+
+def test_training_keeps_the_weight_orthogonal_and_learns():
+    """SGD on a regression towards an orthogonal target: the loss falls and W stays
+    orthogonal to rounding (float32: 50·eps·N, the float64-accumulated map rounded once)."""
+    torch.manual_seed(0)
+    N = 24
+    target = torch.linalg.qr(torch.randn(N, N))[0]
+    layer = hl.torch.OrthogonalLinear(N, N, bias=False, generator=torch.Generator().manual_seed(2))
+    opt = torch.optim.SGD(layer.parameters(), lr=0.05)
+    x = torch.randn(8, N)
+    losses = []
+    for _ in range(60):
+        opt.zero_grad()
+        loss = ((layer(x) - x @ target.T) ** 2).mean()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    assert losses[-1] < 0.5 * losses[0]
+    W = layer.weight.detach().double()
+    err = float((W.T @ W - torch.eye(N, dtype=W.dtype)).abs().max())
+    assert err <= 50 * EPS[np.float32] * N
+
+
+def test_weight_assignment_and_identity_init():
+    """``layer.weight = Q`` sets the vectors by the constructive inverse (Q comes back);
+    ``init="identity"`` starts at I with trainable (nonzero) vectors."""
+    layer = hl.torch.OrthogonalLinear(7, 7, bias=False, dtype=torch.float64)
+    Q = torch.linalg.qr(torch.randn(7, 7, dtype=torch.float64))[0]
+    layer.weight = Q
+    torch.testing.assert_close(layer.weight.detach(), Q, rtol=0, atol=TOL * 7)
+    ident = hl.torch.OrthogonalLinear(5, 5, init="identity", dtype=torch.float64)
+    torch.testing.assert_close(ident.weight.detach(), torch.eye(5, dtype=torch.float64),
+                               rtol=0, atol=TOL)  # fmt: skip
+    assert float(ident.vectors[0].detach().abs().sum()) > 0
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="in_features"):
+        hl.torch.OrthogonalLinear(0, 3)
+    with pytest.raises(ValueError, match="map"):
+        hl.torch.OrthogonalLinear(3, 3, map="expm")
+    with pytest.raises(ValueError, match="init"):
+        hl.torch.OrthogonalLinear(3, 3, init="keep")
+    with pytest.raises(TypeError, match="dtype"):
+        hl.torch.OrthogonalLinear(3, 3, dtype=torch.int64)
+    layer = hl.torch.OrthogonalLinear(4, 3)
+    with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., 4\)"):
+        layer(torch.randn(2, 5))
+    assert "in_features=4, out_features=3" in repr(layer)
