@@ -23,7 +23,7 @@ import numpy as np
 from ._agnostic.reflections import householder_apply_vjp as _householder_apply_vjp
 from ._agnostic.reflections import positive_qr_reflectors
 from ._autodiff import call, route
-from ._interop.dlpack import from_numpy, plain_cpu_views, to_numpy
+from ._interop.dlpack import from_numpy, plain_cpu_tensor, plain_cpu_views, to_numpy
 from ._kernels import numba_enabled, numba_for, numba_for_torch
 from ._lib.checks import (
     as_matrix_operand,
@@ -97,7 +97,7 @@ def householder_apply(V: Any, h: Any, *, xp: Any = None) -> Any:
         nk = numba_enabled() if views is not None else None
         y = nk.hprod_vector(*views) if nk is not None else None
         if y is not None:
-            return from_numpy(y, like=V)
+            return plain_cpu_tensor(y)
     xp, _, _, (V, h) = resolve([("V", V), ("h", h)], xp)
     N, _ = check_reflectors(V)
     hm, vector = as_matrix_operand(h, N)

@@ -38,6 +38,7 @@ __all__ = [
     "cuda_stream",
     "from_cupy",
     "from_numpy",
+    "plain_cpu_tensor",
     "plain_cpu_views",
     "to_cupy",
     "to_numpy",
@@ -157,6 +158,12 @@ def plain_cpu_views(*tensors: Any) -> list[np.ndarray] | None:
         return [t.numpy() for t in tensors]
     except (RuntimeError, TypeError):
         return None
+
+
+def plain_cpu_tensor(a: np.ndarray) -> Any:
+    """A kernel's fresh, writable NumPy result as a CPU tensor sharing its memory (the return
+    way of :func:`plain_cpu_views`; :func:`from_numpy` without its dispatch)."""
+    return sys.modules["torch"].from_numpy(a)
 
 
 def aligned_empty(shape: tuple[int, ...], dtype: Any, align: int = JAX_ALIGNMENT) -> np.ndarray:
