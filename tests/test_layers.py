@@ -7,7 +7,7 @@
     2  _autodiff                     route/call and one rule table per framework
     3  public modules                cwy, householder, lapack, ornn, svd, retractions, stiefel, vjp
                                      (and their private helpers _operator, _svd_vjp, _euclidean)
-    4  adapters                      torch, jax, _torch_optim, _optax
+    4  adapters                      torch, jax, lineax, _torch_optim, _optax
     5  __init__
 
 A module may import from a lower layer, or from its own group of the same layer (a module of
@@ -38,7 +38,7 @@ GROUPS = {
 }
 PUBLIC = {"cwy", "householder", "lapack", "ornn", "svd", "retractions", "stiefel", "vjp"}
 PUBLIC_PRIVATE = {"_operator", "_svd_vjp", "_euclidean", "_compose", "_linear_operator"}
-ADAPTERS = {"torch", "jax", "_torch_optim", "_torch_param", "_optax"}
+ADAPTERS = {"torch", "jax", "lineax", "_torch_optim", "_torch_param", "_optax"}
 #: Modules that may import a framework at module level (they are imported only lazily).
 FRAMEWORK_MODULES = {
     "householderla._autodiff.torch": {"torch"},
@@ -46,11 +46,12 @@ FRAMEWORK_MODULES = {
     "householderla._kernels.numba_loops": {"numba"},
     "householderla.torch": {"torch"},
     "householderla.jax": {"jax"},
+    "householderla.lineax": {"jax", "lineax", "equinox"},
     "householderla._torch_optim": {"torch"},
     "householderla._torch_param": {"torch"},
     "householderla._optax": {"jax"},
 }
-FRAMEWORKS = {"torch", "jax", "jaxlib", "cupy", "cupyx", "numba", "dask"}
+FRAMEWORKS = {"torch", "jax", "jaxlib", "cupy", "cupyx", "numba", "dask", "lineax", "equinox"}
 
 
 def _modules() -> dict[str, Path]:
