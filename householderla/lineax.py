@@ -238,11 +238,11 @@ def operator(op: Any) -> lx.AbstractLinearOperator:
     Examples
     --------
     >>> import jax.numpy as jnp, lineax as lx, numpy as np, householderla as hl
-    >>> V = jnp.asarray(np.random.default_rng(0).standard_normal((6, 3)))
+    >>> V = jnp.asarray(np.random.default_rng(0).standard_normal((6, 3)), dtype=jnp.float32)
     >>> A = hl.lineax.operator(hl.cwy(V))
-    >>> b = jnp.arange(6.0)
+    >>> b = jnp.arange(6.0, dtype=jnp.float32)
     >>> x = lx.linear_solve(A, b, hl.lineax.Orthogonal()).value   # x = Qᵀ b, one product
-    >>> bool(jnp.allclose(A.mv(x), b))
+    >>> bool(jnp.allclose(A.mv(x), b, atol=1e-5))
     True
     """
     if isinstance(op, (CWY, TCWY)):
