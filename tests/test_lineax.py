@@ -236,6 +236,6 @@ def test_bad_operators_say_why():
     # NumPy operators are converted
     A = hlx.operator(hl.cwy(rng.standard_normal((N, 3))))
     assert isinstance(A.U, jax.Array)
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     with pytest.raises(TypeError, match="lineax operators need JAX"):
         hlx.operator(hl.cwy(torch.ones(N, 2, dtype=torch.float64)))
