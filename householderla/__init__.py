@@ -62,7 +62,7 @@ __all__ = [
     "vjp",
 ]
 
-_LAZY_SUBMODULES = {"torch", "jax"}
+_LAZY_SUBMODULES = {"torch", "jax", "lineax"}
 
 
 def __getattr__(name: str) -> Any:

@@ -197,6 +197,16 @@ class CompactWYOperator(LinearOperatorMixin):
         return device_of(self._V)
 
     @property
+    def V(self) -> Any:
+        """The reflection vectors as given (resolved, never copied), shape (..., N, L)."""
+        return self._V
+
+    @property
+    def transposed(self) -> bool:
+        """Whether this is the transpose of the operator :func:`cwy` / :func:`tcwy` built."""
+        return self._transposed
+
+    @property
     def U(self) -> Any:
         """Unit reflection vectors, shape (..., N, L) (zero columns stay zero)."""
         return self._U

@@ -22,12 +22,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ._interop.dask import is_dask_array
 from ._lib.checks import check_reflectors, check_structure, finite_reflectors
 from ._lib.namespace import resolve
 from ._lib.tracing import is_eager
 from ._operator import CompactWYOperator
+from ._tall import TallCWY, TallTCWY, tall_operator
 
-__all__ = ["CWY", "TCWY", "cwy", "tcwy"]
+__all__ = ["CWY", "TCWY", "TallCWY", "TallTCWY", "cwy", "tcwy"]
 
 
 class CWY(CompactWYOperator):
@@ -94,6 +96,8 @@ def cwy(V: Any, *, structure: str = "auto", xp: Any = None) -> CWY:
     >>> bool(np.allclose(Q.T @ (Q @ h), h))
     True
     """
+    if is_dask_array(V):  # tall, row-chunked V: householderla._tall (docs/dask.rst)
+        return tall_operator(V, "square")  # type: ignore[return-value]
     return CWY(*_prepare(V, structure, xp))
 
 
@@ -154,4 +158,6 @@ def tcwy(V: Any, *, structure: str = "auto", xp: Any = None) -> TCWY:
     >>> bool(np.allclose(Om.T @ Om, np.eye(2)))
     True
     """
+    if is_dask_array(V):  # tall, row-chunked V: householderla._tall (docs/dask.rst)
+        return tall_operator(V, "embed")  # type: ignore[return-value]
     return TCWY(*_prepare(V, structure, xp))

@@ -19,6 +19,7 @@ array operations.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 import array_api_compat as aac
@@ -26,6 +27,8 @@ import array_api_compat as aac
 from ._agnostic import retraction as RK
 from ._agnostic.newton_schulz import polar_qr_svd
 from ._autodiff import call, route
+from ._interop.dask import is_dask_array
+from ._interop.dask_tall import tsqr_retraction
 from ._lib.checks import (
     RankDeficientError,
     check_finite,
@@ -164,6 +167,9 @@ def polar(
     >>> bool(np.allclose(Q.T @ Q, np.eye(3)))
     True
     """
+    if is_dask_array(X):  # tall, row-chunked X: Q·polar(R) by Dask's TSQR (docs/dask.rst)
+        Q = tsqr_retraction(X, None, 0.0, partial(polar, rank_deficient=rank_deficient))
+        return (Q, {"method": "tsqr"}) if return_info else Q
     xp, _, _, (X,) = resolve([("X", X)], xp)
     if X.ndim < 2:
         raise ValueError(f"X must have shape (..., N, M); got shape {tuple(X.shape)}")
@@ -218,6 +224,8 @@ def polar_retraction(X: Any, Z: Any, step: Any = 1.0, *, xp: Any = None) -> Any:
     rounding never gives; the direct form corrects a drifted X (Kong, Wang & Tao, ICLR 2023 App.
     M.1). R(X, tZ) = X + tZ + O(t²) for tangent Z. Cost: as :func:`polar`.
     """
+    if is_dask_array(X):  # tall, row-chunked X: Q·polar(R) by Dask's TSQR (docs/dask.rst)
+        return tsqr_retraction(X, Z, step, polar)
     xp, device, dtype, (X, Z) = resolve([("X", X), ("Z", Z)], xp)
     check_stiefel_shape(X)
     check_like(Z, X, "Z")
@@ -327,6 +335,8 @@ def qr_retraction(X: Any, Z: Any, step: Any = 1.0, *, xp: Any = None) -> Any:
     factorisation unique for full rank. 4·M²(N − M/3) flops; float32 is computed in float64 on CPU.
     R(X, tZ) = X + tZ + O(t²) for tangent Z.
     """
+    if is_dask_array(X):  # tall, row-chunked X: Dask's TSQR (docs/dask.rst)
+        return tsqr_retraction(X, Z, step)
     xp, device, dtype, (X, Z) = resolve([("X", X), ("Z", Z)], xp)
     check_stiefel_shape(X)
     check_like(Z, X, "Z")

@@ -290,6 +290,8 @@ def bk_eager(request: pytest.FixtureRequest) -> Backend:
 FRAMEWORKS = {
     "torch": ("torch", "torch_cuda"),
     "jax": ("jax", "jax_jit", "jax_gpu"),
+    # the lineax adapter (householderla.lineax) is part of the JAX support
+    "lineax": ("jax", "jax_jit", "jax_gpu"),
     "dask": ("dask",),
     "cupy": ("cupy",),
     "array_api_strict": ("array_api_strict",),

@@ -7,8 +7,9 @@
     2  _autodiff                     route/call and one rule table per framework
     3  public modules                cwy, householder, lapack, ornn, svd, retractions, stiefel, vjp
                                      (and their private helpers _operator, _svd_vjp, _euclidean,
-                                     _compose, _linear_operator, _blocked)
-    4  adapters                      torch, jax, _torch_optim, _torch_param, _torch_layer, _optax
+                                     _compose, _linear_operator, _blocked, _tall)
+    4  adapters                      torch, jax, lineax, _torch_optim, _torch_param, _torch_layer,
+                                     _optax
     5  __init__
 
 A module may import from a lower layer, or from its own group of the same layer (a module of
@@ -45,8 +46,9 @@ PUBLIC_PRIVATE = {
     "_compose",
     "_linear_operator",
     "_blocked",
+    "_tall",
 }
-ADAPTERS = {"torch", "jax", "_torch_optim", "_torch_param", "_torch_layer", "_optax"}
+ADAPTERS = {"torch", "jax", "lineax", "_torch_optim", "_torch_param", "_torch_layer", "_optax"}
 #: Modules that may import a framework at module level (they are imported only lazily).
 FRAMEWORK_MODULES = {
     "householderla._autodiff.torch": {"torch"},
@@ -54,12 +56,13 @@ FRAMEWORK_MODULES = {
     "householderla._kernels.numba_loops": {"numba"},
     "householderla.torch": {"torch"},
     "householderla.jax": {"jax"},
+    "householderla.lineax": {"jax", "lineax", "equinox"},
     "householderla._torch_optim": {"torch"},
     "householderla._torch_param": {"torch"},
     "householderla._torch_layer": {"torch"},
     "householderla._optax": {"jax"},
 }
-FRAMEWORKS = {"torch", "jax", "jaxlib", "cupy", "cupyx", "numba", "dask"}
+FRAMEWORKS = {"torch", "jax", "jaxlib", "cupy", "cupyx", "numba", "dask", "lineax", "equinox"}
 
 
 def _modules() -> dict[str, Path]:

@@ -114,7 +114,7 @@ def _u_bar(Ubar_out: Any, Ubar_in: Any, m: int, mode: str, xp: Any) -> Any:
 
 
 def lowrank_vjp(
-    U: Any, T: Any, h: Any, g: Any, xp: Any, *, transpose: bool, mode: str
+    U: Any, T: Any, h: Any, g: Any, xp: Any, *, transpose: bool, mode: str, fuse: bool = True
 ) -> tuple[Any, Any, Any, Any]:
     """Backward of :func:`lowrank_apply` for the cotangent ``g`` of its output.
 
@@ -128,10 +128,14 @@ def lowrank_vjp(
         M̄ = −c aᵀ,           S̄ = d bᵀ (M = T)  or  b dᵀ (M = Tᵀ).
 
     Batch axes that broadcasting added are summed out so the results have the shapes of
-    ``U``, ``h`` and ``T``. Cost: four GEMMs of the forward's shapes plus L²·B.
+    ``U``, ``h`` and ``T``. Cost: four GEMMs of the forward's shapes plus L²·B. ``fuse=False``
+    keeps h and g apart (no concatenation along the batch columns, which would move a batch
+    sharded over its columns between devices).
     """
     M, U_in, U_out = _roles(U, T, transpose, mode)
-    fused = mode == "square" and h is not None and tuple(h.shape[:-1]) == tuple(g.shape[:-1])
+    fused = (
+        fuse and mode == "square" and h is not None and tuple(h.shape[:-1]) == tuple(g.shape[:-1])
+    )
     if fused:
         # one GEMM Uᵀ[h g] and one [g h][b d]ᵀ instead of two each: same flops, half the
         # BLAS calls, and the 2B-wide products run closer to the GEMM rate for small B

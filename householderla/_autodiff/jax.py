@@ -99,7 +99,11 @@ def _apply_fwd(U: Any, T: Any, h: Any, transpose: bool, mode: str) -> tuple[Any,
 @_highest
 def _apply_bwd(transpose: bool, mode: str, res: Any, g: Any) -> tuple[Any, Any, Any]:
     U, T, h, g = _j(*res, g)
-    U_bar, h_bar, T_bar, _ = K.lowrank_vjp(U, T, h, g, jnp, transpose=transpose, mode=mode)
+    # not fused: concatenating h and g along a sharded batch axis would move them between
+    # devices (collective-permute) under jax.jit with NamedSharding
+    U_bar, h_bar, T_bar, _ = K.lowrank_vjp(
+        U, T, h, g, jnp, transpose=transpose, mode=mode, fuse=False
+    )
     return U_bar, T_bar, h_bar
 
 
@@ -258,19 +262,52 @@ def _polar_rule(xp: Any, X: Any, num_iters: Any, restart: Any) -> tuple[Any, dic
 
 def _cayley_rule(xp: Any, X: Any, Z: Any, step: Any) -> tuple[Any, Any]:
     step = jnp.asarray(step, dtype=X.dtype) if isinstance(step, float) else step
-    return cayley_smw(X, Z, step)
+    return cayley_smw(*same_vma(X, Z, step))
 
 
 def _lowrank_rule(xp: Any, U: Any, T: Any, h: Any, transpose: bool, mode: str) -> Any:
     if h is None:
         return lowrank_matrix(U, T, transpose, mode)
-    return lowrank_apply(U, T, h, transpose, mode)
+    return lowrank_apply(*same_vma(U, T, h), transpose, mode)
+
+
+def same_vma(*arrays: Any) -> tuple[Any, ...]:
+    """The arrays cast to vary over the same manual mesh axes (inside ``jax.shard_map``).
+
+    A replicated V applied to a per-device block h: V is invariant over the mesh axis and h
+    varies, so the cotangent our backward returns for V varies too and a ``custom_vjp`` rejects
+    it (its type differs from V's). Cast first, as JAX's own binary operations do: the
+    transpose of the cast is the ``psum`` that makes V̄ the sum over the devices. Outside
+    ``shard_map`` (and on JAX versions without varying-axis types) nothing changes.
+    """
+    if getattr(jax, "typeof", None) is None:  # pragma: no cover - JAX without manual axes
+        return arrays
+    vmas = [_varying_axes(a) for a in arrays]
+    union = frozenset().union(*vmas)
+    if all(v == union for v in vmas):
+        return arrays
+    cast = getattr(jax.lax, "pcast", None)
+    out = []
+    for a, v in zip(arrays, vmas, strict=True):
+        missing = tuple(sorted(union - v))
+        if missing:
+            a = cast(a, missing, to="varying") if cast else jax.lax.pvary(a, missing)
+        out.append(a)
+    return tuple(out)
+
+
+def _varying_axes(a: Any) -> frozenset[Any]:
+    """The manual mesh axes ``a`` varies over (JAX ≥ 0.10: ``manual_axis_type.varying``;
+    earlier: ``vma``)."""
+    t = jax.typeof(a)
+    mat = getattr(t, "manual_axis_type", None)
+    return frozenset(mat.varying if mat is not None else getattr(t, "vma", ()))
 
 
 RULES = {
     "cwy_factors": lambda xp, V: cwy_factors(V),
     "lowrank": _lowrank_rule,
-    "householder_apply": lambda xp, V, h: householder_apply(V, h),
+    "householder_apply": lambda xp, V, h: householder_apply(*same_vma(V, h)),
     "polar": _polar_rule,
     "cayley": _cayley_rule,
     "qr_q": lambda xp, Y: qr_q(Y),
