@@ -53,10 +53,10 @@ def _share_cores_between_workers() -> None:
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
         os.environ.setdefault(var, n)
     xla = os.environ.get("XLA_FLAGS", "")
-    if "intra_op_parallelism_threads" not in xla:
-        os.environ["XLA_FLAGS"] = (
-            f"{xla} --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads={n}".strip()
-        )
+    if "xla_cpu_multi_thread_eigen" not in xla:
+        # (a bare "intra_op_parallelism_threads=n", often quoted with it, is no XLA flag: XLA
+        # stops reading XLA_FLAGS there, dropping every flag after it)
+        os.environ["XLA_FLAGS"] = f"{xla} --xla_cpu_multi_thread_eigen=false".strip()
 
 
 _share_cores_between_workers()

@@ -302,7 +302,9 @@ def check_a_gather_is_caught(c: Context) -> None:
 
 def main(names: list[str]) -> None:
     flags = os.environ.get("XLA_FLAGS", "")
-    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={DEVICES}".strip()
+    # first: XLA stops reading flags at a bare token such as the test runner's
+    # "intra_op_parallelism_threads=1" (tests/conftest.py under pytest-xdist)
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES} {flags}".strip()
     results = {}
     context = Context()
     for name in names or list(CHECKS):

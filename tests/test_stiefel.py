@@ -346,12 +346,13 @@ def test_large_step_stays_on_manifold(algo, dtype):
 def test_printed_transport_diverges_at_large_steps(algo):
     """The finding behind ``transport="energy"``: with the printed forward-Euler U-update
     (k = 1) the same lr = 0.3 run blows up within ~20 steps (‖U⁺‖² = ‖U½‖² + η²‖…‖² grows
-    once η‖U‖ is O(1)); the eager polar step then raises instead of returning garbage."""
+    once η‖U‖ is O(1)); the eager step then raises, naming the momentum about to overflow,
+    instead of returning garbage."""
     A, _, _, X = eigen_problem(n=60, m=4, seed=5)
     make = hl.stiefel.momentum_sgd if algo == "sgd" else hl.stiefel.adam
     opt = make(lr=0.3, transport="euler")
     state = opt.init(X)
-    with np.errstate(all="ignore"), pytest.raises(ValueError, match=r"NaN or Inf|rank deficient"):
+    with np.errstate(all="ignore"), pytest.raises(ValueError, match=r"the momentum U has entries"):
         for _ in range(200):
             X, state = opt.update(X, -2 * A @ X, state)
             assert orth_error(X) <= 20 * EPS[np.float64] * 4  # on the manifold until it fails
