@@ -6,6 +6,10 @@ computes U and T = S⁻¹ on the first product (N·L² + L³/3 flops) and shares
 transposed operator. Products go through the autodiff switch (:mod:`householderla._autodiff`):
 plain kernels without autodiff, the torch Functions when a graph will be recorded, the JAX
 rules always. Formulas: Likhosherstov et al., AISTATS 2021, Theorems 2 and 3.
+
+An operator is Q, Qᴴ (``transposed``), or, for complex V, the conjugate of either
+(``conjugated``): ``.H`` flips the first, ``.T`` (the plain transpose, Qᵀ = conj(Qᴴ)) both, and
+conj(A) h is computed as conj(A conj(h)). For real V ``.T`` and ``.H`` are the same operator.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from ._compose import compose, is_operator
 from ._interop.dask import dask_matmul, dask_rmatmul, is_dask_array
 from ._kernels import numba_for, numba_for_torch
 from ._lib.checks import as_matrix_operand, broadcast_batch
-from ._lib.namespace import device_of, mT, resolve
+from ._lib.namespace import conj, device_of, is_complex, mH, mT, resolve
 from ._lib.tracing import is_eager, needs_graph
 from ._linear_operator import LinearOperatorMixin
 from .householder import apply_sequential, sequential_is_faster
@@ -79,7 +83,7 @@ class LazyFactors:
         self._trapezoidal: bool | None = None
         self.sequential_used = False
         # the products of a built single-matrix operator on NumPy / torch without autodiff:
-        # (U, T, Uᵀ, Tᵀ), and the array type they serve (see CompactWYOperator.__matmul__)
+        # (U, T, Uᴴ, Tᴴ), and the array type they serve (see CompactWYOperator.__matmul__)
         self.direct: tuple[Any, Any, Any, Any] | None = None
         self.direct_type = _direct_type(V, xp)
 
@@ -111,7 +115,7 @@ class LazyFactors:
             U, T = self.U, self.T
             small = self.V.ndim == 2 and self.V.shape[-1] < S.MIN_COLUMNS  # never blocked
             if self.direct_type is not None and small and not needs_graph(self.V, U):
-                self.direct = (U, T, mT(U), mT(T))
+                self.direct = (U, T, mH(U, self.xp), mH(T, self.xp))
         return self.U, self.T
 
 
@@ -141,10 +145,12 @@ class CompactWYOperator(LinearOperatorMixin):
         transposed: bool = False,
         factors: Any = None,
         structure: str = "auto",
+        conjugated: bool = False,
     ) -> None:
         self._V = V  # the given vectors, resolved but never copied or written
         self._xp = xp
-        self._transposed = transposed
+        self._transposed = transposed  # Qᴴ (Qᵀ for real V)
+        self._conjugated = conjugated  # conj(·) of that; only ever True for complex V
         self._factors = LazyFactors(V, xp, structure) if factors is None else factors
 
     # -- array-like metadata -------------------------------------------------------------
@@ -189,12 +195,30 @@ class CompactWYOperator(LinearOperatorMixin):
         """T = S⁻¹, upper triangular, shape (..., L, L)."""
         return self._T
 
+    def _variant(self, transposed: bool, conjugated: bool) -> CompactWYOperator:
+        return type(self)(self._V, self._xp, transposed, self._factors, conjugated=conjugated)
+
     @property
     def T(self) -> CompactWYOperator:
-        """The transposed operator (for CWY also the inverse); shares the factors."""
-        return type(self)(self._V, self._xp, not self._transposed, self._factors)
+        """The transposed operator Qᵀ; shares the factors. For real V also the inverse; for
+        complex V the *plain* transpose, Qᵀ = conj(Qᴴ), as NumPy's ``.T`` (the inverse is
+        :attr:`H`)."""
+        flip = is_complex(self._V.dtype)
+        return self._variant(not self._transposed, self._conjugated ^ flip)
 
     mT = T
+
+    @property
+    def H(self) -> CompactWYOperator:
+        """The conjugate transpose Qᴴ, the inverse of a CWY operator (``.T`` for real V);
+        shares the factors."""
+        return self._variant(not self._transposed, self._conjugated)
+
+    mH = H
+
+    def conj(self) -> CompactWYOperator:
+        """The complex conjugate operator (this operator itself for real V)."""
+        return self._variant(self._transposed, self._conjugated ^ is_complex(self._V.dtype))
 
     @property
     def _mode(self) -> str:
@@ -202,6 +226,10 @@ class CompactWYOperator(LinearOperatorMixin):
 
     def __repr__(self) -> str:
         t = ".T" if self._transposed else ""
+        if is_complex(self._V.dtype):
+            t = {(True, False): ".H", (True, True): ".T", (False, True): ".conj()"}.get(
+                (self._transposed, self._conjugated), ""
+            )
         return f"{type(self).__name__}(shape={self.shape}, dtype={self.dtype}){t}"
 
     # -- products ------------------------------------------------------------------------
@@ -215,7 +243,7 @@ class CompactWYOperator(LinearOperatorMixin):
                 f"h is a {type(h).__module__}.{type(h).__name__} but the operator holds "
                 f"{held.__module__}.{held.__name__} arrays; convert h first"
             )
-        xp, device, _, (h,) = resolve([("h", h)], self._xp)
+        xp, device, _, (h,) = resolve([("h", h)], self._xp, complex_ok=True)
         if device is not None and self.device is not None and device != self.device:
             raise ValueError(f"h is on device {device} but the operator is on {self.device}")
         if h.dtype != self.dtype:
@@ -224,11 +252,12 @@ class CompactWYOperator(LinearOperatorMixin):
 
     def reflector_sequence(self) -> tuple[Any, Any] | None:
         """(V, namespace) with V's columns in the order the product applies them: H(v₁)…H(v_L)
-        for a CWY operator, reversed for its transpose; None for T-CWY (not square)."""
+        for a CWY operator, reversed for its (conjugate) transpose, conjugated for the
+        conjugate operator; None for T-CWY (not square)."""
         if self._mode_forward != "square":
             return None
         V = self._xp.flip(self._V, axis=-1) if self._transposed else self._V
-        return V, self._xp
+        return conj(V, self._xp) if self._conjugated else V, self._xp
 
     def __getstate__(self) -> dict[str, Any]:
         # a namespace is a module, which pickle cannot store: re-derived from V on load
@@ -252,6 +281,7 @@ class CompactWYOperator(LinearOperatorMixin):
         direct = f.direct
         if (
             direct is not None
+            and not self._conjugated
             and type(h) is f.direct_type
             and h.dtype == direct[0].dtype
             and self._mode == "square"
@@ -259,7 +289,7 @@ class CompactWYOperator(LinearOperatorMixin):
             and h.shape[0] == direct[0].shape[0]
             and (f.direct_type.__name__ == "ndarray" or self._torch_direct(h))
         ):
-            # the three products and nothing else: Q h = h − U (T (Uᵀ h)), Qᵀ h with Tᵀ
+            # the three products and nothing else: Q h = h − U (T (Uᴴ h)), Qᴴ h with Tᴴ
             U, T, Ut, Tt = direct
             return h - U @ ((Tt if self._transposed else T) @ (Ut @ h))
         xp = self._xp
@@ -268,6 +298,8 @@ class CompactWYOperator(LinearOperatorMixin):
         if is_operator(h):
             return compose(self, h)
         h = self._operand(h)
+        if self._conjugated:  # conj(A) h = conj(A conj(h))
+            return conj(self._variant(self._transposed, False) @ conj(h, xp), xp)
         hm, vector = as_matrix_operand(h, self._n_rows_cols[1])
         broadcast_batch([("the operator", self._V.shape[:-2]), ("h", hm.shape[:-2])])
         y = self._first_product_sequential(h)
@@ -302,6 +334,8 @@ class CompactWYOperator(LinearOperatorMixin):
         f = self._factors
         if f.U is not None or f.sequential_used or self._mode != "square":
             return None
+        if is_complex(h.dtype):
+            return None  # the Numba kernels are real: complex products go through U, T
         if not aac.is_numpy_namespace(self._xp) and not (
             aac.is_torch_namespace(self._xp)
             and not needs_graph(self._V, h)
@@ -387,15 +421,15 @@ class CompactWYOperator(LinearOperatorMixin):
         except for N ≤ 64 on NumPy, where the reflections are applied to [I; 0] by the Numba kernel,
         every matrix of a batch in one call (``_small_matrix``).
         """
-        mode = self._mode_forward
+        if self._conjugated:
+            return conj(self._variant(self._transposed, False).matrix(), self._xp)
+        mode, xp = self._mode_forward, self._xp
         dense = self._direct_dense()
         if dense is not None:
-            return mT(dense) if self._transposed else dense
-        out = lowrank(self._U, self._T, None, self._xp, False, mode)
+            return mH(dense, xp) if self._transposed else dense
+        out = lowrank(self._U, self._T, None, xp, False, mode)
         if self._transposed:
             return (
-                mT(out)
-                if mode == "embed"
-                else lowrank(self._U, self._T, None, self._xp, True, mode)
+                mH(out, xp) if mode == "embed" else lowrank(self._U, self._T, None, xp, True, mode)
             )
         return out

@@ -99,7 +99,7 @@ def cwy(V: Any, *, structure: str = "auto", xp: Any = None) -> CWY:
 
 def _prepare(V: Any, structure: Any, xp: Any) -> tuple[Any, Any, bool, None, str]:
     """Resolved, validated V (tril(V) for "trapezoidal") and the operator's arguments."""
-    xp, _, _, (V,) = resolve([("V", V)], xp)
+    xp, _, _, (V,) = resolve([("V", V)], xp, complex_ok=True)
     check_reflectors(V)
     structure = check_structure(structure)
     if structure == "trapezoidal":

@@ -173,6 +173,13 @@ class SVDHouseholder(LinearOperatorMixin):
 
     mT = T
 
+    @property
+    def H(self) -> SVDHouseholder:
+        """The conjugate transpose (W is real: the transpose)."""
+        return self.T
+
+    mH = H
+
     def __repr__(self) -> str:
         return (
             f"SVDHouseholder(shape={self.shape}, dtype={self.dtype}, "

@@ -30,11 +30,20 @@ function                                   map
 
 The retraction VJPs (last four rows) are derived in ``docs/theory/retractions.rst``; they
 cost at most about 2.2× their forward and never form an N×N matrix.
+
+Complex input (the CWY, T-CWY and Householder rows): every function here is the adjoint of the
+map's derivative for the real inner product ⟨A, B⟩ = Re tr(AᴴB). For a real loss L, the
+cotangent of a complex array z is ∂L/∂Re z + i ∂L/∂Im z — what ``torch``'s ``.grad`` holds,
+and the conjugate of JAX's convention — and the returned cotangents are of the same kind. A
+real input mixed with complex ones gets a real cotangent (the real part: its perturbations are
+real). Derivation: ``docs/theory/complex.rst``.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 from . import retractions as R
 from ._agnostic import compact_wy as K
@@ -49,7 +58,7 @@ from ._lib.checks import (
 )
 from ._lib.jit import jit_for
 from ._lib.linalg import eye_like, sum_to_shape
-from ._lib.namespace import accumulation_dtype_for, resolve
+from ._lib.namespace import accumulation_dtype_for, is_complex, resolve
 from ._lib.tracing import is_eager
 from ._svd_vjp import bounded_sigma_vjp as bounded_sigma
 from ._svd_vjp import svd_householder_apply_vjp as svd_householder_apply
@@ -80,10 +89,28 @@ __all__ = [
 ]
 
 
+def _real_inputs(*values: Any) -> list[bool]:
+    """Which inputs are real (a complex cotangent of a real input keeps its real part)."""
+    out = []
+    for a in values:
+        dtype = getattr(a, "dtype", None)
+        out.append(not is_complex(dtype) if dtype is not None else not np.iscomplexobj(a))
+    return out
+
+
+def _as_inputs(real: list[bool], xp: Any, *bars: Any) -> tuple[Any, ...]:
+    """The cotangents ``bars`` with the real part taken where the input was real."""
+    return tuple(
+        xp.real(b) if (r and b is not None and is_complex(b.dtype)) else b
+        for r, b in zip(real, bars, strict=True)
+    )
+
+
 def _apply_vjp(
     V: Any, h: Any, g: Any, xp: Any, *, transpose: bool, mode: str, hname: str
 ) -> tuple[Any, Any]:
-    xp, _, _, (V, h, g) = resolve([("V", V), (hname, h), ("g", g)], xp)
+    real = _real_inputs(V, h)
+    xp, _, _, (V, h, g) = resolve([("V", V), (hname, h), ("g", g)], xp, complex_ok=True)
     N, L = check_reflectors(V)
     n_in = {"square": N, "embed": L, "project": N}[mode]
     n_out = {"square": N, "embed": N, "project": L}[mode]
@@ -97,17 +124,18 @@ def _apply_vjp(
     U, T, r = K.cwy_factors(V, xp)
     U_bar, h_bar, _, S_bar = K.lowrank_vjp(U, T, hm, gm, xp, transpose=transpose, mode=mode)
     V_bar = K.factors_vjp(U, r, U_bar, S_bar, xp)
-    return V_bar, (h_bar[..., 0] if vector else h_bar)
+    return _as_inputs(real, xp, V_bar, h_bar[..., 0] if vector else h_bar)
 
 
 def _matrix_vjp(V: Any, G: Any, xp: Any, *, transpose: bool, mode: str) -> Any:
-    xp, _, _, (V, G) = resolve([("V", V), ("G", G)], xp)
+    (real,) = _real_inputs(V)
+    xp, _, _, (V, G) = resolve([("V", V), ("G", G)], xp, complex_ok=True)
     N, L = check_reflectors(V)
     shape = tuple(V.shape[:-2]) + ((N, N) if mode == "square" else (N, L))
     check_cotangent(G, shape, "G")
     U, T, r = K.cwy_factors(V, xp)
     U_bar, _, _, S_bar = K.lowrank_vjp(U, T, None, G, xp, transpose=transpose, mode=mode)
-    return K.factors_vjp(U, r, U_bar, S_bar, xp)
+    return _as_inputs([real], xp, K.factors_vjp(U, r, U_bar, S_bar, xp))[0]
 
 
 def cwy_apply(V: Any, h: Any, g: Any, *, xp: Any = None) -> tuple[Any, Any]:
@@ -131,13 +159,15 @@ def cwy_apply(V: Any, h: Any, g: Any, *, xp: Any = None) -> tuple[Any, Any]:
     -----
     With a = Uᵀh, b = T a, c = Uᵀg, d = Tᵀc: h̄ = Qᵀg = g − U d,
     Ū = −g bᵀ − h dᵀ + U (P + Pᵀ) with P = striu(d bᵀ), then v̄ = (ū − u uᵀū)/‖v‖.
-    8·N·L·B + 2·N·L² flops on top of building the factors.
+    8·N·L·B + 2·N·L² flops on top of building the factors. For complex input every ᵀ is ᴴ
+    and uᵀū becomes Re(uᴴū) (cotangent convention: the module docstring).
     """
     return _apply_vjp(V, h, g, xp, transpose=False, mode="square", hname="h")
 
 
 def cwy_transpose_apply(V: Any, h: Any, g: Any, *, xp: Any = None) -> tuple[Any, Any]:
-    """VJP of (V, h) ↦ cwy(V).T @ h; as :func:`cwy_apply` with T ↔ Tᵀ and S̄ = b dᵀ."""
+    """VJP of (V, h) ↦ cwy(V).T @ h (for complex V: cwy(V).H @ h, the inverse); as
+    :func:`cwy_apply` with T ↔ Tᴴ and S̄ = b dᴴ."""
     return _apply_vjp(V, h, g, xp, transpose=True, mode="square", hname="h")
 
 
@@ -159,7 +189,8 @@ def tcwy_apply(V: Any, x: Any, g: Any, *, xp: Any = None) -> tuple[Any, Any]:
 
 
 def tcwy_transpose_apply(V: Any, y: Any, g: Any, *, xp: Any = None) -> tuple[Any, Any]:
-    """VJP of (V, y) ↦ tcwy(V).T @ y; y (N,) or (..., N, B), g (..., M[, B])."""
+    """VJP of (V, y) ↦ tcwy(V).T @ y (for complex V: tcwy(V).H @ y); y (N,) or (..., N, B),
+    g (..., M[, B])."""
     return _apply_vjp(V, y, g, xp, transpose=True, mode="project", hname="y")
 
 
@@ -171,21 +202,23 @@ def tcwy_matrix(V: Any, G: Any, *, xp: Any = None) -> Any:
 def householder_apply(V: Any, h: Any, g: Any, *, xp: Any = None) -> tuple[Any, Any]:
     """VJP of (V, h) ↦ householder_apply(V, h), by sequential reflections (8·N·L·B flops,
     O(N·B) extra memory: each reflector's input is recovered from its output)."""
-    xp, _, _, (V, h, g) = resolve([("V", V), ("h", h), ("g", g)], xp)
+    real = _real_inputs(V, h)
+    xp, _, _, (V, h, g) = resolve([("V", V), ("h", h), ("g", g)], xp, complex_ok=True)
     N, _ = check_reflectors(V)
     hm, vector = as_matrix_operand(h, N)
     out = broadcast_batch([("V", V.shape[:-2]), ("h", hm.shape[:-2])]) + tuple(hm.shape[-2:])
     check_cotangent(g, out[:-1] if vector else out, "g")
-    return householder_apply_vjp(V, h, g, xp)
+    return _as_inputs(real, xp, *householder_apply_vjp(V, h, g, xp))
 
 
 def householder_product(V: Any, G: Any, *, xp: Any = None) -> Any:
     """VJP of V ↦ householder_product(V); G has shape (..., N, N)."""
-    xp, device, dtype, (V, G) = resolve([("V", V), ("G", G)], xp)
+    real = _real_inputs(V)
+    xp, device, dtype, (V, G) = resolve([("V", V), ("G", G)], xp, complex_ok=True)
     N, _ = check_reflectors(V)
     check_cotangent(G, tuple(V.shape[:-2]) + (N, N), "G")
     V_bar, _ = householder_apply_vjp(V, eye_like(xp, N, dtype, device), G, xp)
-    return V_bar
+    return _as_inputs(real, xp, V_bar)[0]
 
 
 def cwy_factors(V: Any, U_bar: Any, T_bar: Any, *, xp: Any = None) -> Any:
@@ -195,12 +228,15 @@ def cwy_factors(V: Any, U_bar: Any, T_bar: Any, *, xp: Any = None) -> Any:
     This is the rule the torch and JAX wiring use, so that several applies of one operator
     share one factor backward.
     """
-    xp, _, _, (V, U_bar, T_bar) = resolve([("V", V), ("U_bar", U_bar), ("T_bar", T_bar)], xp)
+    real = _real_inputs(V)
+    named = [("V", V), ("U_bar", U_bar), ("T_bar", T_bar)]
+    xp, _, _, (V, U_bar, T_bar) = resolve(named, xp, complex_ok=True)
     _, L = check_reflectors(V)
     check_cotangent(U_bar, tuple(V.shape), "U_bar")
     check_cotangent(T_bar, tuple(V.shape[:-2]) + (L, L), "T_bar")
     U, T, r = K.cwy_factors(V, xp)
-    return K.factors_vjp(U, r, U_bar, K.s_bar_from_t_bar(T, T_bar), xp)
+    V_bar = K.factors_vjp(U, r, U_bar, K.s_bar_from_t_bar(T, T_bar, xp), xp)
+    return _as_inputs(real, xp, V_bar)[0]
 
 
 # -- retractions (householderla.retractions) --------------------------------------------------

@@ -7,7 +7,9 @@ Two routes without the normalised factors U, T of :mod:`.compact_wy`:
 * :func:`dense_matrix` for any V, the one-shot I − V S⁻¹ Vᵀ (syrk, one triangular solve, one
   GEMM) with S = striu(VᵀV) + ½ diag(VᵀV) (Mhammedi et al., ICML 2017, Proposition 1).
 
-Both need writeable arrays (NumPy, torch, CuPy) and run only where no autodiff follows.
+Both need writeable arrays (NumPy, torch, CuPy) and run only where no autodiff follows. Complex
+V takes conjugate transposes (I − V S⁻¹ Vᴴ, S = striu(VᴴV) + ½ diag(VᴴV)), through the
+generic products (the SciPy BLAS shortcuts are for real matrices).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 import array_api_compat as aac
 
 from .._lib.linalg import eye_like, gram_upper, solve_upper_triangular, where0
-from .._lib.namespace import accumulation_dtype_for, device_of, mT
+from .._lib.namespace import accumulation_dtype_for, device_of, is_complex, mH, real_dtype
 
 __all__ = ["STRUCTURED_BLOCK", "dense_matrix", "structured_matrix"]
 
@@ -43,7 +45,7 @@ def _quiet(gram: Any, V: Any, xp: Any) -> Any:
 
 
 def _gram_matmul(V: Any, xp: Any) -> Any:
-    return mT(V) @ V
+    return mH(V, xp) @ V
 
 
 def _solve_upper_same_blas(S: Any, W: Any, xp: Any) -> Any:
@@ -60,7 +62,7 @@ def _solve_upper_same_blas(S: Any, W: Any, xp: Any) -> Any:
 def _norm_range(dtype: Any, xp: Any) -> tuple[float, float]:
     """Safe range of ‖v‖² for the unnormalised Gram: squares and their sums of up to 2^100
     terms stay normal and finite (float64: 2^±900; float32: 2^±100)."""
-    e = 900.0 if dtype == xp.float64 else 100.0
+    e = 900.0 if real_dtype(xp, dtype) == xp.float64 else 100.0
     return 2.0**-e, 2.0**e
 
 
@@ -79,7 +81,7 @@ def _unnormalized_s(V: Any, xp: Any, syrk: bool = True) -> tuple[Any, Any]:
     """
     gram = gram_upper if syrk else _gram_matmul
     G = _quiet(gram, V, xp)
-    d = xp.linalg.diagonal(G)  # (..., L)
+    d = _real_diagonal(G, xp)  # (..., L)
     lo, hi = _norm_range(V.dtype, xp)
     in_range = (d >= lo) & (d <= hi)
     if not bool(xp.all(in_range)):
@@ -90,7 +92,7 @@ def _unnormalized_s(V: Any, xp: Any, syrk: bool = True) -> tuple[Any, Any]:
             half = xp.floor(e / 2)  # two exact steps: 2^1074 (subnormal columns) overflows
             V = (V * 2.0**half) * 2.0 ** (e - half)
             G = _quiet(gram, V, xp)
-            d = xp.linalg.diagonal(G)
+            d = _real_diagonal(G, xp)
     if aac.is_numpy_namespace(xp) and G.ndim == 2 and bool(xp.all(d > 0)):
         # no zero column: S in place in the fresh Gram (no N×L or L×L copies); the strict
         # lower part is left as is — triangular solvers read the upper triangle only
@@ -101,6 +103,12 @@ def _unnormalized_s(V: Any, xp: Any, syrk: bool = True) -> tuple[Any, Any]:
         return V, G
     S, nonzero = _s_from_gram(G, d, xp)
     return where0(xp, nonzero[..., None, :], V), S
+
+
+def _real_diagonal(G: Any, xp: Any) -> Any:
+    """The diagonal ‖v_k‖² of a Gram matrix, real (the imaginary part of vᴴv is zero)."""
+    d = xp.linalg.diagonal(G)
+    return xp.real(d) if is_complex(d.dtype) else d
 
 
 #: Reflectors per block in :func:`structured_matrix`: N=1024 float64 LAPACK reflectors took
@@ -141,9 +149,9 @@ def structured_matrix(
         e = min(s + block, L)
         Vb, Sb = _unnormalized_s(Va[..., s:, s:e], xp, syrk=False)
         head = max(min(e, ncols) - s, 0)  # identity columns s … min(e, ncols) − 1
-        parts = [mT(Vb[..., :head, :])] if head else []
+        parts = [mH(Vb[..., :head, :], xp)] if head else []
         if ncols > e:
-            parts.append(mT(Vb[..., e - s :, :]) @ Q[..., e:, e:])
+            parts.append(mH(Vb[..., e - s :, :], xp) @ Q[..., e:, e:])
         if not parts:
             continue
         W = parts[0] if len(parts) == 1 else xp.concat(parts, axis=-1)
@@ -166,10 +174,10 @@ def dense_matrix(V: Any, xp: Any, ncols: int | None = None) -> Any:
     Va = V if V.dtype == acc else xp.astype(V, acc)
     ncols = V.shape[-2] if ncols is None else ncols
     Vz, S = _unnormalized_s(Va, xp)
-    if aac.is_numpy_namespace(xp) and Vz.ndim == 2:
+    if aac.is_numpy_namespace(xp) and Vz.ndim == 2 and not is_complex(Vz.dtype):
         Q = _dense_matrix_scipy_blas(Vz, S, ncols)
         return Q if acc == V.dtype else xp.astype(Q, V.dtype)
-    W = solve_upper_triangular(S, mT(Vz[..., :ncols, :]), xp)
+    W = solve_upper_triangular(S, mH(Vz[..., :ncols, :], xp), xp)
     Q = _identity(xp, V, ncols, acc)
     Q = Q - Vz @ W
     return Q if acc == V.dtype else xp.astype(Q, V.dtype)

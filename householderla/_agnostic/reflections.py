@@ -1,8 +1,10 @@
 """Householder reflections one at a time: the sequential product, its backward, and the
 reflectors of Householder QR with a positive diagonal.
 
-H(v) = I − 2 v vᵀ / ‖v‖² for v ≠ 0 and H(0) = I (Zhang, Lei & Dhillon, ICML 2018, eq. 1).
-Every function takes ``xp`` (or reads it from its input) and works on any Array API namespace.
+H(v) = I − 2 v vᵀ / ‖v‖² for v ≠ 0 and H(0) = I (Zhang, Lei & Dhillon, ICML 2018, eq. 1); for
+complex v, H(v) = I − 2 v vᴴ / ‖v‖² (Hermitian and unitary), with every transpose below a
+conjugate transpose. Every function takes ``xp`` (or reads it from its input) and works on any
+Array API namespace.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import array_api_compat as aac
 
 from .._lib.checks import as_matrix_operand, check_reflectors
 from .._lib.linalg import sum_to_shape
-from .._lib.namespace import device_of, mT
+from .._lib.namespace import device_of, mH
 from .compact_wy import normalize_columns, normalize_columns_vjp
 
 __all__ = [
@@ -24,16 +26,16 @@ __all__ = [
 ]
 
 
-def reflect_sequence(U: Any, y: Any, order: range) -> Any:
+def reflect_sequence(U: Any, y: Any, order: range, xp: Any) -> Any:
     for k in order:
         u = U[..., :, k : k + 1]
-        y = y - 2.0 * (u @ (mT(u) @ y))
+        y = y - 2.0 * (u @ (mH(u, xp) @ y))
     return y
 
 
-def reflect_all(U: Any, y: Any) -> Any:
+def reflect_all(U: Any, y: Any, xp: Any) -> Any:
     """H(u₁)(H(u₂)(…H(u_L) y)) for unit columns U."""
-    return reflect_sequence(U, y, range(U.shape[-1] - 1, -1, -1))
+    return reflect_sequence(U, y, range(U.shape[-1] - 1, -1, -1), xp)
 
 
 def householder_apply_vjp(V: Any, h: Any, g: Any, xp: Any) -> tuple[Any, Any]:
@@ -43,7 +45,7 @@ def householder_apply_vjp(V: Any, h: Any, g: Any, xp: Any) -> tuple[Any, Any]:
 
     Runs the reflections in forward order, recovering each reflector's input from its output (H(u)
     is an involution, so no O(L·N·B) tape is stored; Mhammedi et al., ICML 2017, Algorithm 1). For y
-    = H(u) x: x̄ = H(u) ȳ and ū = −2 (ȳ (uᵀx)ᵀ + x (uᵀȳ)ᵀ) summed over the B columns; the
+    = H(u) x: x̄ = H(u) ȳ and ū = −2 (ȳ (uᴴx)ᴴ + x (uᴴȳ)ᴴ) summed over the B columns; the
     normalisation u = v/‖v‖ then gives the full gradient of Zhang, Lei & Dhillon, ICML 2018 eq. 15
     (v̄ = (ū − u uᵀū)/‖v‖), not Mhammedi et al.'s fixed-norm version.
 
@@ -54,14 +56,15 @@ def householder_apply_vjp(V: Any, h: Any, g: Any, xp: Any) -> tuple[Any, Any]:
     hm, vector = as_matrix_operand(h, N)
     gm = g[..., None] if vector else g
     U, r = normalize_columns(V, xp)
-    y = reflect_sequence(U, hm, range(L - 1, -1, -1))
+    y = reflect_sequence(U, hm, range(L - 1, -1, -1), xp)
     cols = []
     for k in range(L):
         u = U[..., :, k : k + 1]
-        x = y - 2.0 * (u @ (mT(u) @ y))
-        w = mT(u) @ x  # (..., 1, B)
-        z = mT(u) @ gm
-        cols.append(-2.0 * (gm @ mT(w) + x @ mT(z)))
+        uh = mH(u, xp)
+        x = y - 2.0 * (u @ (uh @ y))
+        w = uh @ x  # (..., 1, B)
+        z = uh @ gm
+        cols.append(-2.0 * (gm @ mH(w, xp) + x @ mH(z, xp)))
         gm = gm - 2.0 * (u @ z)
         y = x
     Ubar = xp.concat(cols, axis=-1) if cols else xp.zeros_like(U)

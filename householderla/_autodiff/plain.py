@@ -21,7 +21,7 @@ def lowrank(xp: Any, U: Any, T: Any, h: Any, transpose: bool, mode: str) -> Any:
 
 
 def householder_apply(xp: Any, V: Any, h: Any) -> Any:
-    return reflect_all(K.normalize_columns(V, xp)[0], h)
+    return reflect_all(K.normalize_columns(V, xp)[0], h, xp)
 
 
 def polar(xp: Any, X: Any, num_iters: Any, restart: Any) -> tuple[Any, dict[str, Any]]:

@@ -65,7 +65,7 @@ class CWYFactors(torch.autograd.Function):
         # r stays differentiable (∂‖v‖/∂v = u) so that double backward sees how the
         # 1/‖v‖ in the normalisation backward depends on V.
         U, T, r = ctx.saved_tensors
-        S_bar = K.s_bar_from_t_bar(T, T_bar)
+        S_bar = K.s_bar_from_t_bar(T, T_bar, _xp)
         return K.factors_vjp(U, r, U_bar, S_bar, _xp) + U * r_bar
 
 
@@ -104,7 +104,7 @@ class HouseholderApply(torch.autograd.Function):
     @staticmethod
     def forward(V: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         U, _ = K.normalize_columns(V, _xp)
-        return reflect_all(U, h)
+        return reflect_all(U, h, _xp)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
