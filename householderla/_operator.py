@@ -10,21 +10,23 @@ rules always. Formulas: Likhosherstov et al., AISTATS 2021, Theorems 2 and 3.
 An operator is Q, Qᴴ (``transposed``), or, for complex V, the conjugate of either
 (``conjugated``): ``.H`` flips the first, ``.T`` (the plain transpose, Qᵀ = conj(Qᴴ)) both, and
 conj(A) h is computed as conj(A conj(h)). For real V ``.T`` and ``.H`` are the same operator.
+A unitary operator may carry a right phase factor, Q = H(v₁)…H(v_L) diag(e^{iθ}) (Ω = γ(V)
+diag(e^{iθ}) for T-CWY): ``Q h`` scales h's rows by e^{iθ} first, ``Qᴴ h`` the result's rows by
+e^{−iθ} last (:mod:`householderla._agnostic.phases`; differentiated natively, one elementwise
+product, as σ in :mod:`householderla.svd`).
 """
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import array_api_compat as aac
 import numpy as np
 
-from ._agnostic import compact_wy as K
 from ._agnostic import forming as F
 from ._agnostic import trapezoidal as S
-from ._autodiff import call, route
 from ._compose import compose, is_operator
+from ._factors import SMALL_N, LazyFactors, lowrank
 from ._interop.dask import dask_matmul, dask_rmatmul, is_dask_array
 from ._kernels import numba_for, numba_for_torch
 from ._lib.checks import as_matrix_operand, broadcast_batch
@@ -33,101 +35,7 @@ from ._lib.tracing import is_eager, needs_graph
 from ._linear_operator import LinearOperatorMixin
 from .householder import apply_sequential, sequential_is_faster
 
-__all__ = ["CompactWYOperator", "LazyFactors", "factors_of", "lowrank"]
-
-
-def factors_of(V: Any, xp: Any) -> tuple[Any, Any]:
-    """U and T of ``V``, through the explicit VJP when autodiff may follow."""
-    U, T, _ = call(route(xp, V), "cwy_factors", xp, V)
-    return U, T
-
-
-def lowrank(
-    U: Any, T: Any, h: Any, xp: Any, transpose: bool, mode: str, structured: bool = False
-) -> Any:
-    """R(h) − U_out M U_inᵀ h through the rule table of the call; ``structured`` asks for the
-    blocked trapezoidal products, which only the plain route has."""
-    r = route(xp, U, T, h)
-    if r == "plain" and structured and h is not None:
-        return S.lowrank_apply(U, T, h, xp, transpose=transpose, mode=mode)
-    return call(r, "lowrank", xp, U, T, h, transpose, mode)
-
-
-#: Largest N formed by sequential reflections in ``.matrix()`` (see ``_small_matrix``)
-SMALL_N = 64
-
-
-class LazyFactors:
-    """U and T of V, computed on first use and shared by an operator and its transpose.
-
-    ``cwy(V).matrix()`` for lower-trapezoidal V never needs them. With torch, factors cached
-    without a graph (first used under ``no_grad``) are rebuilt when a later use needs one.
-    Also holds the ``structure`` of V and, for "auto", the result of detecting it (once).
-    """
-
-    __slots__ = (
-        "T",
-        "U",
-        "V",
-        "_trapezoidal",
-        "direct",
-        "direct_type",
-        "sequential_used",
-        "structure",
-        "xp",
-    )
-
-    def __init__(self, V: Any, xp: Any, structure: str = "auto") -> None:
-        self.V, self.xp, self.structure = V, xp, structure
-        self.U = self.T = None
-        self._trapezoidal: bool | None = None
-        self.sequential_used = False
-        # the products of a built single-matrix operator on NumPy / torch without autodiff:
-        # (U, T, Uᴴ, Tᴴ), and the array type they serve (see CompactWYOperator.__matmul__)
-        self.direct: tuple[Any, Any, Any, Any] | None = None
-        self.direct_type = _direct_type(V, xp)
-
-    def __getstate__(self) -> dict[str, Any]:
-        # the namespace (a module) is re-derived from V on load
-        return {k: getattr(self, k) for k in self.__slots__ if k != "xp"}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        for k, v in state.items():
-            setattr(self, k, v)
-        self.xp = aac.array_namespace(self.V)
-
-    def trapezoidal(self) -> bool:
-        """Whether V is lower trapezoidal: declared ("trapezoidal"), excluded ("dense"), or
-        detected once on eager arrays ("auto": one N·L comparison; never on lazy arrays)."""
-        if self.structure != "auto":
-            return self.structure == "trapezoidal"
-        if self._trapezoidal is None:
-            self._trapezoidal = K.is_lower_trapezoidal(self.V, self.xp)
-        return self._trapezoidal
-
-    def get(self) -> tuple[Any, Any]:
-        stale = self.U is None or (
-            aac.is_torch_namespace(self.xp) and needs_graph(self.V) and not self.U.requires_grad
-        )
-        if stale:
-            self.U, self.T = factors_of(self.V, self.xp)
-            self.direct = None
-            U, T = self.U, self.T
-            small = self.V.ndim == 2 and self.V.shape[-1] < S.MIN_COLUMNS  # never blocked
-            if self.direct_type is not None and small and not needs_graph(self.V, U):
-                self.direct = (U, T, mH(U, self.xp), mH(T, self.xp))
-        return self.U, self.T
-
-
-def _direct_type(V: Any, xp: Any) -> type | None:
-    """The exact array type the direct products of :class:`LazyFactors` serve: NumPy's
-    ndarray, torch's Tensor; None elsewhere (JAX always goes through its custom_vjp rules,
-    other namespaces through the general path)."""
-    if aac.is_numpy_namespace(xp):
-        return type(V) if type(V).__name__ == "ndarray" else None
-    if aac.is_torch_namespace(xp):
-        return sys.modules["torch"].Tensor
-    return None
+__all__ = ["CompactWYOperator"]
 
 
 class CompactWYOperator(LinearOperatorMixin):
@@ -146,12 +54,16 @@ class CompactWYOperator(LinearOperatorMixin):
         factors: Any = None,
         structure: str = "auto",
         conjugated: bool = False,
+        sdiag: Any = None,
+        theta: Any = None,
     ) -> None:
         self._V = V  # the given vectors, resolved but never copied or written
         self._xp = xp
         self._transposed = transposed  # Qᴴ (Qᵀ for real V)
         self._conjugated = conjugated  # conj(·) of that; only ever True for complex V
-        self._factors = LazyFactors(V, xp, structure) if factors is None else factors
+        if factors is None:
+            factors = LazyFactors(V, xp, structure, sdiag, theta)
+        self._factors = factors
 
     # -- array-like metadata -------------------------------------------------------------
     @property
@@ -197,6 +109,11 @@ class CompactWYOperator(LinearOperatorMixin):
 
     def _variant(self, transposed: bool, conjugated: bool) -> CompactWYOperator:
         return type(self)(self._V, self._xp, transposed, self._factors, conjugated=conjugated)
+
+    @property
+    def theta(self) -> Any:
+        """The phases θ (..., K) of the right factor diag(e^{iθ}), or None (no factor)."""
+        return self._factors.theta
 
     @property
     def T(self) -> CompactWYOperator:
@@ -253,8 +170,10 @@ class CompactWYOperator(LinearOperatorMixin):
     def reflector_sequence(self) -> tuple[Any, Any] | None:
         """(V, namespace) with V's columns in the order the product applies them: H(v₁)…H(v_L)
         for a CWY operator, reversed for its (conjugate) transpose, conjugated for the
-        conjugate operator; None for T-CWY (not square)."""
-        if self._mode_forward != "square":
+        conjugate operator; None for T-CWY (not square) and for operators with phases or
+        generalised reflectors (``from_lapack``), which do not concatenate."""
+        f = self._factors
+        if self._mode_forward != "square" or f.phase is not None or f.sdiag is not None:
             return None
         V = self._xp.flip(self._V, axis=-1) if self._transposed else self._V
         return conj(V, self._xp) if self._conjugated else V, self._xp
@@ -282,6 +201,7 @@ class CompactWYOperator(LinearOperatorMixin):
         if (
             direct is not None
             and not self._conjugated
+            and f.phase is None
             and type(h) is f.direct_type
             and h.dtype == direct[0].dtype
             and self._mode == "square"
@@ -309,7 +229,12 @@ class CompactWYOperator(LinearOperatorMixin):
         if U.dtype != h.dtype:
             U, T = xp.astype(U, h.dtype), xp.astype(T, h.dtype)
         structured = self._use_structured(hm.shape[-1])
+        phase = self._factors.phase
+        if phase is not None and not self._transposed:  # Q₀ D h
+            hm = phase[..., :, None] * hm
         y = lowrank(U, T, hm, xp, self._transposed, self._mode, structured)
+        if phase is not None and self._transposed:  # Dᴴ Q₀ᴴ h
+            y = xp.conj(phase)[..., :, None] * y
         return y[..., 0] if vector else y
 
     def _torch_direct(self, h: Any) -> bool:
@@ -388,9 +313,10 @@ class CompactWYOperator(LinearOperatorMixin):
         small = self._small_matrix(V, xp, ncols)
         if small is not None:
             return small
+        sdiag = self._factors.sdiag
         if self._factors.trapezoidal():
-            return F.structured_matrix(V, xp, ncols)
-        return F.dense_matrix(V, xp, ncols)
+            return F.structured_matrix(V, xp, ncols, sdiag=sdiag)
+        return F.dense_matrix(V, xp, ncols, sdiag=sdiag)
 
     @staticmethod
     def _small_matrix(V: Any, xp: Any, ncols: int | None) -> Any:
@@ -423,6 +349,16 @@ class CompactWYOperator(LinearOperatorMixin):
         """
         if self._conjugated:
             return conj(self._variant(self._transposed, False).matrix(), self._xp)
+        out = self._dense_unphased()
+        phase = self._factors.phase
+        if phase is None:
+            return out
+        if self._transposed:  # Dᴴ Q₀ᴴ: rows scaled
+            return self._xp.conj(phase)[..., :, None] * out
+        return out * phase[..., None, :]  # Q₀ D: columns scaled
+
+    def _dense_unphased(self) -> Any:
+        """The dense Q₀ (or Q₀ᴴ) of the reflectors, without the phase factor."""
         mode, xp = self._mode_forward, self._xp
         dense = self._direct_dense()
         if dense is not None:

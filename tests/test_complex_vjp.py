@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import require, to_numpy
+from conftest import LONG, require, to_numpy
 from helpers import assert_vjp_matches_central_differences, stable_seed
 
 import householderla as hl
@@ -148,7 +148,10 @@ def test_torch_gradcheck_and_gradgradcheck(name):
         shape = (L, 2) if other == "x" else (N, 2)
         args.append(torch.tensor(crandn(rng, *shape), requires_grad=True))
     assert torch.autograd.gradcheck(f, tuple(args))
-    assert torch.autograd.gradgradcheck(f, tuple(args))
+    if LONG or name in ("cwy_apply", "cwy_matrix", "tcwy_apply", "householder_apply"):
+        # second order for the maps issue 15 names; the transposed variants (same Functions,
+        # 7-12 s each) in `make test-long`
+        assert torch.autograd.gradgradcheck(f, tuple(args))
 
 
 def test_torch_grad_is_the_plain_vjp():

@@ -71,20 +71,26 @@ def normalize_columns(V: Any, xp: Any, *, check: bool = False) -> tuple[Any, Any
     return U, m * rs
 
 
-def cwy_factors(V: Any, xp: Any, *, check: bool = True) -> tuple[Any, Any, Any]:
+def cwy_factors(V: Any, xp: Any, *, check: bool = True, sdiag: Any = None) -> tuple[Any, Any, Any]:
     """``U`` (..., N, L), ``T = S⁻¹`` (..., L, L) and norms ``r`` (..., 1, L, real) of ``V``.
 
     Gram matrix, norms and T are accumulated in float64 (complex128) for float32 (complex64)
     inputs on CPU backends (:func:`~householderla._lib.namespace.accumulation_dtype_for`) and
     rounded to ``V``'s dtype at the end. Cost: N·L² (Gram, syrk on NumPy) + L³/3 (triangular
     inverse) flops; 4× that in real flops for complex V.
+
+    ``sdiag`` (..., L), a constant (no cotangent), replaces the diagonal ½ of S: column k is
+    then the unitary map I − (1 − λ_k) u_k u_kᴴ, λ_k = 1 − 1/sdiag_k (LAPACK's complex
+    reflectors, ``docs/theory/complex.rst``).
     """
     acc = accumulation_dtype_for(xp, V)
     Va = V if V.dtype == acc else xp.astype(V, acc)
     U, r = normalize_columns(Va, xp, check=check)
     L = V.shape[-1]
     # only the strict upper triangle of UᴴU is read: syrk (N·L²) on a single real NumPy matrix
-    S = 0.5 * eye_like(xp, L, acc, device_of(V)) + xp.triu(gram_upper(U, xp), k=1)
+    eye = eye_like(xp, L, acc, device_of(V))
+    D = 0.5 * eye if sdiag is None else eye * xp.astype(sdiag, acc)[..., None, :]
+    S = D + xp.triu(gram_upper(U, xp), k=1)
     T = inv_upper_triangular(S, xp)
     if acc != V.dtype:
         U, T = xp.astype(U, V.dtype), xp.astype(T, V.dtype)

@@ -24,12 +24,12 @@ from .._lib.namespace import accumulation_dtype_for, device_of, is_complex, mH, 
 __all__ = ["STRUCTURED_BLOCK", "dense_matrix", "structured_matrix"]
 
 
-def _s_from_gram(G: Any, d: Any, xp: Any) -> tuple[Any, Any]:
-    """(S, nonzero): S = striu(G) + ½ diag(G) with S_kk = 1 where d_k = G_kk = 0."""
+def _s_from_gram(G: Any, d: Any, xp: Any, coef: Any = 0.5) -> tuple[Any, Any]:
+    """(S, nonzero): S = striu(G) + coef·diag(G) with S_kk = 1 where d_k = G_kk = 0."""
     L = G.shape[-1]
     eye = eye_like(xp, L, G.dtype, device_of(G))
     nonzero = d > 0
-    diag = xp.where(nonzero, 0.5 * d, xp.ones_like(d))
+    diag = xp.where(nonzero, coef * d, xp.ones_like(coef * d))
     return xp.triu(G, k=1) + eye * diag[..., None, :], nonzero
 
 
@@ -66,7 +66,7 @@ def _norm_range(dtype: Any, xp: Any) -> tuple[float, float]:
     return 2.0**-e, 2.0**e
 
 
-def _unnormalized_s(V: Any, xp: Any, syrk: bool = True) -> tuple[Any, Any]:
+def _unnormalized_s(V: Any, xp: Any, syrk: bool = True, sdiag: Any = None) -> tuple[Any, Any]:
     """(V, S) with H(v₁)…H(v_L) = I − V S⁻¹ Vᵀ, S = striu(VᵀV) + ½ diag(VᵀV) (Mhammedi et al., ICML
     2017 Proposition 1): no normalisation, so no rounding of the given vectors. Zero columns get
     S_kk = 1 and are zeroed, giving H(0) = I. N·L² flops (syrk on a single NumPy matrix).
@@ -78,6 +78,8 @@ def _unnormalized_s(V: Any, xp: Any, syrk: bool = True) -> tuple[Any, Any]:
     power of two, 2^−⌊log₂ max|v|⌋, which is exact; that costs one more pass and Gram, and
     only happens for such columns. Eager arrays only (the check is data dependent).
     ``syrk=False`` forms the Gram matrix with ``@`` (see :func:`structured_matrix`).
+    ``sdiag`` (..., L) replaces the ½ of the diagonal (generalised reflectors,
+    :mod:`householderla._factors`): S_kk = sdiag_k ‖v_k‖², LAPACK's 1/τ_k.
     """
     gram = gram_upper if syrk else _gram_matmul
     G = _quiet(gram, V, xp)
@@ -99,9 +101,9 @@ def _unnormalized_s(V: Any, xp: Any, syrk: bool = True) -> tuple[Any, Any]:
         import numpy as np
 
         idx = np.arange(G.shape[-1])
-        G[idx, idx] = 0.5 * d
+        G[idx, idx] = 0.5 * d if sdiag is None else xp.astype(sdiag, G.dtype) * d
         return V, G
-    S, nonzero = _s_from_gram(G, d, xp)
+    S, nonzero = _s_from_gram(G, d, xp, 0.5 if sdiag is None else xp.astype(sdiag, G.dtype))
     return where0(xp, nonzero[..., None, :], V), S
 
 
@@ -124,7 +126,7 @@ def _identity(xp: Any, V: Any, ncols: int, dtype: Any) -> Any:
 
 
 def structured_matrix(
-    V: Any, xp: Any, ncols: int | None = None, block: int = STRUCTURED_BLOCK
+    V: Any, xp: Any, ncols: int | None = None, block: int = STRUCTURED_BLOCK, *, sdiag: Any = None
 ) -> Any:
     """First ``ncols`` (default N) columns of H(v₁)…H(v_L) for lower-trapezoidal V (..., N, L),
     like LAPACK's orgqr.
@@ -147,7 +149,8 @@ def structured_matrix(
     Q = _identity(xp, V, ncols, acc)
     for s in range(((L - 1) // block) * block, -1, -block):
         e = min(s + block, L)
-        Vb, Sb = _unnormalized_s(Va[..., s:, s:e], xp, syrk=False)
+        sb = None if sdiag is None else sdiag[..., s:e]
+        Vb, Sb = _unnormalized_s(Va[..., s:, s:e], xp, syrk=False, sdiag=sb)
         head = max(min(e, ncols) - s, 0)  # identity columns s … min(e, ncols) − 1
         parts = [mH(Vb[..., :head, :], xp)] if head else []
         if ncols > e:
@@ -159,7 +162,7 @@ def structured_matrix(
     return Q if acc == V.dtype else xp.astype(Q, V.dtype)
 
 
-def dense_matrix(V: Any, xp: Any, ncols: int | None = None) -> Any:
+def dense_matrix(V: Any, xp: Any, ncols: int | None = None, *, sdiag: Any = None) -> Any:
     """First ``ncols`` (default N) columns of H(v₁)…H(v_L) = I − V S⁻¹ Vᵀ for any V (..., N, L)
     in one shot, with unnormalised factors (Mhammedi et al., ICML 2017, Proposition 1).
 
@@ -173,7 +176,7 @@ def dense_matrix(V: Any, xp: Any, ncols: int | None = None) -> Any:
     acc = accumulation_dtype_for(xp, V)
     Va = V if V.dtype == acc else xp.astype(V, acc)
     ncols = V.shape[-2] if ncols is None else ncols
-    Vz, S = _unnormalized_s(Va, xp)
+    Vz, S = _unnormalized_s(Va, xp, sdiag=sdiag)
     if aac.is_numpy_namespace(xp) and Vz.ndim == 2 and not is_complex(Vz.dtype):
         Q = _dense_matrix_scipy_blas(Vz, S, ncols)
         return Q if acc == V.dtype else xp.astype(Q, V.dtype)

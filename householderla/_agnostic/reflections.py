@@ -23,6 +23,7 @@ __all__ = [
     "positive_qr_reflectors",
     "reflect_all",
     "reflect_sequence",
+    "unitary_qr_reflectors",
 ]
 
 
@@ -127,3 +128,69 @@ def positive_qr_reflectors(A: Any) -> Any:
         pad = xp.zeros(batch + (k,), dtype=A.dtype, device=device)
         cols.append(xp.concat([pad, v], axis=-1))
     return xp.stack(cols, axis=-1)
+
+
+def _from_parts(re: Any, im: Any, xp: Any, dtype: Any) -> Any:
+    """re + i·im as ``dtype`` (the standard has no ``complex(re, im)``)."""
+    return xp.astype(re, dtype) + xp.astype(im, dtype) * 1j
+
+
+def _div_real(z: Any, r: Any, xp: Any) -> Any:
+    """z / r for complex z and real r > 0, part by part: complex division forms 1/r first,
+    which overflows for a subnormal r."""
+    return _from_parts(xp.real(z) / r, xp.imag(z) / r, xp, z.dtype)
+
+
+def unitary_qr_reflectors(A: Any) -> tuple[Any, Any]:
+    """Reflectors v₁…v_K and phases θ of Householder QR of complex A (..., N, K) with
+    Hermitian reflections: A = H(v₁)…H(v_K) [R; 0] with R's diagonal ‖x_k‖ e^{iθ_k}.
+
+    A Hermitian reflection maps x = [α; y] to β e₁ only if |β| = ‖x‖ and conj(α)β is real,
+    so β = ‖x‖ e^{iφ}, φ = arg α (the phase cannot be chosen away: ``docs/theory/complex.rst``).
+    The reflector x − βe₁ = e^{iφ}[|α| − ‖x‖; e^{−iφ}y] is stored as v = [−ρ/(|α| + ‖x‖);
+    e^{−iφ}y/ρ] (ρ = ‖y‖; H(cv) = H(v) for complex c; Parlett's |α| − ‖x‖ = −ρ²/(|α| + ‖x‖),
+    no cancellation), from max-abs-scaled moduli as in :func:`positive_qr_reflectors`.
+    y = 0 (or ρ ≤ N·eps·|α|) gives v = 0. θ_k = arg α_k (0 for α_k = 0). For unitary A
+    (square, or columns orthonormal) R = diag(e^{iθ}): A = H(v₁)…H(v_K) diag(e^{iθ}) (first K
+    columns), Mhammedi et al., ICML 2017, §4.3, Corollary 1; the last reflector of a square A
+    is 0. For any full-rank A this is its Q factor with a positive diagonal R.
+    """
+    xp = aac.array_namespace(A)
+    K = A.shape[-1]
+    batch = tuple(A.shape[:-2])
+    device = device_of(A)
+    W = A
+    cols, phases = [], []
+    negligible = float(xp.finfo(A.dtype).eps) * A.shape[-2]
+    for k in range(K):
+        x = W[..., :, 0]
+        alpha = x[..., 0]
+        a_re, a_im = xp.real(alpha), xp.imag(alpha)
+        aa = xp.abs(alpha)
+        one, zero = xp.ones_like(aa), xp.zeros_like(aa)
+        ar = xp.abs(x[..., 1:])
+        mr = xp.max(ar, axis=-1) if ar.shape[-1] else zero
+        mr1 = xp.where(mr > 0, mr, one)
+        rho = mr * xp.sqrt(xp.sum((ar / mr1[..., None]) ** 2, axis=-1))  # ‖y‖, no squares
+        has = rho > negligible * aa
+        big = xp.maximum(aa, rho)
+        big1 = xp.where(big > 0, big, one)
+        nrm = big * xp.sqrt((aa / big1) ** 2 + (rho / big1) ** 2)  # ‖x‖
+        head = xp.where(has, -rho / xp.where(has, aa + nrm, one), zero)
+        aa1 = xp.where(aa > 0, aa, one)
+        unit = _from_parts(xp.where(aa > 0, a_re / aa1, one), a_im / aa1, xp, A.dtype)
+        rho1 = xp.where(has, rho, one)
+        y = _div_real(xp.conj(unit)[..., None] * x[..., 1:], rho1[..., None], xp)
+        y = xp.where(has[..., None], y, xp.zeros_like(y))
+        v = xp.concat([xp.astype(head, A.dtype)[..., None], y], axis=-1)
+        phases.append(xp.atan2(a_im, a_re))
+        if k + 1 < K:
+            vv = xp.sum(xp.real(xp.conj(v) * v), axis=-1)  # 1 + head² or 0
+            coef = xp.where(vv > 0, 2.0 / xp.where(vv > 0, vv, one), zero)
+            Wr = W[..., :, 1:]
+            vh = xp.conj(v)[..., None, :]
+            Wr = Wr - (xp.astype(coef, A.dtype)[..., None, None] * v[..., :, None]) * (vh @ Wr)
+            W = Wr[..., 1:, :]
+        pad = xp.zeros(batch + (k,), dtype=A.dtype, device=device)
+        cols.append(xp.concat([pad, v], axis=-1))
+    return xp.stack(cols, axis=-1), xp.stack(phases, axis=-1)

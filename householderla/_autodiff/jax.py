@@ -95,6 +95,30 @@ def _factors_bwd(res: tuple[Any, Any, Any], cts: tuple[Any, Any, Any]) -> tuple[
 cwy_factors.defvjp(_factors_fwd, _factors_bwd)
 
 
+@jax.custom_vjp
+@_highest
+def cwy_factors_diag(V: Any, sdiag: Any) -> tuple[Any, Any, Any]:
+    """(V, sdiag) ↦ (U, T, r) with S = diag(sdiag) + striu(UᴴU); sdiag is a constant."""
+    V, sdiag = _j(V, sdiag)
+    return K.cwy_factors(V, jnp, check=False, sdiag=sdiag)
+
+
+@_highest
+def _factors_diag_fwd(V: Any, sdiag: Any) -> tuple[Any, Any]:
+    V, sdiag = _j(V, sdiag)
+    out = K.cwy_factors(V, jnp, check=False, sdiag=sdiag)
+    return out, (*out, sdiag)
+
+
+@_highest
+def _factors_diag_bwd(res: Any, cts: tuple[Any, Any, Any]) -> tuple[Any, Any]:
+    (V_bar,) = _factors_bwd(res[:3], cts)
+    return V_bar, jnp.zeros_like(res[3])
+
+
+cwy_factors_diag.defvjp(_factors_diag_fwd, _factors_diag_bwd)
+
+
 @partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 @_highest
 def lowrank_apply(U: Any, T: Any, h: Any, transpose: bool, mode: str) -> Any:
@@ -255,6 +279,7 @@ qr_q.defvjp(_qr_fwd, _qr_bwd)
 # (and compiling) every operation; under an outer ``jax.jit`` these are inlined. ``polar`` is
 # not wrapped: on concrete input it picks its iteration count from the values (eager path).
 cwy_factors = jax.jit(cwy_factors)
+cwy_factors_diag = jax.jit(cwy_factors_diag)
 lowrank_apply = jax.jit(lowrank_apply, static_argnums=(3, 4))
 lowrank_matrix = jax.jit(lowrank_matrix, static_argnums=(2, 3))
 householder_apply = jax.jit(householder_apply)
@@ -283,7 +308,9 @@ def _lowrank_rule(xp: Any, U: Any, T: Any, h: Any, transpose: bool, mode: str) -
 
 
 RULES = {
-    "cwy_factors": lambda xp, V: cwy_factors(V),
+    "cwy_factors": lambda xp, V, sdiag=None: (
+        cwy_factors(V) if sdiag is None else cwy_factors_diag(V, sdiag)
+    ),
     "lowrank": _lowrank_rule,
     "householder_apply": lambda xp, V, h: householder_apply(V, h),
     "polar": _polar_rule,
