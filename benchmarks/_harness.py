@@ -427,10 +427,11 @@ def save_figure(fig: Any, path: Path, mline: str | None = None, dpi: int = 130) 
 
 # -- small helpers shared by several scripts ---------------------------------------------------
 def orth_err(Q: Any) -> float:
-    """‖QᵀQ − I‖_F computed in float64."""
-    Q = np.asarray(Q, dtype=np.float64)
-    E = Q.T @ Q - np.eye(Q.shape[1])
-    return float(np.sqrt(np.sum(E * E)))
+    """‖QᴴQ − I‖_F computed in float64 (complex128 for complex Q)."""
+    Q = np.asarray(Q)
+    Q = Q.astype(np.complex128 if np.iscomplexobj(Q) else np.float64)
+    E = Q.conj().T @ Q - np.eye(Q.shape[1])
+    return float(np.sqrt(np.sum(np.abs(E) ** 2)))
 
 
 def peak_bytes(fn: Callable[[], Any]) -> int:

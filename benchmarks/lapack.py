@@ -5,7 +5,9 @@ forming Q — prebuilt operator and fresh ``from_lapack(a, tau) @ C`` (build inc
 against SciPy's ``dormqr`` and ``torch.ormqr``; form the thin Q against ``dorgqr`` and
 ``torch.linalg.householder_product``; and the orthogonality ‖QᵀQ − I‖_F of both formed Q.
 Issue 15's targets: apply ≤ 1.0× and form ≤ 1.0× the LAPACK routine, orthogonality ≤ 1.0×.
-Many small matrices (issue 14) are in ``benchmarks/small.py``.
+The same rows in complex128 against ``zunmqr`` / ``zungqr`` on ``zgeqrf``'s (a, τ), whose τ is
+complex (unitary, non-Hermitian reflectors; issue 15 item 3). Many small matrices (issue 14)
+are in ``benchmarks/small.py``.
 
 ``python -m benchmarks.lapack [--quick] [--out DIR]``.
 """
@@ -29,51 +31,62 @@ QUICK = {"profile": H.Profile(sample_s=0.0, min_total=0.0, max_total=0.2, min_re
          "m": 64, "k": 16, "B": 4}  # fmt: skip
 
 
-def rows(b: H.Bench, m: int, k: int, B: int) -> list[H.Row]:
+def rows(b: H.Bench, m: int, k: int, B: int, dtype: Any = np.float64) -> list[H.Row]:
+    """The apply / form / orthogonality rows for float64 (``d`` routines) or complex128
+    (``z`` routines: ``zunmqr`` with trans "N", ``zungqr``)."""
     rng = np.random.default_rng(0)
-    a, tau, _, info = la.dgeqrf(rng.standard_normal((m, k)))
+    cx = np.dtype(dtype).kind == "c"
+    p = "z" if cx else "d"
+    A = rng.standard_normal((m, k)) + (1j * rng.standard_normal((m, k)) if cx else 0)
+    C = rng.standard_normal((m, B)) + (1j * rng.standard_normal((m, B)) if cx else 0)
+    geqrf, ormqr, orgqr = (getattr(la, p + n) for n in ("geqrf", "unmqr" if cx else "ormqr",
+                                                        "ungqr" if cx else "orgqr"))  # fmt: skip
+    a, tau, _, info = geqrf(A)
     assert info == 0
-    C = rng.standard_normal((m, B))
     op = hl.from_lapack(a, tau)
     ta, tt, tc = (torch.from_numpy(x) for x in (a, tau, C))
     lw = 64 * max(m, B)
     t = b.side_by_side(
-        "apply",
+        f"apply {np.dtype(dtype).name}",
         {
-            "dormqr": lambda: la.dormqr("L", "N", a, tau, C, lwork=lw)[0],
+            "ormqr": lambda: ormqr("L", "N", a, tau, C, lwork=lw)[0],
             "torch.ormqr": lambda: torch.ormqr(ta, tt, tc),
             "prebuilt": lambda: op @ C,
             "fresh": lambda: hl.from_lapack(a, tau) @ C,
         },
     )
     f = b.side_by_side(
-        "form thin Q",
+        f"form thin Q {np.dtype(dtype).name}",
         {
-            "dorgqr": lambda: la.dorgqr(a, tau, lwork=lw)[0],
+            "orgqr": lambda: orgqr(a, tau, lwork=lw)[0],
             "householder_product": lambda: torch.linalg.householder_product(ta, tt),
             "ours": lambda: hl.from_lapack(a, tau, thin=True).matrix(),
         },
     )
     med = {k_: v["median_s"] for k_, v in {**t, **f}.items()}
-    shape = f"float64 m={m} k={k}"
+    shape = f"{np.dtype(dtype).name} m={m} k={k}"
+    ormqr_name, orgqr_name = (
+        f"scipy {p}{'unmqr' if cx else 'ormqr'}",
+        f"scipy {p}{'ungqr' if cx else 'orgqr'}",
+    )
     out = [
         H.ratio_row(f"from_lapack(a, tau) @ C (build + apply), {shape} B={B}",
-                    "scipy dormqr", med["dormqr"], med["fresh"], 1.0),
+                    ormqr_name, med["ormqr"], med["fresh"], 1.0),
         H.ratio_row(f"from_lapack(a, tau) @ C (build + apply), {shape} B={B}",
                     "torch.ormqr", med["torch.ormqr"], med["fresh"], 1.0),
-        H.ratio_row(f"prebuilt op @ C, {shape} B={B}", "scipy dormqr", med["dormqr"],
+        H.ratio_row(f"prebuilt op @ C, {shape} B={B}", ormqr_name, med["ormqr"],
                     med["prebuilt"], 1.0),
         H.ratio_row(f"prebuilt op @ C, {shape} B={B}", "torch.ormqr", med["torch.ormqr"],
                     med["prebuilt"], 1.0),
-        H.ratio_row(f"from_lapack(a, tau, thin=True).matrix(), {shape}", "scipy dorgqr",
-                    med["dorgqr"], med["ours"], 1.0),
+        H.ratio_row(f"from_lapack(a, tau, thin=True).matrix(), {shape}", orgqr_name,
+                    med["orgqr"], med["ours"], 1.0),
         H.ratio_row(f"from_lapack(a, tau, thin=True).matrix(), {shape}",
                     "torch householder_product", med["householder_product"], med["ours"], 1.0),
     ]  # fmt: skip
     e_ours = H.orth_err(hl.from_lapack(a, tau, thin=True).matrix())
-    e_lapack = H.orth_err(la.dorgqr(a, tau, lwork=lw)[0])
+    e_lapack = H.orth_err(orgqr(a, tau, lwork=lw)[0])
     out.append(
-        H.Row(f"‖QᵀQ−I‖_F thin Q, {shape}", "scipy dorgqr, same (a, τ)", f"{e_lapack:.2e}",
+        H.Row(f"‖QᴴQ−I‖_F thin Q, {shape}", f"{orgqr_name}, same (a, τ)", f"{e_lapack:.2e}",
               f"{e_ours:.2e}", f"{e_ours / e_lapack:.2f}×", "≤ 1.0×",
               "yes" if e_ours <= e_lapack else "NO", data={"ours": e_ours, "lapack": e_lapack})
     )  # fmt: skip
@@ -90,8 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     threads = H.limit_threads(1)
     machine = H.machine_info()
     monitor = H.LoadMonitor()
-    with H.Bench(cfg["profile"], 7, "lapack") as b:
+    with H.Bench(cfg["profile"], 14, "lapack") as b:
         table = rows(b, cfg["m"], cfg["k"], cfg["B"])
+        table += rows(b, cfg["m"], cfg["k"], cfg["B"], np.complex128)
     load = monitor.result(machine["cores_available"])
     frac = load.get("foreign_cpu_fraction")
     mline = H.machine_line(machine, extra=threads)

@@ -82,6 +82,7 @@ mathjax3_config = {
     "tex": {
         "macros": {
             "R": r"\mathbb{R}",
+            "C": r"\mathbb{C}",
             "striu": r"\operatorname{striu}",
             "diag": r"\operatorname{diag}",
             "tr": r"\operatorname{tr}",

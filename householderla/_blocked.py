@@ -44,18 +44,22 @@ def use_blocks(L: int, B: int) -> bool:
     return L >= MIN_L and 4 * B <= L
 
 
-def block_factors(V: Any, xp: Any, trapezoidal: bool = False) -> list[tuple[int, Any, Any]]:
+def block_factors(
+    V: Any, xp: Any, trapezoidal: bool = False, sdiag: Any = None
+) -> list[tuple[int, Any, Any]]:
     """[(s, U_b, T_b)] for the column blocks [s, s + nb) of V (..., N, L), first block first,
-    each through the ``cwy_factors`` rule of the call's route. For lower-trapezoidal V
-    (LAPACK's and oRNN's layout) block b is zero in rows < s: its factors cover rows s… only
-    and its products touch those rows only, as LAPACK's ``?larfb`` does (4·N·L·B − 2·L²·B
-    flops for the apply instead of 4·N·L·B); s = 0 otherwise."""
+    each through the ``cwy_factors`` rule of the call's route (with the block's slice of the
+    diagonal ``sdiag`` of S for LAPACK's complex reflectors, ``householderla._factors``). For
+    lower-trapezoidal V (LAPACK's and oRNN's layout) block b is zero in rows < s: its factors
+    cover rows s… only and its products touch those rows only, as LAPACK's ``?larfb`` does
+    (4·N·L·B − 2·L²·B flops for the apply instead of 4·N·L·B); s = 0 otherwise."""
     L = V.shape[-1]
     r = route(xp, V)
     out = []
     for s in range(0, L, BLOCK):
-        row = s if trapezoidal else 0
-        U, T, _ = call(r, "cwy_factors", xp, V[..., row:, s : min(s + BLOCK, L)])
+        row, e = (s if trapezoidal else 0), min(s + BLOCK, L)
+        sd = None if sdiag is None else sdiag[..., s:e]
+        U, T, _ = call(r, "cwy_factors", xp, V[..., row:, s:e], sd)
         out.append((row, U, T))
     return out
 

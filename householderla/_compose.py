@@ -60,7 +60,8 @@ def _merged_cwy(left: Any, right: Any) -> Any:
 
 class OperatorProduct(LinearOperatorMixin):
     """``left @ right`` of two operators, applied right to left (``(left @ right) @ h =
-    left @ (right @ h)``); ``.T`` is ``right.T @ left.T``; ``.matrix()`` applies ``left`` to
+    left @ (right @ h)``); ``.T`` is ``right.T @ left.T``, ``.H`` ``right.H @ left.H``;
+    ``.matrix()`` applies ``left`` to
     the dense matrix of ``right``. Shapes follow matmul: batch axes broadcast."""
 
     __array_ufunc__ = None
@@ -90,6 +91,13 @@ class OperatorProduct(LinearOperatorMixin):
         return OperatorProduct(self.right.T, self.left.T)
 
     mT = T
+
+    @property
+    def H(self) -> OperatorProduct:
+        """The conjugate transpose (``.T`` for real operators)."""
+        return OperatorProduct(self.right.H, self.left.H)
+
+    mH = H
 
     def __repr__(self) -> str:
         return f"OperatorProduct({self.left!r} @ {self.right!r})"

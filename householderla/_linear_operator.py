@@ -4,9 +4,9 @@
 ``matvec`` (and uses ``rmatvec``, ``rmatmat`` when present), so CWY, T-CWY, SVD-Householder
 operators and their products run in SciPy's iterative solvers and eigensolvers (``gmres``,
 ``lsqr``, ``eigsh``, ``svds``, …) without forming a matrix: each ``matvec`` is one ``op @ x``
-(4·N·L flops for a CWY operator), each ``rmatvec`` one ``op.T @ x`` (the adjoint of a real
-operator is its transpose). ``op.aslinearoperator()`` returns the ``LinearOperator`` itself,
-with ``matmat`` too.
+(4·N·L flops for a CWY operator), each ``rmatvec`` one ``op.H @ x`` (the adjoint: the
+conjugate transpose, which is the transpose of a real operator). ``op.aslinearoperator()``
+returns the ``LinearOperator`` itself, with ``matmat`` too.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ __all__ = ["LinearOperatorMixin"]
 
 class LinearOperatorMixin:
     """``matvec``, ``rmatvec``, ``matmat``, ``rmatmat`` with SciPy's semantics, and
-    ``aslinearoperator()``, for a class with ``shape``, ``dtype``, ``T`` and ``@``."""
+    ``aslinearoperator()``, for a class with ``shape``, ``dtype``, ``H`` and ``@``."""
 
     def _matrix_shape(self) -> tuple[int, int]:
         shape = tuple(self.shape)  # type: ignore[attr-defined]
@@ -35,8 +35,8 @@ class LinearOperatorMixin:
         return self._vector_product(self, x, self._matrix_shape()[1])
 
     def rmatvec(self, x: Any) -> Any:
-        """``op.T @ x`` (the adjoint) for x of shape (m,) or (m, 1); m = ``op.shape[0]``."""
-        return self._vector_product(self.T, x, self._matrix_shape()[0])  # type: ignore[attr-defined]
+        """``op.H @ x`` (the adjoint) for x of shape (m,) or (m, 1); m = ``op.shape[0]``."""
+        return self._vector_product(self.H, x, self._matrix_shape()[0])  # type: ignore[attr-defined]
 
     def matmat(self, X: Any) -> Any:
         """``op @ X`` for X of shape (n, B)."""
@@ -46,11 +46,11 @@ class LinearOperatorMixin:
         return self @ X  # type: ignore[operator]
 
     def rmatmat(self, X: Any) -> Any:
-        """``op.T @ X`` for X of shape (m, B)."""
+        """``op.H @ X`` (the adjoint) for X of shape (m, B)."""
         m = self._matrix_shape()[0]
         if X.ndim != 2 or X.shape[0] != m:
             raise ValueError(f"X must have shape ({m}, B); got shape {tuple(X.shape)}")
-        return self.T @ X  # type: ignore[attr-defined]
+        return self.H @ X  # type: ignore[attr-defined]
 
     @staticmethod
     def _vector_product(op: Any, x: Any, n: int) -> Any:

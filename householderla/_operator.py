@@ -6,141 +6,38 @@ computes U and T = S⁻¹ on the first product (N·L² + L³/3 flops) and shares
 transposed operator. Products go through the autodiff switch (:mod:`householderla._autodiff`):
 plain kernels without autodiff, the torch Functions when a graph will be recorded, the JAX
 rules always. Formulas: Likhosherstov et al., AISTATS 2021, Theorems 2 and 3.
+
+An operator is Q, Qᴴ (``transposed``), or, for complex V, the conjugate of either
+(``conjugated``): ``.H`` flips the first, ``.T`` (the plain transpose, Qᵀ = conj(Qᴴ)) both, and
+conj(A) h is computed as conj(A conj(h)). For real V ``.T`` and ``.H`` are the same operator.
+A unitary operator may carry a right phase factor, Q = H(v₁)…H(v_L) diag(e^{iθ}) (Ω = γ(V)
+diag(e^{iθ}) for T-CWY): ``Q h`` scales h's rows by e^{iθ} first, ``Qᴴ h`` the result's rows by
+e^{−iθ} last (:mod:`householderla._agnostic.phases`; differentiated natively, one elementwise
+product, as σ in :mod:`householderla.svd`).
 """
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import array_api_compat as aac
 import numpy as np
 
-from ._agnostic import compact_wy as K
 from ._agnostic import forming as F
 from ._agnostic import trapezoidal as S
-from ._autodiff import call, route
-from ._blocked import apply_blocks, block_factors, use_blocks
+from ._blocked import apply_blocks
 from ._compose import compose, is_operator
+from ._factors import SMALL_N, LazyFactors, lowrank
 from ._interop.dask import dask_matmul, dask_rmatmul, is_dask_array
 from ._interop.dlpack import from_numpy, plain_cpu_views
 from ._kernels import numba_enabled, numba_for, numba_for_torch
 from ._lib.checks import as_matrix_operand, broadcast_batch
-from ._lib.namespace import device_of, mT, resolve
+from ._lib.namespace import conj, device_of, is_complex, mH, mT, resolve
 from ._lib.tracing import is_eager, needs_graph
 from ._linear_operator import LinearOperatorMixin
 from .householder import apply_sequential, sequential_is_faster
 
-__all__ = ["CompactWYOperator", "LazyFactors", "factors_of", "lowrank"]
-
-
-def factors_of(V: Any, xp: Any) -> tuple[Any, Any]:
-    """U and T of ``V``, through the explicit VJP when autodiff may follow."""
-    U, T, _ = call(route(xp, V), "cwy_factors", xp, V)
-    return U, T
-
-
-def lowrank(
-    U: Any, T: Any, h: Any, xp: Any, transpose: bool, mode: str, structured: bool = False
-) -> Any:
-    """R(h) − U_out M U_inᵀ h through the rule table of the call; ``structured`` asks for the
-    blocked trapezoidal products, which only the plain route has."""
-    r = route(xp, U, T, h)
-    if r == "plain" and structured and h is not None:
-        return S.lowrank_apply(U, T, h, xp, transpose=transpose, mode=mode)
-    return call(r, "lowrank", xp, U, T, h, transpose, mode)
-
-
-#: Largest N formed by sequential reflections in ``.matrix()`` (see ``_small_matrix``)
-SMALL_N = 64
-
-
-class LazyFactors:
-    """U and T of V, computed on first use and shared by an operator and its transpose.
-
-    ``cwy(V).matrix()`` for lower-trapezoidal V never needs them. With torch, factors cached
-    without a graph (first used under ``no_grad``) are rebuilt when a later use needs one.
-    Also holds the ``structure`` of V and, for "auto", the result of detecting it (once).
-    """
-
-    __slots__ = (
-        "T",
-        "U",
-        "V",
-        "_trapezoidal",
-        "blocks",
-        "direct",
-        "direct_type",
-        "sequential_used",
-        "structure",
-        "xp",
-    )
-
-    def __init__(self, V: Any, xp: Any, structure: str = "auto") -> None:
-        self.V, self.xp, self.structure = V, xp, structure
-        self.U = self.T = None
-        self.blocks: list[tuple[int, Any, Any]] | None = None  # blocked factors (``_blocked``)
-        self._trapezoidal: bool | None = None
-        self.sequential_used = False
-        # the products of a built single-matrix operator on NumPy / torch without autodiff:
-        # (U, T, Uᵀ, Tᵀ), and the array type they serve (see CompactWYOperator.__matmul__)
-        self.direct: tuple[Any, Any, Any, Any] | None = None
-        self.direct_type = _direct_type(V, xp)
-
-    def __getstate__(self) -> dict[str, Any]:
-        # the namespace (a module) is re-derived from V on load
-        return {k: getattr(self, k) for k in self.__slots__ if k != "xp"}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        for k, v in state.items():
-            setattr(self, k, v)
-        self.xp = aac.array_namespace(self.V)
-
-    def trapezoidal(self) -> bool:
-        """Whether V is lower trapezoidal: declared ("trapezoidal"), excluded ("dense"), or
-        detected once on eager arrays ("auto": one N·L comparison; never on lazy arrays)."""
-        if self.structure != "auto":
-            return self.structure == "trapezoidal"
-        if self._trapezoidal is None:
-            self._trapezoidal = K.is_lower_trapezoidal(self.V, self.xp)
-        return self._trapezoidal
-
-    def _stale(self, factor: Any) -> bool:
-        """No factor yet, or one cached without a graph (torch) that a later use needs."""
-        return factor is None or (
-            aac.is_torch_namespace(self.xp) and needs_graph(self.V) and not factor.requires_grad
-        )
-
-    def get_blocks(self, B: int) -> list[tuple[int, Any, Any]] | None:
-        """The blocked factors for a product with B columns: built on the first product when
-        the single pair is not built and ``use_blocks`` says so, then reused; else None."""
-        if self.blocks is None and (self.U is not None or not use_blocks(self.V.shape[-1], B)):
-            return None
-        if self._stale(None if self.blocks is None else self.blocks[0][1]):
-            self.blocks = block_factors(self.V, self.xp, self.trapezoidal())
-        return self.blocks
-
-    def get(self) -> tuple[Any, Any]:
-        stale = self._stale(self.U)
-        if stale:
-            self.U, self.T = factors_of(self.V, self.xp)
-            self.direct = None
-            U, T = self.U, self.T
-            small = self.V.ndim == 2 and self.V.shape[-1] < S.MIN_COLUMNS  # never blocked
-            if self.direct_type is not None and small and not needs_graph(self.V, U):
-                self.direct = (U, T, mT(U), mT(T))
-        return self.U, self.T
-
-
-def _direct_type(V: Any, xp: Any) -> type | None:
-    """The exact array type the direct products of :class:`LazyFactors` serve: NumPy's
-    ndarray, torch's Tensor; None elsewhere (JAX always goes through its custom_vjp rules,
-    other namespaces through the general path)."""
-    if aac.is_numpy_namespace(xp):
-        return type(V) if type(V).__name__ == "ndarray" else None
-    if aac.is_torch_namespace(xp):
-        return sys.modules["torch"].Tensor
-    return None
+__all__ = ["CompactWYOperator"]
 
 
 class CompactWYOperator(LinearOperatorMixin):
@@ -158,11 +55,17 @@ class CompactWYOperator(LinearOperatorMixin):
         transposed: bool = False,
         factors: Any = None,
         structure: str = "auto",
+        conjugated: bool = False,
+        sdiag: Any = None,
+        theta: Any = None,
     ) -> None:
         self._V = V  # the given vectors, resolved but never copied or written
         self._xp = xp
-        self._transposed = transposed
-        self._factors = LazyFactors(V, xp, structure) if factors is None else factors
+        self._transposed = transposed  # Qᴴ (Qᵀ for real V)
+        self._conjugated = conjugated  # conj(·) of that; only ever True for complex V
+        if factors is None:
+            factors = LazyFactors(V, xp, structure, sdiag, theta)
+        self._factors = factors
 
     # -- array-like metadata -------------------------------------------------------------
     @property
@@ -216,12 +119,35 @@ class CompactWYOperator(LinearOperatorMixin):
         """T = S⁻¹, upper triangular, shape (..., L, L)."""
         return self._T
 
+    def _variant(self, transposed: bool, conjugated: bool) -> CompactWYOperator:
+        return type(self)(self._V, self._xp, transposed, self._factors, conjugated=conjugated)
+
+    @property
+    def theta(self) -> Any:
+        """The phases θ (..., K) of the right factor diag(e^{iθ}), or None (no factor)."""
+        return self._factors.theta
+
     @property
     def T(self) -> CompactWYOperator:
-        """The transposed operator (for CWY also the inverse); shares the factors."""
-        return type(self)(self._V, self._xp, not self._transposed, self._factors)
+        """The transposed operator Qᵀ; shares the factors. For real V also the inverse; for
+        complex V the *plain* transpose, Qᵀ = conj(Qᴴ), as NumPy's ``.T`` (the inverse is
+        :attr:`H`)."""
+        flip = is_complex(self._V.dtype)
+        return self._variant(not self._transposed, self._conjugated ^ flip)
 
     mT = T
+
+    @property
+    def H(self) -> CompactWYOperator:
+        """The conjugate transpose Qᴴ, the inverse of a CWY operator (``.T`` for real V);
+        shares the factors."""
+        return self._variant(not self._transposed, self._conjugated)
+
+    mH = H
+
+    def conj(self) -> CompactWYOperator:
+        """The complex conjugate operator (this operator itself for real V)."""
+        return self._variant(self._transposed, self._conjugated ^ is_complex(self._V.dtype))
 
     @property
     def _mode(self) -> str:
@@ -229,6 +155,10 @@ class CompactWYOperator(LinearOperatorMixin):
 
     def __repr__(self) -> str:
         t = ".T" if self._transposed else ""
+        if is_complex(self._V.dtype):
+            t = {(True, False): ".H", (True, True): ".T", (False, True): ".conj()"}.get(
+                (self._transposed, self._conjugated), ""
+            )
         return f"{type(self).__name__}(shape={self.shape}, dtype={self.dtype}){t}"
 
     # -- products ------------------------------------------------------------------------
@@ -242,7 +172,7 @@ class CompactWYOperator(LinearOperatorMixin):
                 f"h is a {type(h).__module__}.{type(h).__name__} but the operator holds "
                 f"{held.__module__}.{held.__name__} arrays; convert h first"
             )
-        xp, device, _, (h,) = resolve([("h", h)], self._xp)
+        xp, device, _, (h,) = resolve([("h", h)], self._xp, complex_ok=True)
         if device is not None and self.device is not None and device != self.device:
             raise ValueError(f"h is on device {device} but the operator is on {self.device}")
         if h.dtype != self.dtype:
@@ -251,11 +181,14 @@ class CompactWYOperator(LinearOperatorMixin):
 
     def reflector_sequence(self) -> tuple[Any, Any] | None:
         """(V, namespace) with V's columns in the order the product applies them: H(v₁)…H(v_L)
-        for a CWY operator, reversed for its transpose; None for T-CWY (not square)."""
-        if self._mode_forward != "square":
+        for a CWY operator, reversed for its (conjugate) transpose, conjugated for the
+        conjugate operator; None for T-CWY (not square) and for operators with phases or
+        generalised reflectors (``from_lapack``), which do not concatenate."""
+        f = self._factors
+        if self._mode_forward != "square" or f.phase is not None or f.sdiag is not None:
             return None
         V = self._xp.flip(self._V, axis=-1) if self._transposed else self._V
-        return V, self._xp
+        return conj(V, self._xp) if self._conjugated else V, self._xp
 
     def __getstate__(self) -> dict[str, Any]:
         # a namespace is a module, which pickle cannot store: re-derived from V on load
@@ -279,6 +212,8 @@ class CompactWYOperator(LinearOperatorMixin):
         direct = f.direct
         if (
             direct is not None
+            and not self._conjugated
+            and f.phase is None
             and type(h) is f.direct_type
             and h.dtype == direct[0].dtype
             and self._mode == "square"
@@ -286,7 +221,7 @@ class CompactWYOperator(LinearOperatorMixin):
             and h.shape[0] == direct[0].shape[0]
             and (f.direct_type.__name__ == "ndarray" or self._torch_direct(h))
         ):
-            # the three products and nothing else: Q h = h − U (T (Uᵀ h)), Qᵀ h with Tᵀ
+            # the three products and nothing else: Q h = h − U (T (Uᴴ h)), Qᴴ h with Tᴴ
             U, T, Ut, Tt = direct
             return h - U @ ((Tt if self._transposed else T) @ (Ut @ h))
         xp = self._xp
@@ -295,20 +230,27 @@ class CompactWYOperator(LinearOperatorMixin):
         if is_operator(h):
             return compose(self, h)
         h = self._operand(h)
+        if self._conjugated:  # conj(A) h = conj(A conj(h))
+            return conj(self._variant(self._transposed, False) @ conj(h, xp), xp)
         hm, vector = as_matrix_operand(h, self._n_rows_cols[1])
         broadcast_batch([("the operator", self._V.shape[:-2]), ("h", hm.shape[:-2])])
         y = self._first_product_sequential(h)
         if y is not None:
             return y
+        phase = self._factors.phase
+        if phase is not None and not self._transposed:  # Q₀ D h
+            hm = phase[..., :, None] * hm
         blocks = self._factors.get_blocks(hm.shape[-1]) if self._mode == "square" else None
         if blocks is not None:  # many reflectors, few columns: blocked compact WY
             y = apply_blocks(blocks, hm, xp, self._transposed)
-            return y[..., 0] if vector else y
-        U, T = self._U, self._T
-        if U.dtype != h.dtype:
-            U, T = xp.astype(U, h.dtype), xp.astype(T, h.dtype)
-        structured = self._use_structured(hm.shape[-1])
-        y = lowrank(U, T, hm, xp, self._transposed, self._mode, structured)
+        else:
+            U, T = self._U, self._T
+            if U.dtype != h.dtype:
+                U, T = xp.astype(U, h.dtype), xp.astype(T, h.dtype)
+            structured = self._use_structured(hm.shape[-1])
+            y = lowrank(U, T, hm, xp, self._transposed, self._mode, structured)
+        if phase is not None and self._transposed:  # Dᴴ Q₀ᴴ h
+            y = xp.conj(phase)[..., :, None] * y
         return y[..., 0] if vector else y
 
     def _torch_direct(self, h: Any) -> bool:
@@ -333,6 +275,8 @@ class CompactWYOperator(LinearOperatorMixin):
         f = self._factors
         if f.U is not None or f.sequential_used or self._mode != "square":
             return None
+        if is_complex(h.dtype):
+            return None  # the Numba kernels are real: complex products go through U, T
         if not aac.is_numpy_namespace(self._xp) and not (
             aac.is_torch_namespace(self._xp)
             and not needs_graph(self._V, h)
@@ -386,17 +330,18 @@ class CompactWYOperator(LinearOperatorMixin):
         small = self._small_matrix(V, xp, ncols)
         if small is not None:
             return small
+        sdiag = self._factors.sdiag
         if self._factors.trapezoidal():
-            return F.structured_matrix(V, xp, ncols)
-        return F.dense_matrix(V, xp, ncols)
+            return F.structured_matrix(V, xp, ncols, sdiag=sdiag)
+        return F.dense_matrix(V, xp, ncols, sdiag=sdiag)
 
     def _small_matrix(self, V: Any, xp: Any, ncols: int | None) -> Any:
         """Small N (≤ SMALL_N = 64) on NumPy: the reflections applied to [I; 0] by the Numba
         kernels, all matrices of a batch in one call, many matrices in the SIMD lanes
         (:func:`householderla._kernels.numba.hform`; no per-matrix BLAS call or factor build),
-        orgqr's flop count for lower-trapezoidal V. None otherwise. Timings are in
-        ``benchmarks/results/small.md``."""
-        if V.shape[-2] > SMALL_N:
+        orgqr's flop count for lower-trapezoidal V. None otherwise (complex V, other
+        reflectors). Timings are in ``benchmarks/results/small.md``."""
+        if V.shape[-2] > SMALL_N or self._factors.sdiag is not None:
             return None
         nk = numba_for(xp, V)
         views = [V] if nk is not None else plain_cpu_views(V)  # CPU torch without autograd
@@ -419,15 +364,25 @@ class CompactWYOperator(LinearOperatorMixin):
         except for N ≤ 64 on NumPy, where the reflections are applied to [I; 0] by the Numba kernel,
         every matrix of a batch in one call (``_small_matrix``).
         """
-        mode = self._mode_forward
+        if self._conjugated:
+            return conj(self._variant(self._transposed, False).matrix(), self._xp)
+        out = self._dense_unphased()
+        phase = self._factors.phase
+        if phase is None:
+            return out
+        if self._transposed:  # Dᴴ Q₀ᴴ: rows scaled
+            return self._xp.conj(phase)[..., :, None] * out
+        return out * phase[..., None, :]  # Q₀ D: columns scaled
+
+    def _dense_unphased(self) -> Any:
+        """The dense Q₀ (or Q₀ᴴ) of the reflectors, without the phase factor."""
+        mode, xp = self._mode_forward, self._xp
         dense = self._direct_dense()
         if dense is not None:
-            return mT(dense) if self._transposed else dense
-        out = lowrank(self._U, self._T, None, self._xp, False, mode)
+            return mH(dense, xp) if self._transposed else dense
+        out = lowrank(self._U, self._T, None, xp, False, mode)
         if self._transposed:
             return (
-                mT(out)
-                if mode == "embed"
-                else lowrank(self._U, self._T, None, self._xp, True, mode)
+                mH(out, xp) if mode == "embed" else lowrank(self._U, self._T, None, xp, True, mode)
             )
         return out

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+from ._agnostic.phases import phase_factor
 from ._agnostic.svd import apply_vjp_core, matrix_vjp_core
 from ._lib.checks import (
     as_matrix_operand,
@@ -17,7 +20,7 @@ from ._lib.checks import (
 )
 from ._lib.jit import jit_for
 from ._lib.linalg import sum_to_shape
-from ._lib.namespace import resolve
+from ._lib.namespace import is_complex, real_dtype, resolve
 from ._lib.tracing import is_eager
 
 __all__ = [
@@ -55,14 +58,49 @@ def check_params(U_vecs: Any, sigma: Any, V_vecs: Any) -> tuple[int, int, int]:
     return m, n, r
 
 
+def _check_real(value: Any, name: str) -> None:
+    dt = getattr(value, "dtype", None)
+    if is_complex(dt) if dt is not None else bool(np.iscomplexobj(value)):
+        raise TypeError(
+            f"{name} must be real: W = Q_U diag(e^{{iθ}}) Σ Q_Vᴴ has real σ and phases θ"
+        )
+
+
 def resolve_params(
-    U_vecs: Any, sigma: Any, V_vecs: Any, xp: Any, extra: list[tuple[str, Any]] = ()
+    U_vecs: Any,
+    sigma: Any,
+    V_vecs: Any,
+    xp: Any,
+    extra: list[tuple[str, Any]] = (),
+    *,
+    theta: Any = None,
 ) -> tuple[Any, list[Any], tuple[int, int, int]]:
-    xp, _, _, vals = resolve([("U_vecs", U_vecs), ("sigma", sigma), ("V_vecs", V_vecs), *extra], xp)
+    """(xp, [U_vecs, sigma, V_vecs, theta, *extra], (m, n, r)): one namespace and (complex)
+    dtype for the arrays, sigma and theta (None if not given) real of its precision."""
+    _check_real(sigma, "sigma")
+    named = [("U_vecs", U_vecs), ("sigma", sigma), ("V_vecs", V_vecs), *extra]
+    if theta is not None:
+        _check_real(theta, "theta")
+        named.append(("theta", theta))
+    xp, _, dtype, vals = resolve(named, xp, complex_ok=True)
+    theta = vals.pop() if theta is not None else None
     mnr = check_params(*vals[:3])
+    rdtype = real_dtype(xp, dtype)
+    reals = []
+    for a in (vals[1], theta):  # exact: they were real
+        a = xp.real(a) if a is not None and is_complex(a.dtype) else a
+        reals.append(a if a is None or a.dtype == rdtype else xp.astype(a, rdtype))
+    vals[1], theta = reals
     for name, a in zip(("U_vecs", "sigma", "V_vecs"), vals[:3], strict=True):
         check_finite(a, xp, name)
-    return xp, vals, mnr
+    if theta is not None:
+        check_finite(theta, xp, "theta")
+        if theta.ndim < 1 or theta.shape[-1] != mnr[2]:
+            raise ValueError(
+                f"theta must have shape (..., {mnr[2]}) = (..., min(m, n)); got shape "
+                f"{tuple(theta.shape)}"
+            )
+    return xp, [*vals[:3], theta, *vals[3:]], mnr
 
 
 # -- bounded singular values ----------------------------------------------------------------------
@@ -161,9 +199,41 @@ def bounded_sigma_vjp(s_hat: Any, center: Any, radius: Any, g: Any, *, xp: Any =
 # -- explicit VJPs of the SVD map -----------------------------------------------------------------
 
 
+def _diag_and_back(
+    xp: Any, U_vecs: Any, sigma: Any, V_vecs: Any, theta: Any, real: list[bool]
+) -> tuple[Any, Any]:
+    """The diagonal d of D(θ)Σ (σ, or σe^{iθ}), and the map from (Ū, d̄, V̄, …) to the
+    returned cotangents: σ̄ = Re(d̄ e^{−iθ}), θ̄ = −Im(conj(d̄) d) (d = σe^{iθ}: dd = e^{iθ}dσ +
+    i d dθ), real parts for real vector inputs."""
+    p = None if theta is None else phase_factor(theta, xp)
+    d = sigma if p is None else sigma * p
+
+    def back(U_bar: Any, d_bar: Any, V_bar: Any, *rest: Any) -> tuple[Any, ...]:
+        U_bar, V_bar = (
+            xp.real(b) if r and is_complex(b.dtype) else b
+            for b, r in zip((U_bar, V_bar), real, strict=True)
+        )
+        s_bar = d_bar if p is None else d_bar * xp.conj(p)
+        s_bar = xp.real(s_bar) if is_complex(s_bar.dtype) else s_bar
+        out = (U_bar, sum_to_shape(s_bar, tuple(sigma.shape), xp), V_bar, *rest)
+        if theta is None:
+            return out
+        t_bar = -xp.imag(xp.conj(d_bar) * d)
+        return (*out, sum_to_shape(t_bar, tuple(theta.shape), xp))
+
+    return d, back
+
+
+def _real_vectors(U_vecs: Any, V_vecs: Any) -> list[bool]:
+    return [
+        not (is_complex(a.dtype) if hasattr(a, "dtype") else bool(np.iscomplexobj(a)))
+        for a in (U_vecs, V_vecs)
+    ]
+
+
 def svd_householder_apply_vjp(
-    U_vecs: Any, sigma: Any, V_vecs: Any, x: Any, g: Any, *, xp: Any = None
-) -> tuple[Any, Any, Any, Any]:
+    U_vecs: Any, sigma: Any, V_vecs: Any, x: Any, g: Any, *, theta: Any = None, xp: Any = None
+) -> tuple[Any, ...]:
     """VJP of (U_vecs, sigma, V_vecs, x) ↦ svd_householder(U_vecs, sigma, V_vecs) @ x
     (exported as ``householderla.vjp.svd_householder_apply``).
 
@@ -175,12 +245,16 @@ def svd_householder_apply_vjp(
         The right operand of the forward.
     g : array
         Cotangent of the output W @ x (its shape: (..., m) or (..., m, B)).
+    theta : real array, shape (..., r), optional
+        The forward's phases (``svd_householder(..., theta=theta)``); θ̄ is returned last.
     xp : namespace, optional
 
     Returns
     -------
     U_bar, sigma_bar, V_bar, x_bar : arrays
-        Shaped as the corresponding inputs (batch axes added by broadcasting summed out).
+        Shaped as the corresponding inputs (batch axes added by broadcasting summed out);
+        then theta_bar with ``theta``. Complex: cotangents ∂L/∂Re + i∂L/∂Im (``hl.vjp``'s
+        convention), σ̄ and θ̄ real.
 
     Notes
     -----
@@ -192,9 +266,11 @@ def svd_householder_apply_vjp(
     About twice the forward's flops (8·N·k·B + 2·N·k² per side, on top of the factors), O(N·k + k·B
     + k²) memory per side.
     """
-    xp, (U_vecs, sigma, V_vecs, x, g), (m, n, _) = resolve_params(
-        U_vecs, sigma, V_vecs, xp, [("x", x), ("g", g)]
+    real = _real_vectors(U_vecs, V_vecs)
+    xp, (U_vecs, sigma, V_vecs, theta, x, g), (m, n, _) = resolve_params(
+        U_vecs, sigma, V_vecs, xp, [("x", x), ("g", g)], theta=theta
     )
+    d, back = _diag_and_back(xp, U_vecs, sigma, V_vecs, theta, real)
     xm, vector = as_matrix_operand(x, n, "x")
     batch = broadcast_batch(
         [
@@ -202,18 +278,19 @@ def svd_householder_apply_vjp(
             ("sigma", tuple(sigma.shape[:-1])),
             ("V_vecs", tuple(V_vecs.shape[:-2])),
             ("x", tuple(xm.shape[:-2])),
+            ("theta", () if theta is None else tuple(theta.shape[:-1])),
         ]
     )
     out = batch + ((m,) if vector else (m, xm.shape[-1]))
     check_cotangent(g, out, "g")
     gm = g[..., None] if vector else g
-    U_bar, s_bar, V_bar, x_bar = jit_for(xp, apply_vjp_core)(xp, U_vecs, sigma, V_vecs, xm, gm)
-    return U_bar, s_bar, V_bar, (x_bar[..., 0] if vector else x_bar)
+    U_bar, s_bar, V_bar, x_bar = jit_for(xp, apply_vjp_core)(xp, U_vecs, d, V_vecs, xm, gm)
+    return back(U_bar, s_bar, V_bar, x_bar[..., 0] if vector else x_bar)
 
 
 def svd_householder_matrix_vjp(
-    U_vecs: Any, sigma: Any, V_vecs: Any, G: Any, *, xp: Any = None
-) -> tuple[Any, Any, Any]:
+    U_vecs: Any, sigma: Any, V_vecs: Any, G: Any, *, theta: Any = None, xp: Any = None
+) -> tuple[Any, ...]:
     """VJP of (U_vecs, sigma, V_vecs) ↦ svd_householder(U_vecs, sigma, V_vecs).matrix()
     (exported as ``householderla.vjp.svd_householder_matrix``); G has shape (..., m, n).
 
@@ -222,10 +299,15 @@ def svd_householder_matrix_vjp(
     CWY/T-CWY matrix rule of ``docs/theory/vjp.rst`` takes Ā and B̄ to Ū and V̄ (full
     gradients, zero vectors get 0). Returns (U_bar, sigma_bar, V_bar) shaped as the inputs.
     4·m·n·r flops for Ā, B̄ plus the two side backward passes (4·N²·k + O(N·k²) each).
+    Complex (W = A diag(d) Bᴴ, d = σ e^{iθ} with ``theta``): Ā = G B diag(conj d),
+    B̄ = Gᴴ A diag(d), d̄_i = (Aᴴ G B)_ii, σ̄ = Re(d̄ e^{−iθ}), θ̄ = −Im(conj(d̄) d), returned
+    last.
     """
-    xp, (U_vecs, sigma, V_vecs, G), (m, n, _) = resolve_params(
-        U_vecs, sigma, V_vecs, xp, [("G", G)]
+    real = _real_vectors(U_vecs, V_vecs)
+    xp, (U_vecs, sigma, V_vecs, theta, G), (m, n, _) = resolve_params(
+        U_vecs, sigma, V_vecs, xp, [("G", G)], theta=theta
     )
+    d, back = _diag_and_back(xp, U_vecs, sigma, V_vecs, theta, real)
     batch = broadcast_batch(
         [
             ("U_vecs", tuple(U_vecs.shape[:-2])),
@@ -233,5 +315,7 @@ def svd_householder_matrix_vjp(
             ("V_vecs", tuple(V_vecs.shape[:-2])),
         ]
     )
+    if theta is not None:
+        batch = broadcast_batch([("W", batch), ("theta", tuple(theta.shape[:-1]))])
     check_cotangent(G, batch + (m, n), "G")
-    return jit_for(xp, matrix_vjp_core)(xp, U_vecs, sigma, V_vecs, G)
+    return back(*jit_for(xp, matrix_vjp_core)(xp, U_vecs, d, V_vecs, G))

@@ -15,6 +15,10 @@ disables it.
 With torch tensors that require grad, and always with JAX arrays, building and applying the
 operator goes through :mod:`householderla.vjp`'s explicit backward passes (lazily imported
 adapters, never autodiff through our internals).
+
+Complex V gives unitary operators (H(v) = I − 2vvᴴ/‖v‖²); ``theta=`` adds the right phase factor
+diag(e^{iθ}) without which Hermitian reflections do not reach all of U(N) (Mhammedi et al., ICML
+2017, §4.3, Corollary 1; ``docs/theory/complex.rst``).
 """
 
 from __future__ import annotations
@@ -22,9 +26,17 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from ._interop.dask import is_dask_array
-from ._lib.checks import check_reflectors, check_structure, finite_reflectors
-from ._lib.namespace import resolve
+from ._lib.checks import (
+    broadcast_batch,
+    check_finite,
+    check_reflectors,
+    check_structure,
+    finite_reflectors,
+)
+from ._lib.namespace import complex_dtype, is_complex, real_dtype, resolve
 from ._lib.tracing import is_eager
 from ._operator import CompactWYOperator
 from ._tall import TallCWY, TallTCWY, tall_operator
@@ -43,14 +55,20 @@ class TCWY(CompactWYOperator):
     _mode_transpose = "project"
 
 
-def cwy(V: Any, *, structure: str = "auto", xp: Any = None) -> CWY:
-    """The orthogonal operator Q = H(v₁)…H(v_L) in compact WY form.
+def cwy(V: Any, *, theta: Any = None, structure: str = "auto", xp: Any = None) -> CWY:
+    """The orthogonal (unitary) operator Q = H(v₁)…H(v_L) in compact WY form.
 
     Parameters
     ----------
     V : array, shape (..., N, L), L ≤ N
         Reflection vectors as columns; H(0) = I (Zhang, Lei & Dhillon, ICML 2018 eq. 1). Integer
         input is promoted to the namespace's default float (float64 for NumPy, float32 for torch).
+        Complex V (complex64/complex128) gives the unitary Q, H(v) = I − 2vvᴴ/‖v‖².
+    theta : real array, shape (..., N), optional
+        Phases of a right factor: Q = H(v₁)…H(v_L) diag(e^{iθ}) (Mhammedi et al., ICML 2017,
+        §4.3, Corollary 1), a complex operator (also for real V). With N − 1 reflectors every
+        unitary matrix is reached; :func:`householder_vectors` with ``return_phases=True``
+        returns (V, θ) for a given one. Batch axes broadcast with V's; differentiable.
     structure : {"auto", "trapezoidal", "dense"}, default "auto"
         Whether V is lower trapezoidal (V[i, j] = 0 for i < j, Mhammedi et al., ICML 2017 eq. 9),
         which ``.matrix()`` and ``@`` exploit. "auto" detects it on eager arrays (one N·L
@@ -65,8 +83,9 @@ def cwy(V: Any, *, structure: str = "auto", xp: Any = None) -> CWY:
     Returns
     -------
     CWY
-        Operator with ``@`` (matmul semantics), ``.T`` (transpose = inverse), ``.matrix()``,
-        ``.mv``, ``.shape`` (..., N, N), ``.dtype`` and ``.device`` of ``V``.
+        Operator with ``@`` (matmul semantics), ``.T`` (transpose), ``.H`` (conjugate
+        transpose = inverse; ``.T`` for real V), ``.conj()``, ``.matrix()``, ``.mv``, ``.shape``
+        (..., N, N), ``.dtype`` and ``.device`` of ``V`` (complex with ``theta``).
 
     Notes
     -----
@@ -97,14 +116,42 @@ def cwy(V: Any, *, structure: str = "auto", xp: Any = None) -> CWY:
     True
     """
     if is_dask_array(V):  # tall, row-chunked V: householderla._tall (docs/dask.rst)
+        if theta is not None:
+            raise TypeError("theta is not supported for a row-chunked Dask V")
         return tall_operator(V, "square")  # type: ignore[return-value]
-    return CWY(*_prepare(V, structure, xp))
+    V, xp, structure, theta = _prepare(V, structure, xp, theta, -2)
+    return CWY(V, xp, False, None, structure, theta=theta)
 
 
-def _prepare(V: Any, structure: Any, xp: Any) -> tuple[Any, Any, bool, None, str]:
-    """Resolved, validated V (tril(V) for "trapezoidal") and the operator's arguments."""
-    xp, _, _, (V,) = resolve([("V", V)], xp)
+def _prepare(V: Any, structure: Any, xp: Any, theta: Any, axis: int) -> tuple[Any, Any, str, Any]:
+    """Resolved, validated V (tril(V) for "trapezoidal"), namespace, structure and phases θ
+    (None, or real of V's precision with V complex and both broadcast to one batch shape;
+    ``axis`` -2 for θ of length N, -1 for length L)."""
+    if theta is None:
+        xp, _, _, (V,) = resolve([("V", V)], xp, complex_ok=True)
+    else:
+        dt = getattr(theta, "dtype", None)
+        if is_complex(dt) if dt is not None else np.iscomplexobj(theta):
+            raise TypeError("theta must be real: the phases θ of diag(e^{iθ})")
+        xp, _, dtype, (V, theta) = resolve([("V", V), ("theta", theta)], xp, complex_ok=True)
+        V = V if is_complex(V.dtype) else xp.astype(V, complex_dtype(xp, dtype))
+        rdtype = real_dtype(xp, V.dtype)
+        theta = xp.real(theta) if is_complex(theta.dtype) else theta  # exact: θ was real
+        theta = theta if theta.dtype == rdtype else xp.astype(theta, rdtype)
+        check_finite(theta, xp, "theta")
     check_reflectors(V)
+    if theta is not None:
+        K = V.shape[axis]
+        if theta.ndim < 1 or theta.shape[-1] != K:
+            raise ValueError(
+                f"theta must have shape (..., {K}) (one phase per "
+                f"{'row' if axis == -2 else 'column'} of V); got shape {tuple(theta.shape)}"
+            )
+        batch = broadcast_batch([("V", V.shape[:-2]), ("theta", theta.shape[:-1])])
+        if tuple(V.shape[:-2]) != batch:
+            V = xp.broadcast_to(V, (*batch, *V.shape[-2:]))
+        if tuple(theta.shape[:-1]) != batch:
+            theta = xp.broadcast_to(theta, (*batch, K))
     structure = check_structure(structure)
     if structure == "trapezoidal":
         Vt = xp.tril(V)
@@ -116,16 +163,19 @@ def _prepare(V: Any, structure: Any, xp: Any) -> tuple[Any, Any, bool, None, str
             )
         V = Vt  # unchecked under jax.jit and on lazy arrays: the upper part is ignored
     V = finite_reflectors(V, xp)  # NaN/Inf raise when the operator is built (eager V)
-    return V, xp, False, None, structure
+    return V, xp, structure, theta
 
 
-def tcwy(V: Any, *, structure: str = "auto", xp: Any = None) -> TCWY:
+def tcwy(V: Any, *, theta: Any = None, structure: str = "auto", xp: Any = None) -> TCWY:
     """The Stiefel matrix Ω = γ_{N,M}(V) (truncated CWY) as an operator.
 
     Parameters
     ----------
     V : array, shape (..., N, M), M ≤ N
-        Reflection vectors as columns.
+        Reflection vectors as columns (complex: a point of the complex Stiefel manifold).
+    theta : real array, shape (..., M), optional
+        Phases of a right factor: Ω = γ_{N,M}(V) diag(e^{iθ}), complex; with it every complex
+        Stiefel matrix is reached (:func:`tcwy_vectors` with ``return_phases=True``).
     structure : {"auto", "trapezoidal", "dense"}, default "auto"
         Whether V is lower trapezoidal (V[i, j] = 0 for i < j, Mhammedi et al., ICML 2017 eq. 9),
         which ``.matrix()`` and ``@`` exploit. "auto" detects it on eager arrays (one N·L
@@ -140,8 +190,9 @@ def tcwy(V: Any, *, structure: str = "auto", xp: Any = None) -> TCWY:
     Returns
     -------
     TCWY
-        Operator of shape (..., N, M): ``Ω @ x`` for x (M,) or (..., M, B), ``Ω.T @ y`` for
-        y (N,) or (..., N, B), ``Ω.matrix()`` (N×M, never N×N).
+        Operator of shape (..., N, M): ``Ω @ x`` for x (M,) or (..., M, B), ``Ω.T @ y`` (and
+        ``Ω.H @ y``, the same for real V) for y (N,) or (..., N, B), ``Ω.matrix()`` (N×M, never
+        N×N).
 
     Notes
     -----
@@ -159,5 +210,8 @@ def tcwy(V: Any, *, structure: str = "auto", xp: Any = None) -> TCWY:
     True
     """
     if is_dask_array(V):  # tall, row-chunked V: householderla._tall (docs/dask.rst)
+        if theta is not None:
+            raise TypeError("theta is not supported for a row-chunked Dask V")
         return tall_operator(V, "embed")  # type: ignore[return-value]
-    return TCWY(*_prepare(V, structure, xp))
+    V, xp, structure, theta = _prepare(V, structure, xp, theta, -1)
+    return TCWY(V, xp, False, None, structure, theta=theta)

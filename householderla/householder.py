@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ._agnostic.reflections import householder_apply_vjp as _householder_apply_vjp
-from ._agnostic.reflections import positive_qr_reflectors
+from ._agnostic.reflections import positive_qr_reflectors, unitary_qr_reflectors
 from ._autodiff import call, route
 from ._interop.dlpack import from_numpy, plain_cpu_tensor, plain_cpu_views, to_numpy
 from ._kernels import numba_enabled, numba_for, numba_for_torch
@@ -34,7 +34,7 @@ from ._lib.checks import (
 )
 from ._lib.jit import jit_for
 from ._lib.linalg import eye_like
-from ._lib.namespace import accumulation_dtype_for, resolve
+from ._lib.namespace import accumulation_dtype_for, device_of, is_complex, real_dtype, resolve
 
 __all__ = [
     "apply_sequential",
@@ -47,6 +47,13 @@ __all__ = [
 ]
 
 
+#: The Numba kernels' dtypes. Complex input runs the Array API loop instead: a quick check
+#: (2-core VM under load, best of 5) gave the complex loop 44 / 110 / 280 µs at (N, L, B) =
+#: (16, 4, 1), (64, 16, 1), (128, 32, 4) against 2 / 3 / 19 µs for the real Numba kernel, and
+#: ``cwy(V) @ h`` 60–80 µs at the first two. Complex kernel signatures would close that gap for
+#: tiny products, but need conjugating variants of every loop of ``numba_loops`` and double the
+#: kernels' cold compile (≈ 26 s); sequential complex products stay the reference path, and the
+#: CWY operator (GEMMs, any dtype) is the fast complex route.
 _KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -75,6 +82,10 @@ def householder_apply(V: Any, h: Any, *, xp: Any = None) -> Any:
     unnormalised columns, agreeing with the Array API loop to a few ulps per reflection) when numba
     is installed and ``HL_DISABLE_NUMBA`` is unset.
 
+    Complex V or h (complex64/complex128): H(v) = I − 2vvᴴ/‖v‖², Hermitian and unitary, by the
+    Array API loop (the Numba kernels are real; ``cwy(V) @ h`` is the faster complex route
+    beyond tiny shapes).
+
     Examples
     --------
     >>> import numpy as np, householderla as hl
@@ -98,7 +109,7 @@ def householder_apply(V: Any, h: Any, *, xp: Any = None) -> Any:
         y = nk.hprod_vector(*views) if nk is not None else None
         if y is not None:
             return plain_cpu_tensor(y)
-    xp, _, _, (V, h) = resolve([("V", V), ("h", h)], xp)
+    xp, _, _, (V, h) = resolve([("V", V), ("h", h)], xp, complex_ok=True)
     N, _ = check_reflectors(V)
     hm, vector = as_matrix_operand(h, N)
     nk = numba_for(xp, V, h)
@@ -194,7 +205,7 @@ def apply_sequential(
     :func:`householder_apply`; 4·N·L·B flops, (4N − L + 2)·L·B for lower-trapezoidal V
     (``trapezoidal``, which the caller has verified: the kernel then skips the zeros).
     """
-    xp, _, _, (V, h) = resolve([("V", V), ("h", h)], xp)
+    xp, _, _, (V, h) = resolve([("V", V), ("h", h)], xp, complex_ok=True)
     N, _ = check_reflectors(V)
     as_matrix_operand(h, N)
     nk = numba_for(xp, V, h)
@@ -212,32 +223,42 @@ def householder_product(V: Any, *, xp: Any = None) -> Any:
 
     The reference path; ``cwy(V).matrix()`` computes the same matrix with GEMMs.
     """
-    xp, device, dtype, (V,) = resolve([("V", V)], xp)
+    xp, device, dtype, (V,) = resolve([("V", V)], xp, complex_ok=True)
     N, _ = check_reflectors(V)
     return householder_apply(V, eye_like(xp, N, dtype, device), xp=xp)
 
 
-def householder_vectors(Q: Any, *, xp: Any = None) -> Any:
+def householder_vectors(Q: Any, *, return_phases: bool = False, xp: Any = None) -> Any:
     """Constructive inverse of CWY: reflection vectors V with ``cwy(V).matrix() == Q``.
 
     Parameters
     ----------
     Q : array, shape (..., N, N)
-        Orthogonal matrices, either determinant.
+        Orthogonal matrices, either determinant; or unitary (complex) matrices, which need
+        ``return_phases=True``.
+    return_phases : bool, default False
+        Also return phases θ with ``cwy(V, theta=theta).matrix() == Q``. Required for complex Q:
+        a product of Hermitian reflections has determinant ±1, so a unitary Q is H(v₁)…H(v_N)
+        diag(e^{iθ}) (Mhammedi et al., ICML 2017, §4.3, Corollary 1); complex Q without it raises
+        ``ValueError``. For real Q, θ = 0.
 
     Returns
     -------
     V : array, shape (..., N, N)
         Column k is zero above row k (lower trapezoidal, as in Mhammedi et al., ICML 2017 eq. 9).
-        The last column is 0 or −e_N, whichever makes (−1)^(number of nonzero columns) = det Q, so V
-        ↦ cwy(V) reaches all of O(N) (Likhosherstov et al., AISTATS 2021, Theorem 1 with H(0)
-        = I).
+        Real Q: the last column is 0 or −e_N, whichever makes (−1)^(number of nonzero columns) =
+        det Q, so V ↦ cwy(V) reaches all of O(N) (Likhosherstov et al., AISTATS 2021, Theorem 1
+        with H(0) = I). Complex Q: the last column is 0 (N − 1 reflectors and N phases).
+    theta : array, shape (..., N), only with ``return_phases=True``
+        Real, Q's real dtype: θ_k = arg of the k-th diagonal entry of R in Householder QR with
+        Hermitian reflections.
 
     Notes
     -----
     Householder QR with positive diagonal (Mhammedi et al., ICML 2017, Algorithm 2), 4N³/3 flops,
-    computed in float64 for float32 inputs on CPU backends. For a non-orthogonal full-rank Q the
-    result parametrises the orthogonal factor of Q = QR with diag(R) > 0.
+    computed in float64 (complex128) for float32 (complex64) inputs on CPU backends. For a
+    non-orthogonal full-rank Q the result parametrises the orthogonal (unitary) factor of Q = QR
+    with diag(R) > 0.
 
     Examples
     --------
@@ -245,45 +266,72 @@ def householder_vectors(Q: Any, *, xp: Any = None) -> Any:
     >>> Q = np.linalg.qr(np.random.default_rng(0).standard_normal((4, 4)))[0]
     >>> bool(np.allclose(hl.cwy(hl.householder_vectors(Q)).matrix(), Q))
     True
+    >>> from scipy.stats import unitary_group
+    >>> U = unitary_group.rvs(4, random_state=0)
+    >>> V, theta = hl.householder_vectors(U, return_phases=True)
+    >>> bool(np.allclose(hl.cwy(V, theta=theta).matrix(), U))
+    True
     """
-    xp, _, _, (Q,) = resolve([("Q", Q)], xp)
+    xp, _, _, (Q,) = resolve([("Q", Q)], xp, complex_ok=True)
     if Q.ndim < 2 or Q.shape[-1] != Q.shape[-2]:
         raise ValueError(f"Q must have shape (..., N, N); got shape {tuple(Q.shape)}")
-    return _inverse(Q, xp, "Q")
+    return _inverse(Q, xp, "Q", return_phases)
 
 
-def tcwy_vectors(Omega: Any, *, xp: Any = None) -> Any:
+def tcwy_vectors(Omega: Any, *, return_phases: bool = False, xp: Any = None) -> Any:
     """Constructive inverse of T-CWY: V with ``tcwy(V).matrix() == Omega``.
 
     Parameters
     ----------
     Omega : array, shape (..., N, M), M ≤ N
-        Matrices with orthonormal columns (points of the Stiefel manifold St(N, M)).
+        Matrices with orthonormal columns (points of the Stiefel manifold St(N, M), real or
+        complex; complex input needs ``return_phases=True``).
+    return_phases : bool, default False
+        Also return phases θ (..., M) with ``tcwy(V, theta=theta).matrix() == Omega``; required
+        for complex Omega (see :func:`householder_vectors`). For real Omega, θ = 0.
 
     Returns
     -------
     V : array, shape (..., N, M)
         Lower-trapezoidal reflection vectors (Likhosherstov et al., AISTATS 2021, Theorem 3,
         constructive proof).
+    theta : array, shape (..., M), only with ``return_phases=True``
 
     Notes
     -----
     Householder QR with positive diagonal, 2·M²(N − M/3) flops. For a full-rank
     non-orthonormal input the result parametrises its Q factor (the QR retraction point).
     """
-    xp, _, _, (Omega,) = resolve([("Omega", Omega)], xp)
+    xp, _, _, (Omega,) = resolve([("Omega", Omega)], xp, complex_ok=True)
     if Omega.ndim < 2 or Omega.shape[-1] > Omega.shape[-2]:
         raise ValueError(
             f"Omega must have shape (..., N, M) with M <= N; got shape {tuple(Omega.shape)}"
         )
-    return _inverse(Omega, xp, "Omega")
+    return _inverse(Omega, xp, "Omega", return_phases)
 
 
-def _inverse(A: Any, xp: Any, name: str) -> Any:
+def _inverse(A: Any, xp: Any, name: str, return_phases: bool) -> Any:
+    if not isinstance(return_phases, bool):
+        raise TypeError(f"return_phases must be True or False; got {return_phases!r}")
+    cplx = is_complex(A.dtype)
+    if cplx and not return_phases:
+        raise ValueError(
+            f"{name} is complex: a unitary matrix is a product of Hermitian reflections times "
+            "a diagonal of phases; use V, theta = householder_vectors(Q, return_phases=True) "
+            "(tcwy_vectors likewise) and cwy(V, theta=theta)"
+        )
+    rdtype = real_dtype(xp, A.dtype)
     if A.shape[-1] == 0:
-        return A
+        theta = xp.zeros(A.shape[:-2] + (0,), dtype=rdtype, device=device_of(A))
+        return (A, theta) if return_phases else A
     check_finite_norms(xp.max(xp.abs(A), axis=-2, keepdims=True), xp, name)
     acc = accumulation_dtype_for(xp, A)
     Aa = A if A.dtype == acc else xp.astype(A, acc)
-    V = jit_for(xp, positive_qr_reflectors, ())(Aa)
-    return V if V.dtype == A.dtype else xp.astype(V, A.dtype)
+    if cplx:
+        V, theta = jit_for(xp, unitary_qr_reflectors, ())(Aa)
+        theta = theta if theta.dtype == rdtype else xp.astype(theta, rdtype)
+    else:
+        V = jit_for(xp, positive_qr_reflectors, ())(Aa)
+        theta = xp.zeros(A.shape[:-2] + (A.shape[-1],), dtype=rdtype, device=device_of(A))
+    V = V if V.dtype == A.dtype else xp.astype(V, A.dtype)
+    return (V, theta) if return_phases else V

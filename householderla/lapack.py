@@ -5,15 +5,18 @@
 lower trapezoid of ``a`` below the diagonal, an implicit 1 on it, τᵢ = 0 for H(i) = I. The
 result is this library's CWY operator (or T-CWY for the thin Q), so ``op @ C``, ``op.T @ C``,
 ``C @ op``, ``.matrix()``, composition, batching and the VJPs are those of :func:`cwy`.
+Complex (a, τ) from ``zgeqrf``/``cgeqrf`` (complex τ, unitary non-Hermitian H(i)) give the
+unitary operator whose reflectors keep LAPACK's eigenvalues λᵢ = 1 − τᵢ‖vᵢ‖²
+(:mod:`householderla._agnostic.lapack`, ``docs/theory/complex.rst``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ._agnostic.lapack import lapack_reflectors, tau_mismatch
+from ._agnostic.lapack import lapack_reflectors, normalized_sdiag, tau_mismatch
 from ._lib.checks import check_finite
-from ._lib.namespace import resolve
+from ._lib.namespace import is_complex, resolve
 from ._lib.tracing import is_eager
 from .cwy import CWY, TCWY
 
@@ -29,13 +32,16 @@ def from_lapack(a: Any, tau: Any, *, thin: bool = False, xp: Any = None) -> CWY 
         The array ``?geqrf`` returns (``scipy.linalg.qr(A, mode="raw")[0][0]``,
         ``scipy.linalg.lapack.dgeqrf``, ``torch.geqrf``, ``jax.lax.linalg.geqrf``): vᵢ is
         eᵢ plus column i of ``a`` below the diagonal. The diagonal and the upper part (R) are
-        not read.
+        not read. Complex ``a`` (``zgeqrf``/``cgeqrf``) gives a unitary operator.
     tau : array, shape (..., k), k ≤ min(m, n)
         The scalar factors; τᵢ = 0 makes H(i) the identity whatever column i holds. Every
         τᵢ ≠ 0 must be 2/‖vᵢ‖² (as ``?larfg`` makes it, to rounding): then H(i) is a
         reflection and Q orthogonal; eager values that are not (relative mismatch above
         10·m·eps) raise ``ValueError``. The value of τ enters only through that choice, so
-        gradients flow to ``a`` and not to ``tau``.
+        gradients flow to ``a`` and not to ``tau``. Complex τ (``zlarfg``'s) must make H(i)
+        unitary, abs(1 − τᵢ‖vᵢ‖²) = 1 (same tolerance): H(i) then multiplies vᵢ by the unit
+        number λᵢ = 1 − τᵢ‖vᵢ‖² and fixes vᵢ⊥; λᵢ is kept as a constant of the operator and
+        gradients flow to ``a``.
     thin : bool, default False
         False: the square m × m operator Q (``?orgqr`` with m columns, ``?ormqr``). True: its
         first k columns, the m × k Stiefel operator Q[:, :k] (``?orgqr``'s thin Q when k = n).
@@ -47,7 +53,8 @@ def from_lapack(a: Any, tau: Any, *, thin: bool = False, xp: Any = None) -> CWY 
     CWY or TCWY
         Shape (..., m, m) or (..., m, k), in the dtype and on the device of ``a``;
         ``op @ C`` equals ``?ormqr`` (side L, trans N), ``op.T @ C`` trans T, ``C @ op``
-        side R, ``op.matrix()`` ``?orgqr``.
+        side R, ``op.matrix()`` ``?orgqr``; complex: ``zunmqr`` (``op.H @ C`` trans C) and
+        ``zungqr``.
 
     Notes
     -----
@@ -72,7 +79,7 @@ def from_lapack(a: Any, tau: Any, *, thin: bool = False, xp: Any = None) -> CWY 
     >>> bool(np.allclose(hl.from_lapack(a, tau).T @ A, np.vstack([R[:3], np.zeros((2, 3))])))
     True
     """
-    xp, _, _, (a, tau) = resolve([("a", a), ("tau", tau)], xp)
+    xp, _, _, (a, tau) = resolve([("a", a), ("tau", tau)], xp, complex_ok=True)
     if a.ndim < 2:
         raise ValueError(f"a must have shape (..., m, n); got shape {tuple(a.shape)}")
     m, n = a.shape[-2], a.shape[-1]
@@ -94,10 +101,18 @@ def from_lapack(a: Any, tau: Any, *, thin: bool = False, xp: Any = None) -> CWY 
         Vc, tc = (V.detach(), tau.detach()) if hasattr(V, "detach") else (V, tau)  # a value check
         bad = float(xp.max(tau_mismatch(Vc, tc)))
         eps = float(xp.finfo(V.dtype).eps)
+        if not bad <= 10 * m * eps and is_complex(V.dtype):
+            raise ValueError(
+                "tau does not make H(i) = I - tau_i v_i v_i^H unitary for the reflectors "
+                f"stored in a (| |1 - tau_i ||v_i||^2| - 1 | = {bad:.2g}; LAPACK's zlarfg "
+                "gives 0 to rounding)"
+            )
         if not bad <= 10 * m * eps:
             raise ValueError(
                 "tau is not LAPACK's 2/||v||^2 for the reflectors stored in a (relative "
                 f"mismatch {bad:.2g}): H(i) = I - tau_i v_i v_i^T would not be orthogonal"
             )
+    # complex τ: S = diag(1/(τ‖v‖²)) + striu(UᴴU), a constant diagonal (no cotangent)
+    sdiag = normalized_sdiag(V, tau) if is_complex(V.dtype) else None
     # V is lower trapezoidal and finite by construction: no second pass of cwy()'s checks
-    return (TCWY if thin else CWY)(V, xp, structure="trapezoidal")
+    return (TCWY if thin else CWY)(V, xp, structure="trapezoidal", sdiag=sdiag)

@@ -19,6 +19,10 @@ above the diagonal are not parameters: they are masked out, and their gradient i
 The explicit VJPs give the *full* gradient with respect to the unnormalised u_k (Zhang, Lei &
 Dhillon, ICML 2018 eq. 15), not Mhammedi et al., ICML 2017 eq. 14, which treats ‖u_k‖ as fixed
 (docs/theory/vjp.rst, docs/theory/ornn.rst).
+
+The unitary case (Mhammedi et al., ICML 2017, §4.3, Corollary 1): complex u_k ∈ ℂᵏ and
+Ĥ₁(θ) = diag(e^{iθ₁}, …, e^{iθ_n}) in place of the sign, ``ornn(U, theta=θ)``; with m = n − 1
+its image is all of U(n), and :func:`ornn_params` of a complex Q returns (U, θ).
 """
 
 from __future__ import annotations
@@ -26,8 +30,10 @@ from __future__ import annotations
 from typing import Any
 
 import array_api_compat as aac
+import numpy as np
 
 from ._agnostic import compact_wy as K
+from ._agnostic import phases as P
 from ._agnostic import trapezoidal as S
 from ._lib.checks import (
     as_matrix_operand,
@@ -37,9 +43,9 @@ from ._lib.checks import (
     finite_reflectors,
 )
 from ._lib.linalg import sum_to_shape
-from ._lib.namespace import device_of, resolve
+from ._lib.namespace import complex_dtype, device_of, is_complex, real_dtype, resolve
 from ._lib.tracing import is_eager
-from .cwy import CWY
+from .cwy import CWY, cwy
 from .householder import householder_vectors
 
 __all__ = ["ornn", "ornn_apply_vjp", "ornn_matrix_vjp", "ornn_params"]
@@ -113,16 +119,16 @@ def _reflectors(U: Any, s: Any, xp: Any) -> Any:
 
 
 def _prepare(U: Any, sign: Any, xp: Any, more: list[tuple[str, Any]] = ()) -> tuple:
-    xp, device, dtype, values = resolve([("U", U), *more], xp)
+    xp, device, dtype, values = resolve([("U", U), *more], xp, complex_ok=True)
     U = values[0]
     _check_trapezoid(U)
-    s = _sign(sign, xp, dtype, device, tuple(U.shape[:-2]))
+    s = _sign(sign, xp, real_dtype(xp, dtype), device, tuple(U.shape[:-2]))
     if is_eager(U):
         check_finite_norms(xp.max(xp.abs(xp.tril(U)), axis=-2, keepdims=True), xp, "U")
     return xp, U, _reflectors(U, s, xp), values[1:]
 
 
-def ornn(U: Any, sign: Any = 1, *, xp: Any = None) -> CWY:
+def ornn(U: Any, sign: Any = 1, *, theta: Any = None, xp: Any = None) -> CWY:
     """The oRNN transition matrix W = H_n(u_n)…H_{n−m+1}(u_{n−m+1}) · H_1(sign) as a CWY operator.
 
     Parameters
@@ -131,11 +137,16 @@ def ornn(U: Any, sign: Any = 1, *, xp: Any = None) -> CWY:
         Column j (0-based) holds u_{n−j} ∈ ℝ^{n−j} in rows j, …, n − 1 (Mhammedi et al., ICML 2017
         eq. 9). The entries above the diagonal are not parameters: they are ignored (masked to
         zero), and their gradient is exactly zero. A zero column is the identity (H(0) = I).
+        Complex U: u_k ∈ ℂᵏ, Ĥ_k with conjugate transposes (Mhammedi et al., §4.3).
     sign : {+1, −1} or array of shape (...), default +1
         H_1 = diag(I_{n−1}, sign) (Mhammedi et al., ICML 2017 eq. 7), applied last (rightmost). An
         int/float array broadcasts against U's batch shape; eager values must be ±1 (under
         ``jax.jit`` sign > 0 is read as +1, anything else as −1). Not differentiable (a discrete
         choice).
+    theta : real array, shape (..., n), optional
+        The unitary H_1: Ĥ_1(θ) = diag(e^{iθ}) (Mhammedi et al., ICML 2017, §4.3, Corollary 1),
+        in place of ``sign`` (which must then be left at +1); differentiable. The operator is
+        complex: with m = n − 1, every unitary matrix is reached (:func:`ornn_params`).
     xp : namespace, optional
         Array namespace to use instead of the one inferred from ``U``.
 
@@ -143,7 +154,8 @@ def ornn(U: Any, sign: Any = 1, *, xp: Any = None) -> CWY:
     -------
     CWY
         The operator of V = [tril(U), c·e_n] (c = 0 for sign +1, 1 for −1), shape
-        (..., n, n), with ``@``, ``.T``, ``.matrix()``; its structure is "trapezoidal".
+        (..., n, n), with ``@``, ``.T``, ``.matrix()``; its structure is "trapezoidal". With
+        ``theta``: ``cwy(tril(U), theta=theta)``.
 
     Notes
     -----
@@ -168,8 +180,20 @@ def ornn(U: Any, sign: Any = 1, *, xp: Any = None) -> CWY:
     >>> bool(np.allclose(ornn(U, sign).matrix(), Q))
     True
     """
+    if theta is not None:
+        _no_sign_with_theta(sign)
+        xp, U, _, _ = _prepare(U, 1, xp)
+        return cwy(xp.tril(U), theta=theta, structure="trapezoidal", xp=xp)
     xp, _, V, _ = _prepare(U, sign, xp)
     return CWY(finite_reflectors(V, xp, "U"), xp, structure="trapezoidal")
+
+
+def _no_sign_with_theta(sign: Any) -> None:
+    if not (isinstance(sign, (int, float)) and not isinstance(sign, bool) and sign == 1):
+        raise ValueError(
+            "pass sign or theta, not both: diag(e^{iθ}) is the unitary H_1 and contains the "
+            "sign (θ_n = π for -1)"
+        )
 
 
 def ornn_params(Q: Any, *, xp: Any = None) -> tuple[Any, Any]:
@@ -185,7 +209,10 @@ def ornn_params(Q: Any, *, xp: Any = None) -> tuple[Any, Any]:
     U : array, shape (..., n, n − 1)
         Lower trapezoidal (exact zeros above the diagonal), Q's dtype.
     sign : array, shape (...)
-        +1 or −1 in Q's dtype: H_1 of Mhammedi et al., ICML 2017 eq. 7.
+        +1 or −1 in Q's dtype: H_1 of Mhammedi et al., ICML 2017 eq. 7. For complex (unitary) Q
+        this is θ (..., n) instead, real, with ``ornn(U, theta=θ).matrix() == Q``: Ĥ_1(θ) of
+        Corollary 1 (its proof: Householder QR with Hermitian reflections leaves R =
+        diag(e^{iθ}), :func:`householder_vectors` with ``return_phases=True``).
 
     Notes
     -----
@@ -197,8 +224,11 @@ def ornn_params(Q: Any, *, xp: Any = None) -> tuple[Any, Any]:
     QR = Q with R upper triangular, positive diagonal and orthogonal, so R = I. For a
     non-orthogonal full-rank Q the result parametrises its orthogonal QR factor.
     """
+    xp, _, _, (Q,) = resolve([("Q", Q)], xp, complex_ok=True)
+    if is_complex(Q.dtype):
+        V, theta = householder_vectors(Q, return_phases=True, xp=xp)
+        return V[..., :, : V.shape[-1] - 1], theta  # the n-th reflector is 0
     V = householder_vectors(Q, xp=xp)
-    xp = aac.array_namespace(V)
     n = V.shape[-1]
     last = V[..., n - 1, n - 1]
     one = xp.ones_like(last)
@@ -214,7 +244,32 @@ def _masked(V_bar: Any, m: int, shape: tuple[int, ...], xp: Any) -> Any:
     return sum_to_shape(xp.tril(V_bar[..., :m]), shape, xp)
 
 
-def ornn_apply_vjp(U: Any, sign: Any, h: Any, g: Any, *, xp: Any = None) -> tuple[Any, Any]:
+def _phased(U: Any, theta: Any, xp: Any) -> tuple[Any, Any, Any]:
+    """(V = tril(U) as complex, e^{iθ}, θ real) for the VJPs with ``theta``."""
+    if is_complex(theta.dtype):
+        theta = xp.real(theta)  # resolved with U, h, g; checked real on entry
+    n = U.shape[-2]
+    if theta.ndim < 1 or theta.shape[-1] != n:
+        raise ValueError(f"theta must have shape (..., {n}); got shape {tuple(theta.shape)}")
+    V = xp.tril(U)
+    V = V if is_complex(V.dtype) else xp.astype(V, complex_dtype(xp, V.dtype))
+    theta = xp.astype(theta, real_dtype(xp, V.dtype))
+    return V, P.phase_factor(theta, xp), theta
+
+
+def _is_real(a: Any) -> bool:
+    dt = getattr(a, "dtype", None)
+    return not (is_complex(dt) if dt is not None else bool(np.iscomplexobj(a)))
+
+
+def _check_real_theta(theta: Any) -> None:
+    if not _is_real(theta):
+        raise TypeError("theta must be real: the phases θ of Ĥ_1(θ) = diag(e^{iθ})")
+
+
+def ornn_apply_vjp(
+    U: Any, sign: Any, h: Any, g: Any, *, theta: Any = None, xp: Any = None
+) -> tuple[Any, ...]:
     """VJP of (U, h) ↦ ornn(U, sign) @ h with respect to the trapezoid U and h.
 
     Parameters
@@ -239,7 +294,27 @@ def ornn_apply_vjp(U: Any, sign: Any, h: Any, g: Any, *, xp: Any = None) -> tupl
     plus the factors (n·L² + L³/3), against 10·n·L·B + 4·L²·B + 2·n·L² dense. Mhammedi et al., ICML
     2017, Table 2's BP, (7n − 2m + 3)·m per vector, stores the m + 1 intermediate vectors per
     right-hand side (and has no 2·n·L² term because it runs the reflections one by one).
+
+    With ``theta`` (the forward ``ornn(U, theta=θ) @ h``), returns (Ū, h̄, θ̄), θ̄ of θ's
+    shape and real (:func:`householderla._agnostic.phases.apply_vjp`).
     """
+    if theta is not None:
+        _no_sign_with_theta(sign)
+        _check_real_theta(theta)
+        real_U = _is_real(U)
+        xp, U, _, (h, g, theta) = _prepare(U, 1, xp, [("h", h), ("g", g), ("theta", theta)])
+        V, p, theta = _phased(U, theta, xp)
+        hm, vector = as_matrix_operand(h, U.shape[-2])
+        gm = g[..., None] if vector else g
+        Un, T, r = K.cwy_factors(V, xp)
+        hm = hm if is_complex(hm.dtype) else xp.astype(hm, V.dtype)
+        V_bar, h_bar, t_bar = P.apply_vjp(Un, T, r, p, hm, gm, xp, transpose=False, mode="square")
+        U_bar = _masked(V_bar, U.shape[-1], tuple(U.shape), xp)
+        return (
+            xp.real(U_bar) if real_U else U_bar,
+            h_bar[..., 0] if vector else h_bar,
+            sum_to_shape(t_bar, tuple(theta.shape), xp),
+        )
     xp, U, V, (h, g) = _prepare(U, sign, xp, [("h", h), ("g", g)])
     n, m = U.shape[-2], U.shape[-1]
     hm, vector = as_matrix_operand(h, n)
@@ -257,14 +332,27 @@ def ornn_apply_vjp(U: Any, sign: Any, h: Any, g: Any, *, xp: Any = None) -> tupl
     return U_bar, (h_bar[..., 0] if vector else h_bar)
 
 
-def ornn_matrix_vjp(U: Any, sign: Any, G: Any, *, xp: Any = None) -> Any:
+def ornn_matrix_vjp(U: Any, sign: Any, G: Any, *, theta: Any = None, xp: Any = None) -> Any:
     """VJP of U ↦ ornn(U, sign).matrix(); G has shape (..., n, n) (the output's).
 
     Returns U_bar of U's shape, lower trapezoidal (exactly zero above the diagonal). The CWY
     matrix backward Ū = −G U Tᵀ − Gᵀ U T + U (P + Pᵀ), P = striu(Tᵀ Uᵀ G U Tᵀ), then the
     normalisation (full gradient, Zhang, Lei & Dhillon, ICML 2018 eq. 15) and the mask: 4·n²·L +
     O(n·L²) flops.
+
+    With ``theta`` (the forward ``ornn(U, theta=θ).matrix()``) returns (Ū, θ̄).
     """
+    if theta is not None:
+        _no_sign_with_theta(sign)
+        _check_real_theta(theta)
+        real_U = _is_real(U)
+        xp, U, _, (G, theta) = _prepare(U, 1, xp, [("G", G), ("theta", theta)])
+        V, p, theta = _phased(U, theta, xp)
+        Un, T, r = K.cwy_factors(V, xp)
+        V_bar, t_bar = P.matrix_vjp(Un, T, r, p, G, xp, mode="square")
+        U_bar = _masked(V_bar, U.shape[-1], tuple(U.shape), xp)
+        return xp.real(U_bar) if real_U else U_bar, sum_to_shape(t_bar, tuple(theta.shape), xp)
+
     xp, U, V, (G,) = _prepare(U, sign, xp, [("G", G)])
     n, m = U.shape[-2], U.shape[-1]
     check_cotangent(G, tuple(V.shape[:-2]) + (n, n), "G")

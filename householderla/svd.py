@@ -15,6 +15,10 @@ where Q E_r is T-CWY (Likhosherstov et al., AISTATS 2021, Theorem 3) when the si
 reflectors, so the rectangular side costs 2·(N + r)·k·B instead of 4·N·k·B. The explicit VJPs
 compose the CWY backward passes of :mod:`householderla._agnostic.compact_wy`; they are derived in
 ``docs/theory/svd.rst``.
+
+Complex sides give W = Q_U diag(e^{iθ}) Σ Q_Vᴴ ∈ ℂ^{m×n} with real σ; the phases θ ∈ ℝʳ (the
+``theta=`` argument) are what the unitary sides cannot absorb (``docs/theory/complex.rst``),
+and :func:`svd_householder_params` returns them with ``return_phases=True``.
 """
 
 from __future__ import annotations
@@ -23,14 +27,22 @@ from typing import Any
 
 import array_api_compat as aac
 
+from ._agnostic.phases import phase_factor
 from ._agnostic.svd import pad, side_mode
 from ._compose import compose, is_operator
+from ._factors import LazyFactors
 from ._interop.dask import dask_matmul, dask_rmatmul, is_dask_array
-from ._lib.checks import as_matrix_operand, broadcast_batch, check_finite, finite_reflectors
-from ._lib.jit import jit_for
-from ._lib.namespace import accumulation_dtype_for, device_of, mT, resolve
+from ._lib.checks import as_matrix_operand, broadcast_batch, finite_reflectors
+from ._lib.namespace import (
+    conj,
+    device_of,
+    is_complex,
+    mH,
+    mT,
+    resolve,
+)
 from ._linear_operator import LinearOperatorMixin
-from ._operator import LazyFactors
+from ._svd_params import svd_householder_params
 from ._svd_vjp import (
     bounded_sigma,
     bounded_sigma_vjp,
@@ -39,7 +51,6 @@ from ._svd_vjp import (
     svd_householder_matrix_vjp,
 )
 from .cwy import CWY, TCWY
-from .householder import householder_vectors, tcwy_vectors
 
 __all__ = [
     "SVDHouseholder",
@@ -109,15 +120,21 @@ class _Side:
 
 class SVDHouseholder(LinearOperatorMixin):
     """W = Q_U Σ Q_Vᵀ (svdRNN, Zhang, Lei & Dhillon, ICML 2018 eq. 3/17) as an operator; build it
-    with
-    :func:`svd_householder`. ``.T`` is Wᵀ = Q_V Σᵀ Q_Uᵀ, the same kind of operator with the
-    two sides swapped (sharing their factors)."""
+    with :func:`svd_householder`. ``.T`` is Wᵀ = Q_V Σᵀ Q_Uᵀ, the same kind of operator with the
+    two sides swapped (sharing their factors). Complex: W = Q_U D(θ) Σ Q_Vᴴ; ``.H`` is
+    Q_V Σᵀ D(−θ) Q_Uᴴ, ``.T`` and ``.conj()`` conjugate that, computed as conj(W conj(x))."""
 
     # make ``ndarray @ op`` defer to ``op.__rmatmul__`` instead of treating op as a scalar
     __array_ufunc__ = None
 
-    def __init__(self, left: _Side, sigma: Any, right: _Side, xp: Any) -> None:
+    def __init__(
+        self, left: _Side, sigma: Any, right: _Side, xp: Any, theta: Any = None, conj: bool = False
+    ) -> None:
         self._left, self._sigma, self._right, self._xp = left, sigma, right, xp
+        self._theta, self._conj = theta, conj
+        # the diagonal of D(θ) Σ: σ, or σ e^{iθ}
+        self._diag = sigma if theta is None else sigma * phase_factor(theta, xp)
+        self._dtype = xp.result_type(left.V.dtype, right.V.dtype, self._diag.dtype)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_xp": None}
@@ -145,7 +162,7 @@ class SVDHouseholder(LinearOperatorMixin):
 
     @property
     def dtype(self) -> Any:
-        return self._sigma.dtype
+        return self._dtype
 
     @property
     def device(self) -> Any:
@@ -153,8 +170,13 @@ class SVDHouseholder(LinearOperatorMixin):
 
     @property
     def sigma(self) -> Any:
-        """The diagonal of Σ, shape (..., r); the singular values of W are abs(σ)."""
+        """The diagonal of Σ, shape (..., r), real; the singular values of W are abs(σ)."""
         return self._sigma
+
+    @property
+    def theta(self) -> Any:
+        """The phases θ (..., r) of D(θ) = diag(e^{iθ}), or None."""
+        return self._theta
 
     @property
     def Q_U(self) -> CWY:
@@ -166,12 +188,32 @@ class SVDHouseholder(LinearOperatorMixin):
         """The right orthogonal factor H(v₁)…H(v_{k₂}) as a :class:`~householderla.CWY` operator."""
         return self._right._op(CWY)
 
+    def _swap(self, conj: bool) -> SVDHouseholder:
+        theta = None if self._theta is None else -self._theta
+        return SVDHouseholder(self._right, self._sigma, self._left, self._xp, theta, conj)
+
     @property
     def T(self) -> SVDHouseholder:
-        """Wᵀ = Q_V Σᵀ Q_Uᵀ (shares the factors of both sides)."""
-        return SVDHouseholder(self._right, self._sigma, self._left, self._xp)
+        """Wᵀ = Q_V Σᵀ Q_Uᵀ (shares the factors of both sides); for complex W the plain
+        transpose, conj(Wᴴ)."""
+        return self._swap(self._conj ^ is_complex(self._dtype))
 
     mT = T
+
+    @property
+    def H(self) -> SVDHouseholder:
+        """The conjugate transpose Wᴴ = Q_V Σᵀ D(−θ) Q_Uᴴ (``.T`` for real W)."""
+        return self._swap(self._conj)
+
+    mH = H
+
+    def conj(self) -> SVDHouseholder:
+        """The complex conjugate (this operator itself for real W)."""
+        c = self._conj ^ is_complex(self._dtype)
+        return SVDHouseholder(self._left, self._sigma, self._right, self._xp, self._theta, c)
+
+    def _plain(self) -> SVDHouseholder:
+        return SVDHouseholder(self._left, self._sigma, self._right, self._xp, self._theta)
 
     def __repr__(self) -> str:
         return (
@@ -190,7 +232,7 @@ class SVDHouseholder(LinearOperatorMixin):
                 f"x is a {type(x).__module__}.{type(x).__name__} but the operator holds "
                 f"{held.__module__}.{held.__name__} arrays; convert x first"
             )
-        xp, device, _, (x,) = resolve([("x", x)], xp)
+        xp, device, _, (x,) = resolve([("x", x)], xp, complex_ok=True)
         if device is not None and self.device is not None and device != self.device:
             raise ValueError(f"x is on device {device} but the operator is on {self.device}")
         if x.dtype != self.dtype:
@@ -209,8 +251,10 @@ class SVDHouseholder(LinearOperatorMixin):
         if is_operator(x):
             return compose(self, x)
         x = self._operand(x)
+        if self._conj:  # conj(W) x = conj(W conj(x))
+            return conj(self._plain() @ conj(x, self._xp), self._xp)
         xm, vector = as_matrix_operand(x, self._right.N, "x")
-        s = self._sigma if self._sigma.dtype == x.dtype else self._xp.astype(self._sigma, x.dtype)
+        s = self._diag if self._diag.dtype == x.dtype else self._xp.astype(self._diag, x.dtype)
         y = self._full_batch(self._left.embed(s[..., :, None] * self._right.project(xm)))
         return y[..., 0] if vector else y
 
@@ -249,12 +293,16 @@ class SVDHouseholder(LinearOperatorMixin):
         vectors on NumPy/torch/CuPy, 4N³/3 flops for a square side; T-CWY 2·N·r² + … for a
         rectangular side with r reflectors), then one m×r by r×n GEMM (2·m·n·r flops).
         """
+        if self._conj:
+            return conj(self._plain().matrix(), self._xp)
         A = self._left.stiefel(self.dtype)
         B = self._right.stiefel(self.dtype)
-        return self._full_batch((A * self._sigma[..., None, :]) @ mT(B))
+        return self._full_batch((A * self._diag[..., None, :]) @ mH(B, self._xp))
 
 
-def svd_householder(U_vecs: Any, sigma: Any, V_vecs: Any, *, xp: Any = None) -> SVDHouseholder:
+def svd_householder(
+    U_vecs: Any, sigma: Any, V_vecs: Any, *, theta: Any = None, xp: Any = None
+) -> SVDHouseholder:
     """The svdRNN parametrization W = Q_U Σ Q_Vᵀ as an operator (never formed unless asked).
 
     Parameters
@@ -267,7 +315,12 @@ def svd_householder(U_vecs: Any, sigma: Any, V_vecs: Any, *, xp: Any = None) -> 
         :func:`bounded_sigma` to keep them in [center − radius, center + radius]
         (Zhang, Lei & Dhillon, ICML 2018 eq. 8).
     V_vecs : array, shape (..., n, k₂), k₂ ≤ n
-        Reflection vectors of Q_V = H(v₁)…H(v_{k₂}) ∈ O(n).
+        Reflection vectors of Q_V = H(v₁)…H(v_{k₂}) ∈ O(n). Complex vectors (either side) give
+        a complex W with unitary sides, W = Q_U Σ Q_Vᴴ; σ stays real.
+    theta : real array, shape (..., r), optional
+        Phases between the left side and Σ: W = Q_U diag(e^{iθ}) Σ Q_Vᴴ (complex). With them
+        every complex matrix is reached (:func:`svd_householder_params` with
+        ``return_phases=True``); differentiable.
     xp : namespace, optional
         Array namespace to use instead of the one inferred from the inputs.
 
@@ -307,90 +360,11 @@ def svd_householder(U_vecs: Any, sigma: Any, V_vecs: Any, *, xp: Any = None) -> 
     >>> bool(np.allclose(W @ x, W.matrix() @ x))
     True
     """
-    xp, (U_vecs, sigma, V_vecs), (_, _, r) = resolve_params(U_vecs, sigma, V_vecs, xp)
+    xp, (U_vecs, sigma, V_vecs, theta), (_, _, r) = resolve_params(
+        U_vecs, sigma, V_vecs, xp, theta=theta
+    )
     U_vecs, V_vecs = (
         finite_reflectors(U_vecs, xp, "U_vecs"),
         finite_reflectors(V_vecs, xp, "V_vecs"),
     )
-    return SVDHouseholder(_Side(U_vecs, xp, r), sigma, _Side(V_vecs, xp, r), xp)
-
-
-# -- the constructive inverse ---------------------------------------------------------------------
-
-
-def svd_householder_params(W: Any, *, xp: Any = None) -> tuple[Any, Any, Any]:
-    """Constructive inverse of :func:`svd_householder`: parameters that reproduce any real W.
-
-    Parameters
-    ----------
-    W : array, shape (..., m, n)
-        Any real matrices (square or rectangular, any rank), m, n ≥ 1.
-
-    Returns
-    -------
-    U_vecs : array, shape (..., m, k₁) sigma : array, shape (..., r), r = min(m, n)
-        The singular values as the SVD returns them (≥ 0, descending).
-    V_vecs : array, shape (..., n, k₂)
-        Lower-trapezoidal reflection vectors with ``svd_householder(U_vecs, sigma, V_vecs).matrix()
-        ≈ W``, where (k₁, k₂) = (r − 1, r) for m ≤ n and (r, r − 1) for m > n: 2·min(m, n) − 1
-        reflectors in total, one fewer than Zhang, Lei & Dhillon, ICML 2018, Theorem 4.
-
-    Notes
-    -----
-    Reduced SVD W = U diag(σ) Vᵀ (``xp.linalg.svd(W, full_matrices=False)``; for m ≤ n, U is
-    m×m orthogonal and V ∈ St(n, m), and the other way round for m > n). The square factor
-    (size r) goes through :func:`householder_vectors`; its r-th vector is 0 or −2e_r, and in
-    the second case the r-th columns of *both* singular-vector matrices are negated, which
-    leaves W and σ unchanged and makes that vector 0, so it is dropped (r − 1 vectors). The
-    other factor, now in St(·, r), goes through :func:`tcwy_vectors` (r vectors; for m = n
-    this is :func:`householder_vectors`). Shapes depend only on (m, n), so this runs under
-    ``jax.jit``. Cost: the SVD plus 4r³/3 + 2r²(N − r/3) flops for the two Householder QRs,
-    computed in float64 for float32 input on CPU backends.
-
-    Rank-deficient W (some σ_i = 0): the SVD still returns orthogonal singular vectors
-    (not unique — any orthonormal basis of the null spaces will do), and the parameters
-    reproduce W to the same accuracy; which basis you get is the backend's choice.
-
-    Examples
-    --------
-    >>> import numpy as np, householderla as hl
-    >>> W = np.random.default_rng(0).standard_normal((5, 3))
-    >>> U_vecs, sigma, V_vecs = hl.svd_householder_params(W)
-    >>> U_vecs.shape, sigma.shape, V_vecs.shape
-    ((5, 3), (3,), (3, 2))
-    >>> bool(np.allclose(hl.svd_householder(U_vecs, sigma, V_vecs).matrix(), W))
-    True
-    """
-    xp, _, dtype, (W,) = resolve([("W", W)], xp)
-    if W.ndim < 2 or W.shape[-1] == 0 or W.shape[-2] == 0:
-        raise ValueError(f"W must have shape (..., m, n) with m, n >= 1; got {tuple(W.shape)}")
-    check_finite(W, xp, "W")
-    acc = accumulation_dtype_for(xp, W)
-    Wa = W if W.dtype == acc else xp.astype(W, acc)
-    out = jit_for(xp, _params_core)(xp, Wa)
-    return tuple(a if a.dtype == dtype else xp.astype(a, dtype) for a in out)
-
-
-def _params_core(xp: Any, W: Any) -> tuple[Any, Any, Any]:
-    """SVD, sign flip and the two Householder QRs (compiled once per shape on JAX)."""
-    m, n = W.shape[-2], W.shape[-1]
-    r = min(m, n)
-    # W = 2^e·Ws with max|Ws| in [1, 2): exact, and the SVD then never squares entries at
-    # 1e±300 (XLA on the CPU would also flush their subnormal squares to zero); two steps,
-    # since 2^±1074 itself is not a normal number
-    mx = xp.max(xp.abs(W), axis=(-2, -1), keepdims=True)
-    e = xp.floor(xp.log2(xp.where(mx > 0, mx, xp.ones_like(mx))))
-    half = xp.floor(e / 2)
-    U, s, Vh = xp.linalg.svd((W * 2.0**-half) * 2.0 ** (half - e), full_matrices=False)
-    s = (s * 2.0 ** half[..., 0]) * 2.0 ** (e - half)[..., 0]
-    V = mT(Vh)
-    square, other = (U, V) if m <= n else (V, U)
-    sq_vecs = householder_vectors(square, xp=xp)
-    # the r-th vector is 0 or −e_r; in the second case negate the r-th column of both
-    # factors (W and σ unchanged), which turns it into the zero vector
-    last = sq_vecs[..., r - 1, r - 1]
-    sign = xp.where(last < 0, -xp.ones_like(last), xp.ones_like(last))
-    other = xp.concat([other[..., : r - 1], other[..., r - 1 :] * sign[..., None, None]], axis=-1)
-    sq_vecs = sq_vecs[..., : r - 1]
-    other_vecs = tcwy_vectors(other, xp=xp)
-    return (sq_vecs, s, other_vecs) if m <= n else (other_vecs, s, sq_vecs)
+    return SVDHouseholder(_Side(U_vecs, xp, r), sigma, _Side(V_vecs, xp, r), xp, theta)

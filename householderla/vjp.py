@@ -30,14 +30,24 @@ function                                   map
 
 The retraction VJPs (last four rows) are derived in ``docs/theory/retractions.rst``; they
 cost at most about 2.2× their forward and never form an N×N matrix.
+
+Complex input (the CWY, T-CWY and Householder rows): every function here is the adjoint of the
+map's derivative for the real inner product ⟨A, B⟩ = Re tr(AᴴB). For a real loss L, the
+cotangent of a complex array z is ∂L/∂Re z + i ∂L/∂Im z — what ``torch``'s ``.grad`` holds,
+and the conjugate of JAX's convention — and the returned cotangents are of the same kind. A
+real input mixed with complex ones gets a real cotangent (the real part: its perturbations are
+real). Derivation: ``docs/theory/complex.rst``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from . import retractions as R
 from ._agnostic import compact_wy as K
+from ._agnostic import phases as P
 from ._agnostic import retraction as RK
 from ._lib.checks import (
     as_matrix_operand,
@@ -49,7 +59,13 @@ from ._lib.checks import (
 )
 from ._lib.jit import jit_for
 from ._lib.linalg import eye_like, sum_to_shape
-from ._lib.namespace import accumulation_dtype_for, resolve
+from ._lib.namespace import (
+    accumulation_dtype_for,
+    complex_dtype,
+    is_complex,
+    real_dtype,
+    resolve,
+)
 from ._lib.tracing import is_eager
 from ._svd_vjp import bounded_sigma_vjp as bounded_sigma
 from ._svd_vjp import svd_householder_apply_vjp as svd_householder_apply
@@ -80,38 +96,81 @@ __all__ = [
 ]
 
 
+def _real_inputs(*values: Any) -> list[bool]:
+    """Which inputs are real (a complex cotangent of a real input keeps its real part)."""
+    out = []
+    for a in values:
+        dtype = getattr(a, "dtype", None)
+        out.append(not is_complex(dtype) if dtype is not None else not np.iscomplexobj(a))
+    return out
+
+
+def _as_inputs(real: list[bool], xp: Any, *bars: Any) -> tuple[Any, ...]:
+    """The cotangents ``bars`` with the real part taken where the input was real."""
+    return tuple(
+        xp.real(b) if (r and b is not None and is_complex(b.dtype)) else b
+        for r, b in zip(real, bars, strict=True)
+    )
+
+
+def _phases(theta: Any, V: Any, xp: Any, K: int) -> tuple[Any, Any, Any]:
+    """(θ, e^{iθ}, V as complex) for the ``theta=`` argument of the VJPs (θ real, (..., K))."""
+    _, _, _, (theta,) = resolve([("theta", theta)], xp)
+    if theta.ndim < 1 or theta.shape[-1] != K:
+        raise ValueError(f"theta must have shape (..., {K}); got shape {tuple(theta.shape)}")
+    V = V if is_complex(V.dtype) else xp.astype(V, complex_dtype(xp, V.dtype))
+    return theta, P.phase_factor(xp.astype(theta, real_dtype(xp, V.dtype)), xp), V
+
+
 def _apply_vjp(
-    V: Any, h: Any, g: Any, xp: Any, *, transpose: bool, mode: str, hname: str
-) -> tuple[Any, Any]:
-    xp, _, _, (V, h, g) = resolve([("V", V), (hname, h), ("g", g)], xp)
+    V: Any, h: Any, g: Any, xp: Any, theta: Any, *, transpose: bool, mode: str, hname: str
+) -> tuple[Any, ...]:
+    real = _real_inputs(V, h)
+    xp, _, _, (V, h, g) = resolve([("V", V), (hname, h), ("g", g)], xp, complex_ok=True)
     N, L = check_reflectors(V)
     n_in = {"square": N, "embed": L, "project": N}[mode]
     n_out = {"square": N, "embed": N, "project": L}[mode]
     hm, vector = as_matrix_operand(h, n_in, hname)
-    out_shape = broadcast_batch([("V", V.shape[:-2]), (hname, hm.shape[:-2])]) + (
-        n_out,
-        hm.shape[-1],
-    )
+    batches = [("V", V.shape[:-2]), (hname, hm.shape[:-2])]
+    if theta is not None:
+        theta, p, V = _phases(theta, V, xp, N if mode == "square" else L)
+        batches.append(("theta", theta.shape[:-1]))
+    out_shape = broadcast_batch(batches) + (n_out, hm.shape[-1])
     check_cotangent(g, out_shape[:-1] if vector else out_shape, "g")
     gm = g[..., None] if vector else g
     U, T, r = K.cwy_factors(V, xp)
+    if theta is not None:
+        hm = hm if is_complex(hm.dtype) else xp.astype(hm, V.dtype)
+        V_bar, h_bar, t_bar = P.apply_vjp(U, T, r, p, hm, gm, xp, transpose=transpose, mode=mode)
+        t_bar = xp.astype(sum_to_shape(t_bar, tuple(theta.shape), xp), theta.dtype)
+        return (*_as_inputs(real, xp, V_bar, h_bar[..., 0] if vector else h_bar), t_bar)
     U_bar, h_bar, _, S_bar = K.lowrank_vjp(U, T, hm, gm, xp, transpose=transpose, mode=mode)
     V_bar = K.factors_vjp(U, r, U_bar, S_bar, xp)
-    return V_bar, (h_bar[..., 0] if vector else h_bar)
+    return _as_inputs(real, xp, V_bar, h_bar[..., 0] if vector else h_bar)
 
 
-def _matrix_vjp(V: Any, G: Any, xp: Any, *, transpose: bool, mode: str) -> Any:
-    xp, _, _, (V, G) = resolve([("V", V), ("G", G)], xp)
+def _matrix_vjp(V: Any, G: Any, xp: Any, theta: Any, *, mode: str) -> Any:
+    (real,) = _real_inputs(V)
+    xp, _, _, (V, G) = resolve([("V", V), ("G", G)], xp, complex_ok=True)
     N, L = check_reflectors(V)
-    shape = tuple(V.shape[:-2]) + ((N, N) if mode == "square" else (N, L))
+    batches = [("V", V.shape[:-2])]
+    if theta is not None:
+        theta, p, V = _phases(theta, V, xp, N if mode == "square" else L)
+        batches.append(("theta", theta.shape[:-1]))
+    shape = broadcast_batch(batches) + ((N, N) if mode == "square" else (N, L))
     check_cotangent(G, shape, "G")
     U, T, r = K.cwy_factors(V, xp)
-    U_bar, _, _, S_bar = K.lowrank_vjp(U, T, None, G, xp, transpose=transpose, mode=mode)
-    return K.factors_vjp(U, r, U_bar, S_bar, xp)
+    if theta is not None:
+        V_bar, t_bar = P.matrix_vjp(U, T, r, p, G, xp, mode=mode)
+        V_bar = sum_to_shape(V_bar, tuple(V.shape), xp)
+        t_bar = xp.astype(sum_to_shape(t_bar, tuple(theta.shape), xp), theta.dtype)
+        return _as_inputs([real], xp, V_bar)[0], t_bar
+    U_bar, _, _, S_bar = K.lowrank_vjp(U, T, None, G, xp, transpose=False, mode=mode)
+    return _as_inputs([real], xp, K.factors_vjp(U, r, U_bar, S_bar, xp))[0]
 
 
-def cwy_apply(V: Any, h: Any, g: Any, *, xp: Any = None) -> tuple[Any, Any]:
-    """VJP of (V, h) ↦ cwy(V) @ h.
+def cwy_apply(V: Any, h: Any, g: Any, *, theta: Any = None, xp: Any = None) -> tuple[Any, ...]:
+    """VJP of (V, h) ↦ cwy(V) @ h (of (V, h, θ) ↦ cwy(V, theta=θ) @ h with ``theta``).
 
     Parameters
     ----------
@@ -121,71 +180,89 @@ def cwy_apply(V: Any, h: Any, g: Any, *, xp: Any = None) -> tuple[Any, Any]:
         The right operand of the forward.
     g : array
         Cotangent of the output ``cwy(V) @ h`` (its shape).
+    theta : real array, shape (..., N), optional
+        Phases of the forward's right factor diag(e^{iθ}); then θ̄ is returned too.
     xp : namespace, optional
 
     Returns
     -------
-    V_bar : array, shape (..., N, L) h_bar : array, shape of h
+    V_bar : array, shape (..., N, L)
+    h_bar : array, shape of h
+    theta_bar : array, shape of theta (only with ``theta``)
+        θ̄_k = −Σ_b Im(conj(z̄_kb) z_kb) for z = diag(e^{iθ}) h (``docs/theory/complex.rst``).
 
     Notes
     -----
     With a = Uᵀh, b = T a, c = Uᵀg, d = Tᵀc: h̄ = Qᵀg = g − U d,
     Ū = −g bᵀ − h dᵀ + U (P + Pᵀ) with P = striu(d bᵀ), then v̄ = (ū − u uᵀū)/‖v‖.
-    8·N·L·B + 2·N·L² flops on top of building the factors.
+    8·N·L·B + 2·N·L² flops on top of building the factors. For complex input every ᵀ is ᴴ
+    and uᵀū becomes Re(uᴴū) (cotangent convention: the module docstring).
     """
-    return _apply_vjp(V, h, g, xp, transpose=False, mode="square", hname="h")
+    return _apply_vjp(V, h, g, xp, theta, transpose=False, mode="square", hname="h")
 
 
-def cwy_transpose_apply(V: Any, h: Any, g: Any, *, xp: Any = None) -> tuple[Any, Any]:
-    """VJP of (V, h) ↦ cwy(V).T @ h; as :func:`cwy_apply` with T ↔ Tᵀ and S̄ = b dᵀ."""
-    return _apply_vjp(V, h, g, xp, transpose=True, mode="square", hname="h")
+def cwy_transpose_apply(
+    V: Any, h: Any, g: Any, *, theta: Any = None, xp: Any = None
+) -> tuple[Any, ...]:
+    """VJP of (V, h) ↦ cwy(V).T @ h (for complex V: cwy(V).H @ h, the inverse; with
+    ``theta``: cwy(V, theta=θ).H @ h, and θ̄ is returned too); as :func:`cwy_apply` with
+    T ↔ Tᴴ and S̄ = b dᴴ."""
+    return _apply_vjp(V, h, g, xp, theta, transpose=True, mode="square", hname="h")
 
 
-def cwy_matrix(V: Any, G: Any, *, xp: Any = None) -> Any:
-    """VJP of V ↦ cwy(V).matrix(); G has shape (..., N, N).
+def cwy_matrix(V: Any, G: Any, *, theta: Any = None, xp: Any = None) -> Any:
+    """VJP of V ↦ cwy(V).matrix(); G has shape (..., N, N). With ``theta``: of
+    (V, θ) ↦ cwy(V, theta=θ).matrix(), returning (V̄, θ̄).
 
     Ū = −G U Tᵀ − Gᵀ U T + U (P + Pᵀ), P = striu(Tᵀ Uᵀ G U Tᵀ); 4·N²·L + O(N·L²) flops.
     """
-    return _matrix_vjp(V, G, xp, transpose=False, mode="square")
+    return _matrix_vjp(V, G, xp, theta, mode="square")
 
 
-def tcwy_apply(V: Any, x: Any, g: Any, *, xp: Any = None) -> tuple[Any, Any]:
+def tcwy_apply(V: Any, x: Any, g: Any, *, theta: Any = None, xp: Any = None) -> tuple[Any, ...]:
     """VJP of (V, x) ↦ tcwy(V) @ x; x (M,) or (..., M, B), g (..., N[, B]).
 
-    Returns (V_bar (..., N, M), x_bar shaped as x). Equal to :func:`cwy_apply` with
-    h = [x; 0] and x̄ = h̄[:M], without forming the padding.
+    Returns (V_bar (..., N, M), x_bar shaped as x), and θ̄ (..., M) with ``theta`` (the
+    forward tcwy(V, theta=θ) @ x). Equal to :func:`cwy_apply` with h = [x; 0] and
+    x̄ = h̄[:M], without forming the padding.
     """
-    return _apply_vjp(V, x, g, xp, transpose=False, mode="embed", hname="x")
+    return _apply_vjp(V, x, g, xp, theta, transpose=False, mode="embed", hname="x")
 
 
-def tcwy_transpose_apply(V: Any, y: Any, g: Any, *, xp: Any = None) -> tuple[Any, Any]:
-    """VJP of (V, y) ↦ tcwy(V).T @ y; y (N,) or (..., N, B), g (..., M[, B])."""
-    return _apply_vjp(V, y, g, xp, transpose=True, mode="project", hname="y")
+def tcwy_transpose_apply(
+    V: Any, y: Any, g: Any, *, theta: Any = None, xp: Any = None
+) -> tuple[Any, ...]:
+    """VJP of (V, y) ↦ tcwy(V).T @ y (for complex V: tcwy(V).H @ y; with ``theta``:
+    tcwy(V, theta=θ).H @ y, and θ̄ too); y (N,) or (..., N, B), g (..., M[, B])."""
+    return _apply_vjp(V, y, g, xp, theta, transpose=True, mode="project", hname="y")
 
 
-def tcwy_matrix(V: Any, G: Any, *, xp: Any = None) -> Any:
-    """VJP of V ↦ tcwy(V).matrix(); G has shape (..., N, M). 6·N·M² + O(M³) flops."""
-    return _matrix_vjp(V, G, xp, transpose=False, mode="embed")
+def tcwy_matrix(V: Any, G: Any, *, theta: Any = None, xp: Any = None) -> Any:
+    """VJP of V ↦ tcwy(V).matrix(); G has shape (..., N, M). 6·N·M² + O(M³) flops. With
+    ``theta``: of (V, θ) ↦ tcwy(V, theta=θ).matrix(), returning (V̄, θ̄)."""
+    return _matrix_vjp(V, G, xp, theta, mode="embed")
 
 
 def householder_apply(V: Any, h: Any, g: Any, *, xp: Any = None) -> tuple[Any, Any]:
     """VJP of (V, h) ↦ householder_apply(V, h), by sequential reflections (8·N·L·B flops,
     O(N·B) extra memory: each reflector's input is recovered from its output)."""
-    xp, _, _, (V, h, g) = resolve([("V", V), ("h", h), ("g", g)], xp)
+    real = _real_inputs(V, h)
+    xp, _, _, (V, h, g) = resolve([("V", V), ("h", h), ("g", g)], xp, complex_ok=True)
     N, _ = check_reflectors(V)
     hm, vector = as_matrix_operand(h, N)
     out = broadcast_batch([("V", V.shape[:-2]), ("h", hm.shape[:-2])]) + tuple(hm.shape[-2:])
     check_cotangent(g, out[:-1] if vector else out, "g")
-    return householder_apply_vjp(V, h, g, xp)
+    return _as_inputs(real, xp, *householder_apply_vjp(V, h, g, xp))
 
 
 def householder_product(V: Any, G: Any, *, xp: Any = None) -> Any:
     """VJP of V ↦ householder_product(V); G has shape (..., N, N)."""
-    xp, device, dtype, (V, G) = resolve([("V", V), ("G", G)], xp)
+    real = _real_inputs(V)
+    xp, device, dtype, (V, G) = resolve([("V", V), ("G", G)], xp, complex_ok=True)
     N, _ = check_reflectors(V)
     check_cotangent(G, tuple(V.shape[:-2]) + (N, N), "G")
     V_bar, _ = householder_apply_vjp(V, eye_like(xp, N, dtype, device), G, xp)
-    return V_bar
+    return _as_inputs(real, xp, V_bar)[0]
 
 
 def cwy_factors(V: Any, U_bar: Any, T_bar: Any, *, xp: Any = None) -> Any:
@@ -195,12 +272,15 @@ def cwy_factors(V: Any, U_bar: Any, T_bar: Any, *, xp: Any = None) -> Any:
     This is the rule the torch and JAX wiring use, so that several applies of one operator
     share one factor backward.
     """
-    xp, _, _, (V, U_bar, T_bar) = resolve([("V", V), ("U_bar", U_bar), ("T_bar", T_bar)], xp)
+    real = _real_inputs(V)
+    named = [("V", V), ("U_bar", U_bar), ("T_bar", T_bar)]
+    xp, _, _, (V, U_bar, T_bar) = resolve(named, xp, complex_ok=True)
     _, L = check_reflectors(V)
     check_cotangent(U_bar, tuple(V.shape), "U_bar")
     check_cotangent(T_bar, tuple(V.shape[:-2]) + (L, L), "T_bar")
     U, T, r = K.cwy_factors(V, xp)
-    return K.factors_vjp(U, r, U_bar, K.s_bar_from_t_bar(T, T_bar), xp)
+    V_bar = K.factors_vjp(U, r, U_bar, K.s_bar_from_t_bar(T, T_bar, xp), xp)
+    return _as_inputs(real, xp, V_bar)[0]
 
 
 # -- retractions (householderla.retractions) --------------------------------------------------

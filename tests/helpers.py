@@ -11,6 +11,13 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 EPS = {np.float32: float(np.finfo(np.float32).eps), np.float64: float(np.finfo(np.float64).eps)}
+EPS[np.complex64], EPS[np.complex128] = EPS[np.float32], EPS[np.float64]
+
+
+def _wide(a: Any) -> np.ndarray:
+    """``a`` in float64, or complex128 for complex input (the oracles' precision)."""
+    a = np.asarray(a)
+    return a.astype(np.complex128 if np.iscomplexobj(a) else np.float64)
 
 
 def stable_seed(*key: Any) -> int:
@@ -25,19 +32,21 @@ def eps_of(x: Any) -> float:
 
 
 def reflection(v: np.ndarray) -> np.ndarray:
-    """H(v) = I − 2vvᵀ/‖v‖², H(0) = I, built densely in float64 (the definition)."""
-    v = np.asarray(v, dtype=np.float64)
+    """H(v) = I − 2vvᴴ/‖v‖² (vᵀ for real v), H(0) = I, built densely in float64 or complex128
+    (the definition)."""
+    v = _wide(v)
     n = v.shape[0]
-    nv = v @ v
-    return np.eye(n) if nv == 0 else np.eye(n) - 2.0 * np.outer(v, v) / nv
+    nv = np.vdot(v, v).real
+    eye = np.eye(n, dtype=v.dtype)
+    return eye if nv == 0 else eye - 2.0 * np.outer(v, v.conj()) / nv
 
 
 def product_of_reflections(V: np.ndarray) -> np.ndarray:
     """H(v₁)…H(v_L) by dense matrix products, batched over leading axes."""
-    V = np.asarray(V, dtype=np.float64)
+    V = _wide(V)
     if V.ndim > 2:
         return np.stack([product_of_reflections(v) for v in V])
-    Q = np.eye(V.shape[0])
+    Q = np.eye(V.shape[0], dtype=V.dtype)
     for k in range(V.shape[1]):
         Q = Q @ reflection(V[:, k])
     return Q
@@ -52,19 +61,24 @@ def haar_orthogonal(rng: np.random.Generator, n: int, det: int = 1) -> np.ndarra
 
 
 def orth_error(Q: np.ndarray) -> float:
-    """‖QᵀQ − I‖_F (max over batch), computed in float64."""
-    Q = np.asarray(Q, dtype=np.float64)
+    """‖QᴴQ − I‖_F (max over batch), computed in float64 (complex128). Real Q takes the
+    plain transpose view: a conjugated copy changes BLAS's summation order, and at ~1e-15
+    that rounding is of the size of the error measured."""
+    Q = _wide(Q)
+    if np.iscomplexobj(Q):
+        E = np.conj(np.swapaxes(Q, -1, -2)) @ Q - np.eye(Q.shape[-1])
+        return float(np.max(np.sqrt(np.sum(np.abs(E) ** 2, axis=(-2, -1)))))
     E = np.swapaxes(Q, -1, -2) @ Q - np.eye(Q.shape[-1])
     return float(np.max(np.sqrt(np.sum(E * E, axis=(-2, -1)))))
 
 
 def growth(V: np.ndarray) -> float:
-    """‖T‖₂ for T = S⁻¹ of V (float64): the conditioning that CWY errors scale with."""
-    V = np.asarray(V, dtype=np.float64)
+    """‖T‖₂ for T = S⁻¹ of V (float64/complex128): the conditioning that CWY errors scale with."""
+    V = _wide(V)
     nrm = np.linalg.norm(V, axis=-2, keepdims=True)
     U = np.divide(V, nrm, out=np.zeros_like(V), where=nrm > 0)
     L = V.shape[-1]
-    S = 0.5 * np.eye(L) + np.triu(np.swapaxes(U, -1, -2) @ U, 1)
+    S = 0.5 * np.eye(L) + np.triu(np.conj(np.swapaxes(U, -1, -2)) @ U, 1)
     return float(np.max(np.linalg.norm(np.linalg.inv(S), ord=2, axis=(-2, -1))))
 
 
@@ -129,6 +143,17 @@ def make_V(spec: dict, with_zeros: bool = True) -> np.ndarray:
 EPS_FD = 1e-6
 
 
+def _draw(rng: np.random.Generator, shape: tuple, complex_: bool) -> np.ndarray:
+    """Standard normal draws, complex (independent real and imaginary parts) on request."""
+    x = rng.standard_normal(shape)
+    return x + 1j * rng.standard_normal(shape) if complex_ else x
+
+
+def _rdot(a: np.ndarray, b: np.ndarray) -> float:
+    """Re Σ conj(a)·b: the real inner product (Σ a·b for real arrays)."""
+    return float(np.sum(np.real(np.conj(a) * b)))
+
+
 def assert_vjp_matches_central_differences(bk, f, vjp, inputs, rng, freeze=None):
     """The dot-product test of a VJP, on backend ``bk``, in float64; returns the gradients.
 
@@ -136,23 +161,30 @@ def assert_vjp_matches_central_differences(bk, f, vjp, inputs, rng, freeze=None)
     must stay fixed, e.g. a zero reflector), (⟨g, f(x + εδ)⟩ − ⟨g, f(x − εδ)⟩)/2ε must equal
     Σ⟨vjp(g), δ⟩. With ε = 1e-6 the truncation O(ε²) and rounding O(eps/ε) errors are ≲ 1e-9
     relative to Σ‖vjp‖‖δ‖; the bound is 1e-7, while a wrong term is off by O(1).
+
+    Complex inputs (complex128) get complex directions, and complex outputs a complex
+    cotangent; every pairing is then the real inner product Re Σ conj(a)·b, for which the
+    library's VJPs are adjoints (cotangent ∂L/∂Re + i ∂L/∂Im, docs/theory/complex.rst).
     """
-    args = [bk.asarray(a) for a in inputs]
-    g = rng.standard_normal(to_numpy(bk.call(f, *args)).shape)
-    out = bk.call(vjp, *args, bk.asarray(g))
+    dt = [np.complex128 if np.iscomplexobj(a) else np.float64 for a in inputs]
+    args = [bk.asarray(a, t) for a, t in zip(inputs, dt, strict=True)]
+    y = to_numpy(bk.call(f, *args))
+    g = _draw(rng, y.shape, np.iscomplexobj(y))
+    out = bk.call(vjp, *args, bk.asarray(g, g.dtype))
     grads = [to_numpy(a) for a in (out if isinstance(out, tuple) else (out,))]
     assert len(grads) == len(inputs)
     for gr, a in zip(grads, inputs, strict=True):
         assert gr.shape == np.shape(a) and np.all(np.isfinite(gr))
-    dirs = [rng.standard_normal(np.shape(a)) for a in inputs]
+        assert np.iscomplexobj(gr) == np.iscomplexobj(a), "the cotangent has its input's kind"
+    dirs = [_draw(rng, np.shape(a), t == np.complex128) for a, t in zip(inputs, dt, strict=True)]
     if freeze is not None:
         freeze(dirs)
-    plus = [bk.asarray(a + EPS_FD * d) for a, d in zip(inputs, dirs, strict=True)]
-    minus = [bk.asarray(a - EPS_FD * d) for a, d in zip(inputs, dirs, strict=True)]
+    plus = [bk.asarray(a + EPS_FD * d, t) for a, d, t in zip(inputs, dirs, dt, strict=True)]
+    minus = [bk.asarray(a - EPS_FD * d, t) for a, d, t in zip(inputs, dirs, dt, strict=True)]
     fp, fm = to_numpy(bk.call(f, *plus)), to_numpy(bk.call(f, *minus))
-    fd = (np.sum(g * fp) - np.sum(g * fm)) / (2 * EPS_FD)
+    fd = (_rdot(g, fp) - _rdot(g, fm)) / (2 * EPS_FD)
     pairs = list(zip(grads, dirs, strict=True))
-    an = sum(float(np.sum(gr * d)) for gr, d in pairs)
+    an = sum(_rdot(gr, d) for gr, d in pairs)
     scale = sum(float(np.linalg.norm(gr) * np.linalg.norm(d)) for gr, d in pairs)
     assert abs(fd - an) <= 1e-7 * max(scale, 1.0), (fd, an)
     return grads

@@ -46,7 +46,6 @@ def test_nan_propagates_under_jit():
 @pytest.mark.parametrize(
     ("value", "match"),
     [
-        (np.ones((4, 2), dtype=complex), "complex dtype"),
         (np.ones((4, 2), dtype=bool), "boolean dtype"),
         (np.ones((4, 2), dtype=np.float16), "dtype float16"),
     ],
@@ -54,6 +53,13 @@ def test_nan_propagates_under_jit():
 def test_unsupported_dtypes(value, match):
     with pytest.raises(TypeError, match=f"V has {match}"):
         hl.cwy(value)
+
+
+def test_complex_rejected_where_only_the_real_case_exists():
+    """Complex input is accepted by the Householder/CWY maps (tests/test_complex.py) and
+    rejected, naming the argument, by the functions that implement the real case only."""
+    with pytest.raises(TypeError, match="X has complex dtype"):
+        hl.polar(np.ones((4, 2), dtype=complex))
 
 
 def test_mismatched_operand_shapes():

@@ -6,8 +6,9 @@
     1  _agnostic | _kernels | _interop   backend-neutral math | compiled kernels | Dask, DLPack
     2  _autodiff                     route/call and one rule table per framework
     3  public modules                cwy, householder, lapack, ornn, svd, retractions, stiefel, vjp
-                                     (and their private helpers _operator, _svd_vjp, _euclidean,
-                                     _compose, _linear_operator, _blocked, _tall)
+                                     (and their private helpers _operator, _factors, _blocked,
+                                     _compose, _linear_operator, _svd_vjp, _svd_params,
+                                     _euclidean, _tall)
     4  adapters                      torch, jax, lineax, _torch_optim, _torch_param, _torch_layer,
                                      _optax
     5  __init__
@@ -41,7 +42,9 @@ GROUPS = {
 PUBLIC = {"cwy", "householder", "lapack", "ornn", "svd", "retractions", "stiefel", "vjp"}
 PUBLIC_PRIVATE = {
     "_operator",
+    "_factors",
     "_svd_vjp",
+    "_svd_params",
     "_euclidean",
     "_compose",
     "_linear_operator",

@@ -12,6 +12,11 @@ All three are ``y = R(h) − U_out · M · U_inᵀ h`` with M ∈ {T, Tᵀ} and 
 (three maps, each optionally transposed), and ``h = None`` stands for the identity, which
 gives ``.matrix()``. The derivation of the backward is in ``docs/theory/vjp.rst``.
 
+Complex V (complex64/complex128) runs the same formulas with every transpose a conjugate
+transpose (H(v) = I − 2vvᴴ/‖v‖², S = ½I + striu(UᴴU), Qᴴ = I − U Tᴴ Uᴴ; ``mH`` is ``mT`` for
+real arrays), and the backward passes are adjoint for the real inner product Re tr(AᴴB): a
+cotangent is ∂L/∂Re + i ∂L/∂Im, torch's convention (``docs/theory/complex.rst``).
+
 Every function takes ``xp`` explicitly and works on any Array API namespace.
 """
 
@@ -20,8 +25,16 @@ from __future__ import annotations
 from typing import Any
 
 from .._lib.checks import check_finite_norms
-from .._lib.linalg import eye_like, gram_upper, inv_upper_triangular, sum_to_shape, where0
-from .._lib.namespace import accumulation_dtype_for, device_of, mT
+from .._lib.linalg import (
+    abs2,
+    eye_like,
+    gram_upper,
+    inv_upper_triangular,
+    real_dot,
+    sum_to_shape,
+    where0,
+)
+from .._lib.namespace import accumulation_dtype_for, device_of, is_complex, mH, real_dtype
 from .._lib.tracing import is_eager
 
 MODES = ("square", "embed", "project")
@@ -31,51 +44,71 @@ def normalize_columns(V: Any, xp: Any, *, check: bool = False) -> tuple[Any, Any
     """Unit columns ``U`` and column norms ``r`` of ``V`` (..., N, L); zero columns stay 0.
 
     Scaled by the column's max-abs first, so no finite input overflows or underflows
-    (‖v‖ = m ‖v/m‖). Returns ``U`` (..., N, L) and ``r`` (..., 1, L), in ``V``'s dtype.
-    With ``check``, NaN/Inf columns raise (eager arrays) before anything divides by them.
+    (‖v‖ = m ‖v/m‖). Returns ``U`` (..., N, L) in ``V``'s dtype and ``r`` (..., 1, L) in its
+    real dtype. With ``check``, NaN/Inf columns raise (eager arrays) before anything divides
+    by them.
     """
     if V.shape[-2] == 0:  # N = 0: no entries to normalise (max over an empty axis fails)
-        return V, xp.zeros((*V.shape[:-2], 1, V.shape[-1]), dtype=V.dtype, device=device_of(V))
+        shape = (*V.shape[:-2], 1, V.shape[-1])
+        return V, xp.zeros(shape, dtype=real_dtype(xp, V.dtype), device=device_of(V))
     m = xp.max(xp.abs(V), axis=-2, keepdims=True)
     if check:
         check_finite_norms(m, xp)
     nonzero = m > 0
     one = xp.ones_like(m)
-    W = V / xp.where(nonzero, m, one)
-    rs = xp.sqrt(xp.sum(W * W, axis=-2, keepdims=True))
+    if is_complex(V.dtype):
+        # complex ÷ real promotes the divisor to complex, whose division forms 1/m first:
+        # inf for a subnormal m. Scale by 2^-e instead (exact; two steps, as 2^1074 is not
+        # a float64), e = ⌊log₂ m⌋, so that max |W| ∈ [1, 2).
+        e = xp.floor(xp.log2(xp.where(nonzero, m, one)))
+        half = xp.floor(e / 2)
+        W = (V * 2.0**-half) * 2.0 ** (half - e)
+        m = 2.0**e
+    else:
+        W = V / xp.where(nonzero, m, one)
+    rs = xp.sqrt(xp.sum(abs2(W, xp), axis=-2, keepdims=True))
     U = W / xp.where(nonzero, rs, one)
     return U, m * rs
 
 
-def cwy_factors(V: Any, xp: Any, *, check: bool = True) -> tuple[Any, Any, Any]:
-    """``U`` (..., N, L), ``T = S⁻¹`` (..., L, L) and norms ``r`` (..., 1, L) of ``V``.
+def cwy_factors(V: Any, xp: Any, *, check: bool = True, sdiag: Any = None) -> tuple[Any, Any, Any]:
+    """``U`` (..., N, L), ``T = S⁻¹`` (..., L, L) and norms ``r`` (..., 1, L, real) of ``V``.
 
-    Gram matrix, norms and T are accumulated in float64 for float32 inputs on CPU backends
-    (:func:`~householderla._lib.namespace.accumulation_dtype_for`) and rounded to ``V``'s
-    dtype at the end. Cost: N·L² (Gram, syrk on NumPy) + L³/3 (triangular inverse) flops.
+    Gram matrix, norms and T are accumulated in float64 (complex128) for float32 (complex64)
+    inputs on CPU backends (:func:`~householderla._lib.namespace.accumulation_dtype_for`) and
+    rounded to ``V``'s dtype at the end. Cost: N·L² (Gram, syrk on NumPy) + L³/3 (triangular
+    inverse) flops; 4× that in real flops for complex V.
+
+    ``sdiag`` (..., L), a constant (no cotangent), replaces the diagonal ½ of S: column k is
+    then the unitary map I − (1 − λ_k) u_k u_kᴴ, λ_k = 1 − 1/sdiag_k (LAPACK's complex
+    reflectors, ``docs/theory/complex.rst``).
     """
     acc = accumulation_dtype_for(xp, V)
     Va = V if V.dtype == acc else xp.astype(V, acc)
     U, r = normalize_columns(Va, xp, check=check)
     L = V.shape[-1]
-    # only the strict upper triangle of UᵀU is read: syrk (N·L²) on a single NumPy matrix
-    S = 0.5 * eye_like(xp, L, acc, device_of(V)) + xp.triu(gram_upper(U, xp), k=1)
+    # only the strict upper triangle of UᴴU is read: syrk (N·L²) on a single real NumPy matrix
+    eye = eye_like(xp, L, acc, device_of(V))
+    D = 0.5 * eye if sdiag is None else eye * xp.astype(sdiag, acc)[..., None, :]
+    S = D + xp.triu(gram_upper(U, xp), k=1)
     T = inv_upper_triangular(S, xp)
     if acc != V.dtype:
-        U, T, r = (xp.astype(a, V.dtype) for a in (U, T, r))
+        U, T = xp.astype(U, V.dtype), xp.astype(T, V.dtype)
+        r = xp.astype(r, real_dtype(xp, V.dtype))
     return U, T, r
 
 
-def _roles(U: Any, T: Any, transpose: bool, mode: str) -> tuple[Any, Any, Any]:
+def _roles(U: Any, T: Any, transpose: bool, mode: str, xp: Any) -> tuple[Any, Any, Any]:
     m = T.shape[-1]
-    M = mT(T) if transpose else T
+    M = mH(T, xp) if transpose else T
     U_in = U[..., :m, :] if mode == "embed" else U
     U_out = U[..., :m, :] if mode == "project" else U
     return M, U_in, U_out
 
 
 def lowrank_apply(U: Any, T: Any, h: Any, xp: Any, *, transpose: bool, mode: str) -> Any:
-    """``R(h) − U_out M U_inᵀ h`` for ``h`` (..., K, B); ``h=None`` means the identity.
+    """``R(h) − U_out M U_inᴴ h`` for ``h`` (..., K, B); ``h=None`` means the identity.
+    ``transpose`` selects M = Tᴴ (the conjugate transpose; Tᵀ for real T).
 
     Cost 2·N·L·B (Uᵀh) + L²·B (M·a) + 2·N·L·B (U·b): two GEMMs and a small one.
     """
@@ -88,8 +121,8 @@ def lowrank_apply(U: Any, T: Any, h: Any, xp: Any, *, transpose: bool, mode: str
             return xp.astype(
                 lowrank_apply(Ua, Ta, None, xp, transpose=transpose, mode=mode), U.dtype
             )
-    M, U_in, U_out = _roles(U, T, transpose, mode)
-    a = mT(U_in) if h is None else mT(U_in) @ h
+    M, U_in, U_out = _roles(U, T, transpose, mode, xp)
+    a = mH(U_in, xp) if h is None else mH(U_in, xp) @ h
     b = M @ a
     ub = U_out @ b
     n_out = U_out.shape[-2]
@@ -121,18 +154,21 @@ def lowrank_vjp(
     Returns ``(U_bar, h_bar, T_bar, S_bar)``: ``U_bar`` is the gradient with respect to the
     unit columns U (before the normalisation backward), ``h_bar`` is ``None`` when ``h`` is
     the identity, ``T_bar`` is the gradient with respect to T and ``S_bar`` the gradient with
-    respect to S = T⁻¹ (= −Tᵀ T̄ Tᵀ, obtained here as a rank-B outer product). With
-    a = U_inᵀh, b = M a, c = U_outᵀ g, d = Mᵀ c:
+    respect to S = T⁻¹ (= −Tᴴ T̄ Tᴴ, obtained here as a rank-B outer product). With
+    a = U_inᴴh, b = M a, c = U_outᴴ g, d = Mᴴ c:
 
-        h̄ = Rᵀ(g) − U_in d,   Ū_out −= g bᵀ,   Ū_in −= h dᵀ,
-        M̄ = −c aᵀ,           S̄ = d bᵀ (M = T)  or  b dᵀ (M = Tᵀ).
+        h̄ = Rᵀ(g) − U_in d,   Ū_out −= g bᴴ,   Ū_in −= h dᴴ,
+        M̄ = −c aᴴ,           S̄ = d bᴴ (M = T)  or  b dᴴ (M = Tᴴ).
+
+    (ᴴ is ᵀ for real arrays; complex cotangents follow torch's convention, see the module
+    docstring.)
 
     Batch axes that broadcasting added are summed out so the results have the shapes of
     ``U``, ``h`` and ``T``. Cost: four GEMMs of the forward's shapes plus L²·B. ``fuse=False``
     keeps h and g apart (no concatenation along the batch columns, which would move a batch
     sharded over its columns between devices).
     """
-    M, U_in, U_out = _roles(U, T, transpose, mode)
+    M, U_in, U_out = _roles(U, T, transpose, mode, xp)
     fused = (
         fuse and mode == "square" and h is not None and tuple(h.shape[:-1]) == tuple(g.shape[:-1])
     )
@@ -140,19 +176,19 @@ def lowrank_vjp(
         # one GEMM Uᵀ[h g] and one [g h][b d]ᵀ instead of two each: same flops, half the
         # BLAS calls, and the 2B-wide products run closer to the GEMM rate for small B
         B = h.shape[-1]
-        ac = mT(U) @ xp.concat([h, g], axis=-1)
+        ac = mH(U, xp) @ xp.concat([h, g], axis=-1)
         a, c = ac[..., :B], ac[..., B:]
     else:
-        a = mT(U_in) if h is None else mT(U_in) @ h
-        c = mT(U_out) @ g
+        a = mH(U_in, xp) if h is None else mH(U_in, xp) @ h
+        c = mH(U_out, xp) @ g
     b = M @ a
-    d = mT(M) @ c
-    dT = mT(d)
+    d = mH(M, xp) @ c
+    dT = mH(d, xp)
     m = T.shape[-1]
     if fused:
-        Ubar = -(xp.concat([g, h], axis=-1) @ mT(xp.concat([b, d], axis=-1)))
+        Ubar = -(xp.concat([g, h], axis=-1) @ mH(xp.concat([b, d], axis=-1), xp))
     else:
-        Ubar = _u_bar(-(g @ mT(b)), -dT if h is None else -(h @ dT), m, mode, xp)
+        Ubar = _u_bar(-(g @ mH(b, xp)), -dT if h is None else -(h @ dT), m, mode, xp)
     h_bar = None
     if h is not None:
         Rg = g
@@ -166,9 +202,9 @@ def lowrank_vjp(
             )
             Rg = xp.concat([g, pad], axis=-2)
         h_bar = sum_to_shape(Rg - U_in @ d, tuple(h.shape), xp)
-    Mbar = -(c @ mT(a))
-    T_bar = mT(Mbar) if transpose else Mbar
-    S_bar = b @ dT if transpose else d @ mT(b)
+    Mbar = -(c @ mH(a, xp))
+    T_bar = mH(Mbar, xp) if transpose else Mbar
+    S_bar = b @ dT if transpose else d @ mH(b, xp)
     return (
         sum_to_shape(Ubar, tuple(U.shape), xp),
         h_bar,
@@ -177,27 +213,28 @@ def lowrank_vjp(
     )
 
 
-def s_bar_from_t_bar(T: Any, T_bar: Any) -> Any:
-    """S̄ = −Tᵀ T̄ Tᵀ (T = S⁻¹)."""
-    Tt = mT(T)
+def s_bar_from_t_bar(T: Any, T_bar: Any, xp: Any) -> Any:
+    """S̄ = −Tᴴ T̄ Tᴴ (T = S⁻¹)."""
+    Tt = mH(T, xp)
     return -(Tt @ (T_bar @ Tt))
 
 
 def factors_vjp(U: Any, r: Any, U_bar: Any, S_bar: Any, xp: Any) -> Any:
-    """V̄ from the cotangents of the unit columns ``U`` and of ``S = ½I + striu(UᵀU)``.
+    """V̄ from the cotangents of the unit columns ``U`` and of ``S = ½I + striu(UᴴU)``.
 
-    Ū += U (P + Pᵀ) with P = striu(S̄) (only the strict upper part of S depends on U), then
-    through u = v/‖v‖: v̄ = (ū − u (uᵀū)) / ‖v‖, and v̄ = 0 for zero columns (never NaN).
+    Ū += U (P + Pᴴ) with P = striu(S̄) (only the strict upper part of S depends on U), then
+    through u = v/‖v‖: v̄ = (ū − u Re(uᴴū)) / ‖v‖, and v̄ = 0 for zero columns (never NaN).
     Cost 2·N·L² + O(N·L).
     """
     P = xp.triu(S_bar, k=1)
-    return normalize_columns_vjp(U, r, U_bar + U @ (P + mT(P)), xp)
+    return normalize_columns_vjp(U, r, U_bar + U @ (P + mH(P, xp)), xp)
 
 
 def normalize_columns_vjp(U: Any, r: Any, U_bar: Any, xp: Any) -> Any:
-    """Backward of :func:`normalize_columns`: v̄ = (ū − u (uᵀū)) / ‖v‖ per column, from
-    du = (I − uuᵀ) dv / ‖v‖; zero columns (r = 0) get v̄ = 0, never NaN."""
-    proj = xp.sum(U * U_bar, axis=-2, keepdims=True)
+    """Backward of :func:`normalize_columns`: v̄ = (ū − u Re(uᴴū)) / ‖v‖ per column, from
+    du = (dv − u Re(uᴴdv)) / ‖v‖ (uᵀū for real columns; for complex ones only the real part
+    of uᴴū is removed: d‖v‖ = Re(uᴴdv)); zero columns (r = 0) get v̄ = 0, never NaN."""
+    proj = real_dot(U, U_bar, xp)
     nonzero = r > 0
     r_safe = xp.where(nonzero, r, xp.ones_like(r))
     return where0(xp, nonzero, (U_bar - U * proj) / r_safe)

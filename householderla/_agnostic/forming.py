@@ -7,7 +7,9 @@ Two routes without the normalised factors U, T of :mod:`.compact_wy`:
 * :func:`dense_matrix` for any V, the one-shot I − V S⁻¹ Vᵀ (syrk, one triangular solve, one
   GEMM) with S = striu(VᵀV) + ½ diag(VᵀV) (Mhammedi et al., ICML 2017, Proposition 1).
 
-Both need writeable arrays (NumPy, torch, CuPy) and run only where no autodiff follows.
+Both need writeable arrays (NumPy, torch, CuPy) and run only where no autodiff follows. Complex
+V takes conjugate transposes (I − V S⁻¹ Vᴴ, S = striu(VᴴV) + ½ diag(VᴴV)), through the
+generic products (the SciPy BLAS shortcuts are for real matrices).
 """
 
 from __future__ import annotations
@@ -17,17 +19,17 @@ from typing import Any
 import array_api_compat as aac
 
 from .._lib.linalg import eye_like, gram_upper, solve_upper_triangular, where0
-from .._lib.namespace import accumulation_dtype_for, device_of, mT
+from .._lib.namespace import accumulation_dtype_for, device_of, is_complex, mH, real_dtype
 
 __all__ = ["STRUCTURED_BLOCK", "dense_matrix", "structured_matrix"]
 
 
-def _s_from_gram(G: Any, d: Any, xp: Any) -> tuple[Any, Any]:
-    """(S, nonzero): S = striu(G) + ½ diag(G) with S_kk = 1 where d_k = G_kk = 0."""
+def _s_from_gram(G: Any, d: Any, xp: Any, coef: Any = 0.5) -> tuple[Any, Any]:
+    """(S, nonzero): S = striu(G) + coef·diag(G) with S_kk = 1 where d_k = G_kk = 0."""
     L = G.shape[-1]
     eye = eye_like(xp, L, G.dtype, device_of(G))
     nonzero = d > 0
-    diag = xp.where(nonzero, 0.5 * d, xp.ones_like(d))
+    diag = xp.where(nonzero, coef * d, xp.ones_like(coef * d))
     return xp.triu(G, k=1) + eye * diag[..., None, :], nonzero
 
 
@@ -43,7 +45,7 @@ def _quiet(gram: Any, V: Any, xp: Any) -> Any:
 
 
 def _gram_matmul(V: Any, xp: Any) -> Any:
-    return mT(V) @ V
+    return mH(V, xp) @ V
 
 
 def _solve_upper_same_blas(S: Any, W: Any, xp: Any) -> Any:
@@ -60,11 +62,11 @@ def _solve_upper_same_blas(S: Any, W: Any, xp: Any) -> Any:
 def _norm_range(dtype: Any, xp: Any) -> tuple[float, float]:
     """Safe range of ‖v‖² for the unnormalised Gram: squares and their sums of up to 2^100
     terms stay normal and finite (float64: 2^±900; float32: 2^±100)."""
-    e = 900.0 if dtype == xp.float64 else 100.0
+    e = 900.0 if real_dtype(xp, dtype) == xp.float64 else 100.0
     return 2.0**-e, 2.0**e
 
 
-def _unnormalized_s(V: Any, xp: Any, syrk: bool = True) -> tuple[Any, Any]:
+def _unnormalized_s(V: Any, xp: Any, syrk: bool = True, sdiag: Any = None) -> tuple[Any, Any]:
     """(V, S) with H(v₁)…H(v_L) = I − V S⁻¹ Vᵀ, S = striu(VᵀV) + ½ diag(VᵀV) (Mhammedi et al., ICML
     2017 Proposition 1): no normalisation, so no rounding of the given vectors. Zero columns get
     S_kk = 1 and are zeroed, giving H(0) = I. N·L² flops (syrk on a single NumPy matrix).
@@ -76,10 +78,12 @@ def _unnormalized_s(V: Any, xp: Any, syrk: bool = True) -> tuple[Any, Any]:
     power of two, 2^−⌊log₂ max|v|⌋, which is exact; that costs one more pass and Gram, and
     only happens for such columns. Eager arrays only (the check is data dependent).
     ``syrk=False`` forms the Gram matrix with ``@`` (see :func:`structured_matrix`).
+    ``sdiag`` (..., L) replaces the ½ of the diagonal (generalised reflectors,
+    :mod:`householderla._factors`): S_kk = sdiag_k ‖v_k‖², LAPACK's 1/τ_k.
     """
     gram = gram_upper if syrk else _gram_matmul
     G = _quiet(gram, V, xp)
-    d = xp.linalg.diagonal(G)  # (..., L)
+    d = _real_diagonal(G, xp)  # (..., L)
     lo, hi = _norm_range(V.dtype, xp)
     in_range = (d >= lo) & (d <= hi)
     if not bool(xp.all(in_range)):
@@ -90,17 +94,23 @@ def _unnormalized_s(V: Any, xp: Any, syrk: bool = True) -> tuple[Any, Any]:
             half = xp.floor(e / 2)  # two exact steps: 2^1074 (subnormal columns) overflows
             V = (V * 2.0**half) * 2.0 ** (e - half)
             G = _quiet(gram, V, xp)
-            d = xp.linalg.diagonal(G)
+            d = _real_diagonal(G, xp)
     if aac.is_numpy_namespace(xp) and G.ndim == 2 and bool(xp.all(d > 0)):
         # no zero column: S in place in the fresh Gram (no N×L or L×L copies); the strict
         # lower part is left as is — triangular solvers read the upper triangle only
         import numpy as np
 
         idx = np.arange(G.shape[-1])
-        G[idx, idx] = 0.5 * d
+        G[idx, idx] = 0.5 * d if sdiag is None else xp.astype(sdiag, G.dtype) * d
         return V, G
-    S, nonzero = _s_from_gram(G, d, xp)
+    S, nonzero = _s_from_gram(G, d, xp, 0.5 if sdiag is None else xp.astype(sdiag, G.dtype))
     return where0(xp, nonzero[..., None, :], V), S
+
+
+def _real_diagonal(G: Any, xp: Any) -> Any:
+    """The diagonal ‖v_k‖² of a Gram matrix, real (the imaginary part of vᴴv is zero)."""
+    d = xp.linalg.diagonal(G)
+    return xp.real(d) if is_complex(d.dtype) else d
 
 
 #: Reflectors per block in :func:`structured_matrix`: N=1024 float64 LAPACK reflectors took
@@ -116,7 +126,7 @@ def _identity(xp: Any, V: Any, ncols: int, dtype: Any) -> Any:
 
 
 def structured_matrix(
-    V: Any, xp: Any, ncols: int | None = None, block: int = STRUCTURED_BLOCK
+    V: Any, xp: Any, ncols: int | None = None, block: int = STRUCTURED_BLOCK, *, sdiag: Any = None
 ) -> Any:
     """First ``ncols`` (default N) columns of H(v₁)…H(v_L) for lower-trapezoidal V (..., N, L),
     like LAPACK's orgqr.
@@ -139,11 +149,12 @@ def structured_matrix(
     Q = _identity(xp, V, ncols, acc)
     for s in range(((L - 1) // block) * block, -1, -block):
         e = min(s + block, L)
-        Vb, Sb = _unnormalized_s(Va[..., s:, s:e], xp, syrk=False)
+        sb = None if sdiag is None else sdiag[..., s:e]
+        Vb, Sb = _unnormalized_s(Va[..., s:, s:e], xp, syrk=False, sdiag=sb)
         head = max(min(e, ncols) - s, 0)  # identity columns s … min(e, ncols) − 1
-        parts = [mT(Vb[..., :head, :])] if head else []
+        parts = [mH(Vb[..., :head, :], xp)] if head else []
         if ncols > e:
-            parts.append(mT(Vb[..., e - s :, :]) @ Q[..., e:, e:])
+            parts.append(mH(Vb[..., e - s :, :], xp) @ Q[..., e:, e:])
         if not parts:
             continue
         W = parts[0] if len(parts) == 1 else xp.concat(parts, axis=-1)
@@ -151,7 +162,7 @@ def structured_matrix(
     return Q if acc == V.dtype else xp.astype(Q, V.dtype)
 
 
-def dense_matrix(V: Any, xp: Any, ncols: int | None = None) -> Any:
+def dense_matrix(V: Any, xp: Any, ncols: int | None = None, *, sdiag: Any = None) -> Any:
     """First ``ncols`` (default N) columns of H(v₁)…H(v_L) = I − V S⁻¹ Vᵀ for any V (..., N, L)
     in one shot, with unnormalised factors (Mhammedi et al., ICML 2017, Proposition 1).
 
@@ -165,11 +176,11 @@ def dense_matrix(V: Any, xp: Any, ncols: int | None = None) -> Any:
     acc = accumulation_dtype_for(xp, V)
     Va = V if V.dtype == acc else xp.astype(V, acc)
     ncols = V.shape[-2] if ncols is None else ncols
-    Vz, S = _unnormalized_s(Va, xp)
-    if aac.is_numpy_namespace(xp) and Vz.ndim == 2:
+    Vz, S = _unnormalized_s(Va, xp, sdiag=sdiag)
+    if aac.is_numpy_namespace(xp) and Vz.ndim == 2 and not is_complex(Vz.dtype):
         Q = _dense_matrix_scipy_blas(Vz, S, ncols)
         return Q if acc == V.dtype else xp.astype(Q, V.dtype)
-    W = solve_upper_triangular(S, mT(Vz[..., :ncols, :]), xp)
+    W = solve_upper_triangular(S, mH(Vz[..., :ncols, :], xp), xp)
     Q = _identity(xp, V, ncols, acc)
     Q = Q - Vz @ W
     return Q if acc == V.dtype else xp.astype(Q, V.dtype)

@@ -5,6 +5,12 @@ lower-trapezoidal V whose diagonal is implicit (``a``'s diagonal and upper part 
 τᵢ = 0 for H(i) = I (LAPACK Users' Guide, Anderson et al., SIAM 1999, §5.4). For every τᵢ ≠ 0
 that ``?larfg`` produces, τᵢ = 2/‖vᵢ‖², so H(i) is the reflection H(vᵢ) = I − 2vᵢvᵢᵀ/‖vᵢ‖² of
 this library, and Q = H(1)…H(k) is ``cwy(V)`` with the τ = 0 columns of V set to zero.
+
+Complex ``?geqrf`` (``zgeqrf``) makes τᵢ complex: H(i) = I − τᵢvᵢvᵢᴴ is unitary but not Hermitian.
+It fixes vᵢ⊥ and multiplies vᵢ by λᵢ = 1 − τᵢ‖vᵢ‖², so it is unitary exactly when |λᵢ| = 1 (a
+reflection when λᵢ = −1). In the compact WY form only the diagonal of S changes (LAPACK's
+``zlarft``: T⁻¹ = diag(1/τ) + striu(VᴴV)); with unit vectors S = diag(sᵢ) + striu(UᴴU),
+sᵢ = 1/(τᵢ‖vᵢ‖²) = 1/(1 − λᵢ) (:func:`normalized_sdiag`).
 """
 
 from __future__ import annotations
@@ -13,10 +19,10 @@ from typing import Any
 
 import array_api_compat as aac
 
-from .._lib.namespace import device_of
+from .._lib.namespace import device_of, is_complex
 from .._lib.tracing import is_eager
 
-__all__ = ["lapack_reflectors", "tau_mismatch"]
+__all__ = ["lapack_reflectors", "normalized_sdiag", "tau_mismatch"]
 
 
 def lapack_reflectors(a: Any, tau: Any) -> Any:
@@ -35,8 +41,29 @@ def lapack_reflectors(a: Any, tau: Any) -> Any:
 
 def tau_mismatch(V: Any, tau: Any) -> Any:
     """max over columns with τᵢ ≠ 0 of |τᵢ‖vᵢ‖²/2 − 1| (0 when H(i) is exactly the
-    reflection by vᵢ), shape (...). ‖vᵢ‖² ≥ 1 (unit diagonal), so no underflow; a column
-    whose ‖vᵢ‖² overflows gives inf."""
+    reflection by vᵢ), shape (...). For complex τ: ||1 − τᵢ‖vᵢ‖²| − 1| (0 when H(i) is
+    unitary). ‖vᵢ‖² ≥ 1 (unit diagonal), so no underflow; a column whose ‖vᵢ‖² overflows
+    gives inf."""
     xp = aac.array_namespace(V, tau)
-    ss = xp.linalg.vecdot(V, V, axis=-2)
-    return xp.max(xp.where(tau != 0, xp.abs(tau * ss / 2 - 1), xp.zeros_like(ss)), axis=-1)
+    ss = _sq_norms(V, xp)
+    if is_complex(tau.dtype):
+        err = xp.abs(xp.abs(1 - tau * ss) - 1)
+    else:
+        err = xp.abs(tau * ss / 2 - 1)
+    return xp.max(xp.where(tau != 0, err, xp.zeros_like(err)), axis=-1)
+
+
+def normalized_sdiag(V: Any, tau: Any) -> Any:
+    """sᵢ = 1/(τᵢ‖vᵢ‖²) (..., k), the diagonal of S for unit columns (½ for a reflection;
+    ½ also where τᵢ = 0, whose column V zeroes)."""
+    xp = aac.array_namespace(V, tau)
+    ts = tau * _sq_norms(V, xp)
+    nz = tau != 0
+    return xp.where(nz, 1 / xp.where(nz, ts, xp.ones_like(ts)), 0.5 * xp.ones_like(ts))
+
+
+def _sq_norms(V: Any, xp: Any) -> Any:
+    """‖vᵢ‖² (..., k), real-valued (in V's dtype)."""
+    return (
+        xp.sum(V * xp.conj(V), axis=-2) if is_complex(V.dtype) else xp.linalg.vecdot(V, V, axis=-2)
+    )

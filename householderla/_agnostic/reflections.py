@@ -1,8 +1,10 @@
 """Householder reflections one at a time: the sequential product, its backward, and the
 reflectors of Householder QR with a positive diagonal.
 
-H(v) = I − 2 v vᵀ / ‖v‖² for v ≠ 0 and H(0) = I (Zhang, Lei & Dhillon, ICML 2018, eq. 1).
-Every function takes ``xp`` (or reads it from its input) and works on any Array API namespace.
+H(v) = I − 2 v vᵀ / ‖v‖² for v ≠ 0 and H(0) = I (Zhang, Lei & Dhillon, ICML 2018, eq. 1); for
+complex v, H(v) = I − 2 v vᴴ / ‖v‖² (Hermitian and unitary), with every transpose below a
+conjugate transpose. Every function takes ``xp`` (or reads it from its input) and works on any
+Array API namespace.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import array_api_compat as aac
 
 from .._lib.checks import as_matrix_operand, check_reflectors
 from .._lib.linalg import sum_to_shape
-from .._lib.namespace import device_of, mT
+from .._lib.namespace import device_of, mH
 from .compact_wy import normalize_columns, normalize_columns_vjp
 
 __all__ = [
@@ -21,19 +23,20 @@ __all__ = [
     "positive_qr_reflectors",
     "reflect_all",
     "reflect_sequence",
+    "unitary_qr_reflectors",
 ]
 
 
-def reflect_sequence(U: Any, y: Any, order: range) -> Any:
+def reflect_sequence(U: Any, y: Any, order: range, xp: Any) -> Any:
     for k in order:
         u = U[..., :, k : k + 1]
-        y = y - 2.0 * (u @ (mT(u) @ y))
+        y = y - 2.0 * (u @ (mH(u, xp) @ y))
     return y
 
 
-def reflect_all(U: Any, y: Any) -> Any:
+def reflect_all(U: Any, y: Any, xp: Any) -> Any:
     """H(u₁)(H(u₂)(…H(u_L) y)) for unit columns U."""
-    return reflect_sequence(U, y, range(U.shape[-1] - 1, -1, -1))
+    return reflect_sequence(U, y, range(U.shape[-1] - 1, -1, -1), xp)
 
 
 def householder_apply_vjp(V: Any, h: Any, g: Any, xp: Any) -> tuple[Any, Any]:
@@ -43,7 +46,7 @@ def householder_apply_vjp(V: Any, h: Any, g: Any, xp: Any) -> tuple[Any, Any]:
 
     Runs the reflections in forward order, recovering each reflector's input from its output (H(u)
     is an involution, so no O(L·N·B) tape is stored; Mhammedi et al., ICML 2017, Algorithm 1). For y
-    = H(u) x: x̄ = H(u) ȳ and ū = −2 (ȳ (uᵀx)ᵀ + x (uᵀȳ)ᵀ) summed over the B columns; the
+    = H(u) x: x̄ = H(u) ȳ and ū = −2 (ȳ (uᴴx)ᴴ + x (uᴴȳ)ᴴ) summed over the B columns; the
     normalisation u = v/‖v‖ then gives the full gradient of Zhang, Lei & Dhillon, ICML 2018 eq. 15
     (v̄ = (ū − u uᵀū)/‖v‖), not Mhammedi et al.'s fixed-norm version.
 
@@ -54,14 +57,15 @@ def householder_apply_vjp(V: Any, h: Any, g: Any, xp: Any) -> tuple[Any, Any]:
     hm, vector = as_matrix_operand(h, N)
     gm = g[..., None] if vector else g
     U, r = normalize_columns(V, xp)
-    y = reflect_sequence(U, hm, range(L - 1, -1, -1))
+    y = reflect_sequence(U, hm, range(L - 1, -1, -1), xp)
     cols = []
     for k in range(L):
         u = U[..., :, k : k + 1]
-        x = y - 2.0 * (u @ (mT(u) @ y))
-        w = mT(u) @ x  # (..., 1, B)
-        z = mT(u) @ gm
-        cols.append(-2.0 * (gm @ mT(w) + x @ mT(z)))
+        uh = mH(u, xp)
+        x = y - 2.0 * (u @ (uh @ y))
+        w = uh @ x  # (..., 1, B)
+        z = uh @ gm
+        cols.append(-2.0 * (gm @ mH(w, xp) + x @ mH(z, xp)))
         gm = gm - 2.0 * (u @ z)
         y = x
     Ubar = xp.concat(cols, axis=-1) if cols else xp.zeros_like(U)
@@ -124,3 +128,69 @@ def positive_qr_reflectors(A: Any) -> Any:
         pad = xp.zeros(batch + (k,), dtype=A.dtype, device=device)
         cols.append(xp.concat([pad, v], axis=-1))
     return xp.stack(cols, axis=-1)
+
+
+def _from_parts(re: Any, im: Any, xp: Any, dtype: Any) -> Any:
+    """re + i·im as ``dtype`` (the standard has no ``complex(re, im)``)."""
+    return xp.astype(re, dtype) + xp.astype(im, dtype) * 1j
+
+
+def _div_real(z: Any, r: Any, xp: Any) -> Any:
+    """z / r for complex z and real r > 0, part by part: complex division forms 1/r first,
+    which overflows for a subnormal r."""
+    return _from_parts(xp.real(z) / r, xp.imag(z) / r, xp, z.dtype)
+
+
+def unitary_qr_reflectors(A: Any) -> tuple[Any, Any]:
+    """Reflectors v₁…v_K and phases θ of Householder QR of complex A (..., N, K) with
+    Hermitian reflections: A = H(v₁)…H(v_K) [R; 0] with R's diagonal ‖x_k‖ e^{iθ_k}.
+
+    A Hermitian reflection maps x = [α; y] to β e₁ only if |β| = ‖x‖ and conj(α)β is real,
+    so β = ‖x‖ e^{iφ}, φ = arg α (the phase cannot be chosen away: ``docs/theory/complex.rst``).
+    The reflector x − βe₁ = e^{iφ}[|α| − ‖x‖; e^{−iφ}y] is stored as v = [−ρ/(|α| + ‖x‖);
+    e^{−iφ}y/ρ] (ρ = ‖y‖; H(cv) = H(v) for complex c; Parlett's |α| − ‖x‖ = −ρ²/(|α| + ‖x‖),
+    no cancellation), from max-abs-scaled moduli as in :func:`positive_qr_reflectors`.
+    y = 0 (or ρ ≤ N·eps·|α|) gives v = 0. θ_k = arg α_k (0 for α_k = 0). For unitary A
+    (square, or columns orthonormal) R = diag(e^{iθ}): A = H(v₁)…H(v_K) diag(e^{iθ}) (first K
+    columns), Mhammedi et al., ICML 2017, §4.3, Corollary 1; the last reflector of a square A
+    is 0. For any full-rank A this is its Q factor with a positive diagonal R.
+    """
+    xp = aac.array_namespace(A)
+    K = A.shape[-1]
+    batch = tuple(A.shape[:-2])
+    device = device_of(A)
+    W = A
+    cols, phases = [], []
+    negligible = float(xp.finfo(A.dtype).eps) * A.shape[-2]
+    for k in range(K):
+        x = W[..., :, 0]
+        alpha = x[..., 0]
+        a_re, a_im = xp.real(alpha), xp.imag(alpha)
+        aa = xp.abs(alpha)
+        one, zero = xp.ones_like(aa), xp.zeros_like(aa)
+        ar = xp.abs(x[..., 1:])
+        mr = xp.max(ar, axis=-1) if ar.shape[-1] else zero
+        mr1 = xp.where(mr > 0, mr, one)
+        rho = mr * xp.sqrt(xp.sum((ar / mr1[..., None]) ** 2, axis=-1))  # ‖y‖, no squares
+        has = rho > negligible * aa
+        big = xp.maximum(aa, rho)
+        big1 = xp.where(big > 0, big, one)
+        nrm = big * xp.sqrt((aa / big1) ** 2 + (rho / big1) ** 2)  # ‖x‖
+        head = xp.where(has, -rho / xp.where(has, aa + nrm, one), zero)
+        aa1 = xp.where(aa > 0, aa, one)
+        unit = _from_parts(xp.where(aa > 0, a_re / aa1, one), a_im / aa1, xp, A.dtype)
+        rho1 = xp.where(has, rho, one)
+        y = _div_real(xp.conj(unit)[..., None] * x[..., 1:], rho1[..., None], xp)
+        y = xp.where(has[..., None], y, xp.zeros_like(y))
+        v = xp.concat([xp.astype(head, A.dtype)[..., None], y], axis=-1)
+        phases.append(xp.atan2(a_im, a_re))
+        if k + 1 < K:
+            vv = xp.sum(xp.real(xp.conj(v) * v), axis=-1)  # 1 + head² or 0
+            coef = xp.where(vv > 0, 2.0 / xp.where(vv > 0, vv, one), zero)
+            Wr = W[..., :, 1:]
+            vh = xp.conj(v)[..., None, :]
+            Wr = Wr - (xp.astype(coef, A.dtype)[..., None, None] * v[..., :, None]) * (vh @ Wr)
+            W = Wr[..., 1:, :]
+        pad = xp.zeros(batch + (k,), dtype=A.dtype, device=device)
+        cols.append(xp.concat([pad, v], axis=-1))
+    return xp.stack(cols, axis=-1), xp.stack(phases, axis=-1)

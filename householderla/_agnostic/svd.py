@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._lib.linalg import sum_to_shape
-from .._lib.namespace import device_of, mT
+from .._lib.namespace import conj, device_of, mH
 from . import compact_wy as K
 
 __all__ = [
@@ -125,23 +125,27 @@ def stiefel_vjp(V: Any, A_bar: Any, r: int, xp: Any) -> Any:
 
 
 def apply_vjp_core(xp: Any, U_vecs: Any, sigma: Any, V_vecs: Any, x: Any, g: Any) -> Any:
+    """(Ū, σ̄, V̄, x̄) of W x; ``sigma`` is the diagonal d of Σ (complex d = σ e^{iθ} in the
+    complex case: then σ̄ is d̄ = Σ_b c̄ conj(a), and ā = conj(d) c̄)."""
     r = min(U_vecs.shape[-2], V_vecs.shape[-2])
     a = project(V_vecs, x, r, xp)
     c = sigma[..., :, None] * a
     U_bar, c_bar = embed_vjp(U_vecs, c, g, r, xp)
-    s_bar = sum_to_shape(xp.sum(c_bar * a, axis=-1), tuple(sigma.shape), xp)
-    V_bar, x_bar = project_vjp(V_vecs, x, sigma[..., :, None] * c_bar, r, xp)
+    s_bar = sum_to_shape(xp.sum(c_bar * conj(a, xp), axis=-1), tuple(sigma.shape), xp)
+    V_bar, x_bar = project_vjp(V_vecs, x, conj(sigma, xp)[..., :, None] * c_bar, r, xp)
     return U_bar, s_bar, V_bar, x_bar
 
 
 def matrix_vjp_core(xp: Any, U_vecs: Any, sigma: Any, V_vecs: Any, G: Any) -> Any:
+    """(Ū, d̄, V̄) of W = A diag(d) Bᴴ: Ā = G B diag(conj d), B̄ = Gᴴ A diag(d),
+    d̄_i = (Aᴴ G B)_ii (``sigma`` is d; real for real W)."""
     r = min(U_vecs.shape[-2], V_vecs.shape[-2])
     A = stiefel(U_vecs, r, xp)
     B = stiefel(V_vecs, r, xp)
     GB = G @ B
-    GtA = mT(G) @ A
-    s_bar = sum_to_shape(xp.sum(A * GB, axis=-2), tuple(sigma.shape), xp)
+    GtA = mH(G, xp) @ A
+    s_bar = sum_to_shape(xp.sum(conj(A, xp) * GB, axis=-2), tuple(sigma.shape), xp)
     s_row = sigma[..., None, :]
-    U_bar = stiefel_vjp(U_vecs, GB * s_row, r, xp)
+    U_bar = stiefel_vjp(U_vecs, GB * conj(s_row, xp), r, xp)
     V_bar = stiefel_vjp(V_vecs, GtA * s_row, r, xp)
     return U_bar, s_bar, V_bar

@@ -32,7 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._lib.linalg import sum_to_shape
-from .._lib.namespace import device_of, mT
+from .._lib.namespace import device_of, mH
 from .compact_wy import normalize_columns_vjp
 
 #: Target column-block width of the blocked products and the most blocks used: the number of
@@ -79,9 +79,9 @@ def column_blocks(L: int) -> list[tuple[int, int]]:
 
 
 def trapezoid_t_matmul(U: Any, h: Any, xp: Any, bounds: list[tuple[int, int]]) -> Any:
-    """Uᵀh for lower-trapezoidal U (..., K, L) and h (..., K, B): block [s, e) of the result
-    is U[s:, s:e]ᵀ h[s:] (rows < s of those columns are zero)."""
-    return xp.concat([mT(U[..., s:, s:e]) @ h[..., s:, :] for s, e in bounds], axis=-2)
+    """Uᴴh for lower-trapezoidal U (..., K, L) and h (..., K, B): block [s, e) of the result
+    is U[s:, s:e]ᴴ h[s:] (rows < s of those columns are zero)."""
+    return xp.concat([mH(U[..., s:, s:e], xp) @ h[..., s:, :] for s, e in bounds], axis=-2)
 
 
 def trapezoid_matmul(U: Any, b: Any, xp: Any, bounds: list[tuple[int, int]]) -> Any:
@@ -95,10 +95,10 @@ def trapezoid_matmul(U: Any, b: Any, xp: Any, bounds: list[tuple[int, int]]) -> 
 
 
 def triu_matmul(T: Any, a: Any, xp: Any, bounds: list[tuple[int, int]], transpose: bool) -> Any:
-    """T a (or Tᵀ a) for upper-triangular T (..., L, L) and a (..., L, B), blockwise:
-    (T a)[s:e] = T[s:e, s:] a[s:],  (Tᵀ a)[s:e] = T[:e, s:e]ᵀ a[:e]."""
+    """T a (or Tᴴ a) for upper-triangular T (..., L, L) and a (..., L, B), blockwise:
+    (T a)[s:e] = T[s:e, s:] a[s:],  (Tᴴ a)[s:e] = T[:e, s:e]ᴴ a[:e]."""
     if transpose:
-        parts = [mT(T[..., :e, s:e]) @ a[..., :e, :] for s, e in bounds]
+        parts = [mH(T[..., :e, s:e], xp) @ a[..., :e, :] for s, e in bounds]
     else:
         parts = [T[..., s:e, s:] @ a[..., s:, :] for s, e in bounds]
     return xp.concat(parts, axis=-2)
@@ -146,14 +146,14 @@ def apply_vjp(U: Any, T: Any, r: Any, h: Any, g: Any, xp: Any) -> tuple[Any, Any
     # −[g h] [b d]ᵀ on the lower trapezoid: column block [s, e) from rows s on
     gh = xp.concat([g, xp.broadcast_to(h, tuple(g.shape))], axis=-1)
     bd = xp.concat([xp.broadcast_to(b, tuple(d.shape)), d], axis=-1)
-    P = xp.triu(d @ mT(b), k=1)
+    P = xp.triu(d @ mH(b, xp), k=1)
     # broadcasting may add batch axes (h, g batched against one U): sum them out first
     P = sum_to_shape(P, tuple(U.shape[:-2]) + (L, L), xp)
-    W = P + mT(P)
+    W = P + mH(P, xp)
     blocks = []
     for s, e in bounds:
         shape = tuple(U.shape[:-2]) + (N - s, e - s)
-        out = -sum_to_shape(gh[..., s:, :] @ mT(bd[..., s:e, :]), shape, xp)
+        out = -sum_to_shape(gh[..., s:, :] @ mH(bd[..., s:e, :], xp), shape, xp)
         # + U (P + Pᵀ) on the same block: U[s:, :] is zero in columns > its row, and rows
         # s..e−1 only reach column e−1; rows ≥ e need every column up to L
         top = U[..., s:e, :e] @ W[..., :e, s:e]

@@ -5,7 +5,7 @@ Every differentiable primitive of the package has one rule per table, with one s
 =====================  =========================================  ==========================
 rule                   arguments                                  returns
 =====================  =========================================  ==========================
-``cwy_factors``        ``(xp, V)``                                ``(U, T, r)``
+``cwy_factors``        ``(xp, V, sdiag)``                         ``(U, T, r)``
 ``lowrank``            ``(xp, U, T, h, transpose, mode)``         ``R(h) − U_out M U_inᵀ h``
 ``householder_apply``  ``(xp, V, h)``                             ``H(v₁)…H(v_L) h``
 ``polar``              ``(xp, X, num_iters, restart)``            ``(Q, info)``
@@ -13,12 +13,14 @@ rule                   arguments                                  returns
 ``qr_q``               ``(xp, Y)``                                ``qf(Y)``
 =====================  =========================================  ==========================
 
-Tables: :mod:`.plain` (the backend-neutral forward, nothing recorded), :mod:`.torch`
-(``torch.autograd.Function``s whose backward calls our explicit VJPs; torch.func-ready) and
-:mod:`.jax` (``jax.custom_vjp`` rules, compiled once per shape). :func:`route` picks the table
-from the arrays of a call, :func:`call` runs a rule. Tables are imported on first use, so
-torch and JAX are imported only when their arrays arrive. This package imports the layers
-below it (``_lib``, ``_agnostic``, ``_kernels``, ``_interop``), never a public module.
+``sdiag`` is None for reflections (diag S = ½) or the constant diagonal of S for LAPACK's
+complex reflectors (no cotangent). Tables: :mod:`.plain` (the backend-neutral forward,
+nothing recorded), :mod:`.torch` (``torch.autograd.Function``s whose backward calls our
+explicit VJPs; torch.func-ready) and :mod:`.jax` (``jax.custom_vjp`` rules, compiled once per
+shape). :func:`route` picks the table from the arrays of a call, :func:`call` runs a rule.
+Tables are imported on first use, so torch and JAX are imported only when their arrays arrive.
+This package imports the layers below it (``_lib``, ``_agnostic``, ``_kernels``,
+``_interop``), never a public module.
 """
 
 from __future__ import annotations

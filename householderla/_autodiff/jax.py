@@ -17,6 +17,12 @@ are Python values in ``nondiff_argnums``; arrays never are. The backward rules a
 of order 2). Every primal, forward and backward body runs under
 ``jax.default_matmul_precision("highest")``: on GPU, JAX's default float32 matmul is
 TF32/bf16-pass, which would cost the orthogonality these maps exist for (no effect on CPU).
+
+Complex arrays: JAX's cotangent of a complex value is the *conjugate* of the one our VJPs take
+and return (JAX pairs a cotangent c with a tangent t as Re(c·t); ours, torch's, as
+Re(conj(c)·t): for a real loss, ours is ∂L/∂Re + i ∂L/∂Im and JAX's ∂L/∂Re − i ∂L/∂Im). So
+every backward rule here conjugates the incoming complex cotangents, calls the VJP, and
+conjugates what it returns (:func:`_jax_ct`; nothing happens for real arrays).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from .._agnostic import retraction as RK
 from .._agnostic.newton_schulz import polar_backward, polar_forward
 from .._agnostic.reflections import householder_apply_vjp, reflect_all
 from .._lib.linalg import sum_to_shape
+from .._lib.namespace import conj
 from .._lib.tracing import is_eager
 
 #: Matmul precision every rule is traced with (``jax.default_matmul_precision`` name).
@@ -55,6 +62,12 @@ def _j(*arrays: Any) -> Any:
     return tuple(None if a is None else jnp.asarray(a) for a in arrays)
 
 
+def _jax_ct(*cts: Any) -> tuple[Any, ...]:
+    """Cotangents between JAX's convention and ours (torch's): complex conjugation, which is
+    its own inverse; real and None cotangents pass unchanged (module docstring)."""
+    return tuple(None if c is None else conj(c, jnp) for c in cts)
+
+
 # -- compact WY ---------------------------------------------------------------------------
 
 
@@ -74,12 +87,36 @@ def _factors_fwd(V: Any) -> tuple[tuple[Any, Any, Any], tuple[Any, Any, Any]]:
 @_highest
 def _factors_bwd(res: tuple[Any, Any, Any], cts: tuple[Any, Any, Any]) -> tuple[Any]:
     U, T, r = res
-    U_bar, T_bar, r_bar = _j(*cts)
-    V_bar = K.factors_vjp(U, r, U_bar, K.s_bar_from_t_bar(T, T_bar), jnp) + U * r_bar
-    return (V_bar,)
+    U_bar, T_bar, r_bar = _jax_ct(*_j(*cts))
+    V_bar = K.factors_vjp(U, r, U_bar, K.s_bar_from_t_bar(T, T_bar, jnp), jnp) + U * r_bar
+    return _jax_ct(V_bar)
 
 
 cwy_factors.defvjp(_factors_fwd, _factors_bwd)
+
+
+@jax.custom_vjp
+@_highest
+def cwy_factors_diag(V: Any, sdiag: Any) -> tuple[Any, Any, Any]:
+    """(V, sdiag) ↦ (U, T, r) with S = diag(sdiag) + striu(UᴴU); sdiag is a constant."""
+    V, sdiag = _j(V, sdiag)
+    return K.cwy_factors(V, jnp, check=False, sdiag=sdiag)
+
+
+@_highest
+def _factors_diag_fwd(V: Any, sdiag: Any) -> tuple[Any, Any]:
+    V, sdiag = _j(V, sdiag)
+    out = K.cwy_factors(V, jnp, check=False, sdiag=sdiag)
+    return out, (*out, sdiag)
+
+
+@_highest
+def _factors_diag_bwd(res: Any, cts: tuple[Any, Any, Any]) -> tuple[Any, Any]:
+    (V_bar,) = _factors_bwd(res[:3], cts)
+    return V_bar, jnp.zeros_like(res[3])
+
+
+cwy_factors_diag.defvjp(_factors_diag_fwd, _factors_diag_bwd)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(3, 4))
@@ -101,10 +138,11 @@ def _apply_bwd(transpose: bool, mode: str, res: Any, g: Any) -> tuple[Any, Any, 
     U, T, h, g = _j(*res, g)
     # not fused: concatenating h and g along a sharded batch axis would move them between
     # devices (collective-permute) under jax.jit with NamedSharding
+    (g,) = _jax_ct(g)
     U_bar, h_bar, T_bar, _ = K.lowrank_vjp(
         U, T, h, g, jnp, transpose=transpose, mode=mode, fuse=False
     )
-    return U_bar, T_bar, h_bar
+    return _jax_ct(U_bar, T_bar, h_bar)
 
 
 lowrank_apply.defvjp(_apply_fwd, _apply_bwd)
@@ -127,8 +165,9 @@ def _matrix_fwd(U: Any, T: Any, transpose: bool, mode: str) -> tuple[Any, Any]:
 @_highest
 def _matrix_bwd(transpose: bool, mode: str, res: Any, G: Any) -> tuple[Any, Any]:
     U, T, G = _j(*res, G)
+    (G,) = _jax_ct(G)
     U_bar, _, T_bar, _ = K.lowrank_vjp(U, T, None, G, jnp, transpose=transpose, mode=mode)
-    return U_bar, T_bar
+    return _jax_ct(U_bar, T_bar)
 
 
 lowrank_matrix.defvjp(_matrix_fwd, _matrix_bwd)
@@ -142,19 +181,19 @@ lowrank_matrix.defvjp(_matrix_fwd, _matrix_bwd)
 def householder_apply(V: Any, h: Any) -> Any:
     """H(v₁)(H(v₂)(…H(v_L) h)) for h (..., N, B)."""
     V, h = _j(V, h)
-    return reflect_all(K.normalize_columns(V, jnp)[0], h)
+    return reflect_all(K.normalize_columns(V, jnp)[0], h, jnp)
 
 
 @_highest
 def _householder_fwd(V: Any, h: Any) -> tuple[Any, Any]:
     V, h = _j(V, h)
-    return reflect_all(K.normalize_columns(V, jnp)[0], h), (V, h)
+    return reflect_all(K.normalize_columns(V, jnp)[0], h, jnp), (V, h)
 
 
 @_highest
 def _householder_bwd(res: Any, g: Any) -> tuple[Any, Any]:
     V, h, g = _j(*res, g)
-    return householder_apply_vjp(V, h, g, jnp)
+    return _jax_ct(*householder_apply_vjp(V, h, *_jax_ct(g), jnp))
 
 
 householder_apply.defvjp(_householder_fwd, _householder_bwd)
@@ -244,6 +283,7 @@ qr_q.defvjp(_qr_fwd, _qr_bwd)
 # (and compiling) every operation; under an outer ``jax.jit`` these are inlined. ``polar`` is
 # not wrapped: on concrete input it picks its iteration count from the values (eager path).
 cwy_factors = jax.jit(cwy_factors)
+cwy_factors_diag = jax.jit(cwy_factors_diag)
 lowrank_apply = jax.jit(lowrank_apply, static_argnums=(3, 4))
 lowrank_matrix = jax.jit(lowrank_matrix, static_argnums=(2, 3))
 householder_apply = jax.jit(householder_apply)
@@ -305,7 +345,9 @@ def _varying_axes(a: Any) -> frozenset[Any]:
 
 
 RULES = {
-    "cwy_factors": lambda xp, V: cwy_factors(V),
+    "cwy_factors": lambda xp, V, sdiag=None: (
+        cwy_factors(V) if sdiag is None else cwy_factors_diag(V, sdiag)
+    ),
     "lowrank": _lowrank_rule,
     "householder_apply": lambda xp, V, h: householder_apply(*same_vma(V, h)),
     "polar": _polar_rule,

@@ -12,8 +12,8 @@ from .._agnostic.newton_schulz import polar_forward
 from .._agnostic.reflections import reflect_all
 
 
-def cwy_factors(xp: Any, V: Any) -> tuple[Any, Any, Any]:
-    return K.cwy_factors(V, xp, check=False)
+def cwy_factors(xp: Any, V: Any, sdiag: Any = None) -> tuple[Any, Any, Any]:
+    return K.cwy_factors(V, xp, check=False, sdiag=sdiag)
 
 
 def lowrank(xp: Any, U: Any, T: Any, h: Any, transpose: bool, mode: str) -> Any:
@@ -21,7 +21,7 @@ def lowrank(xp: Any, U: Any, T: Any, h: Any, transpose: bool, mode: str) -> Any:
 
 
 def householder_apply(xp: Any, V: Any, h: Any) -> Any:
-    return reflect_all(K.normalize_columns(V, xp)[0], h)
+    return reflect_all(K.normalize_columns(V, xp)[0], h, xp)
 
 
 def polar(xp: Any, X: Any, num_iters: Any, restart: Any) -> tuple[Any, dict[str, Any]]:

@@ -65,8 +65,26 @@ class CWYFactors(torch.autograd.Function):
         # r stays differentiable (∂‖v‖/∂v = u) so that double backward sees how the
         # 1/‖v‖ in the normalisation backward depends on V.
         U, T, r = ctx.saved_tensors
-        S_bar = K.s_bar_from_t_bar(T, T_bar)
+        S_bar = K.s_bar_from_t_bar(T, T_bar, _xp)
         return K.factors_vjp(U, r, U_bar, S_bar, _xp) + U * r_bar
+
+
+class CWYFactorsDiag(torch.autograd.Function):
+    """(V, sdiag) ↦ (U, T, r) with S = diag(sdiag) + striu(UᴴU); sdiag is a constant."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(V: torch.Tensor, sdiag: torch.Tensor) -> tuple[Any, Any, Any]:
+        return K.cwy_factors(V, _xp, check=False, sdiag=sdiag)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+        ctx.save_for_backward(*output)  # sdiag gets no cotangent (None below)
+
+    @staticmethod
+    def backward(ctx: Any, U_bar: torch.Tensor, T_bar: torch.Tensor, r_bar: Any) -> Any:
+        return CWYFactors.backward(ctx, U_bar, T_bar, r_bar), None
 
 
 class LowRankApply(torch.autograd.Function):
@@ -104,7 +122,7 @@ class HouseholderApply(torch.autograd.Function):
     @staticmethod
     def forward(V: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         U, _ = K.normalize_columns(V, _xp)
-        return reflect_all(U, h)
+        return reflect_all(U, h, _xp)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
@@ -234,7 +252,9 @@ def _polar(xp: Any, X: Any, num_iters: Any, restart: Any) -> tuple[Any, dict[str
 
 
 RULES = {
-    "cwy_factors": lambda xp, V: CWYFactors.apply(V),
+    "cwy_factors": lambda xp, V, sdiag=None: (
+        CWYFactors.apply(V) if sdiag is None else CWYFactorsDiag.apply(V, sdiag)
+    ),
     "lowrank": lambda xp, U, T, h, transpose, mode: LowRankApply.apply(U, T, h, transpose, mode),
     "householder_apply": lambda xp, V, h: HouseholderApply.apply(V, h),
     "polar": _polar,

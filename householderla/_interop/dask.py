@@ -36,8 +36,8 @@ def _result_dtype(op: Any, H: Any) -> Any:
     dt = np.dtype(H.dtype)
     if dt.kind in "iub":
         return np.dtype(op.dtype)
-    if dt.kind != "f":
-        raise TypeError(f"H must have a real floating or integer dtype; got {dt}")
+    if dt.kind not in "fc":
+        raise TypeError(f"H must have a floating, complex or integer dtype; got {dt}")
     return np.result_type(dt, np.dtype(op.dtype))
 
 

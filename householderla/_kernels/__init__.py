@@ -48,10 +48,14 @@ def numba_enabled() -> Any:
 
 
 def numba_for(xp: Any, *arrays: Any) -> Any:
-    """The Numba kernel module when ``xp`` is NumPy, every array is a NumPy array,
-    ``HL_DISABLE_NUMBA`` is unset (or "0") and numba imports; else None."""
+    """The Numba kernel module when ``xp`` is NumPy, every array is a real NumPy array,
+    ``HL_DISABLE_NUMBA`` is unset (or "0") and numba imports; else None.
+
+    Complex arrays go to the Array API path (the kernels have float32/float64 signatures
+    only): sequential complex reflections are the reference path, and the CWY operator,
+    which handles complex through the same GEMMs, is the fast one."""
     for a in arrays:
-        if type(a) is not np.ndarray:
+        if type(a) is not np.ndarray or a.dtype.kind == "c":
             return None
     if not aac.is_numpy_namespace(xp):
         return None

@@ -164,7 +164,11 @@ def finite_reflectors(V: Any, xp: Any, name: str = "V") -> Any:
     if not np.any((a < np.finfo(view.dtype).tiny) & (a > 0)):
         return V
     _, e = np.frexp(np.max(a, axis=-2, keepdims=True))  # column max = f · 2^e, f ∈ [½, 1)
-    scaled = np.ldexp(view, (-e).astype(np.int32))  # zero columns: e = 0, unchanged
+    k = (-e).astype(np.int32)  # zero columns: e = 0, unchanged
+    if np.iscomplexobj(view):  # ldexp is real: scale both parts (exact as well)
+        scaled = (np.ldexp(view.real, k) + 1j * np.ldexp(view.imag, k)).astype(view.dtype)
+    else:
+        scaled = np.ldexp(view, k)
     return xp.asarray(scaled, device=next(iter(V.devices())))
 
 

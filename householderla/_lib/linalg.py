@@ -18,13 +18,15 @@ from typing import Any
 
 import array_api_compat as aac
 
-from .namespace import device_of, mT
+from .namespace import device_of, is_complex, mH, mT
 
 __all__ = [
+    "abs2",
     "eye_like",
     "gram_upper",
     "inv_upper_triangular",
     "inv_upper_triangular_recursive",
+    "real_dot",
     "solve_upper_triangular",
     "sum_to_shape",
     "where0",
@@ -104,9 +106,9 @@ def solve_upper_triangular(S: Any, B: Any, xp: Any) -> Any:
 
 
 def gram_upper(V: Any, xp: Any) -> Any:
-    """VᵀV (..., L, L) for V (..., N, L); on a single NumPy matrix only the upper triangle is
-    computed (BLAS syrk, N·L² flops instead of 2·N·L²) and the strict lower part is zero.
-    Callers must read the upper triangle only."""
+    """VᴴV (..., L, L) for V (..., N, L) (VᵀV for real V); on a single real NumPy matrix only
+    the upper triangle is computed (BLAS syrk, N·L² flops instead of 2·N·L²) and the strict
+    lower part is zero. Callers must read the upper triangle only."""
     if aac.is_numpy_namespace(xp) and V.ndim == 2 and V.dtype.kind == "f" and V.size:
         # (BLAS rejects N = 0 or L = 0, printing "illegal value" to stderr: matmul then)
         import numpy as np
@@ -117,7 +119,24 @@ def gram_upper(V: Any, xp: Any) -> Any:
         if V.flags.c_contiguous:
             return np.asarray(syrk(1.0, V.T, trans=0, lower=0))
         return np.asarray(syrk(1.0, V, trans=1, lower=0))
-    return mT(V) @ V
+    return mH(V, xp) @ V
+
+
+def abs2(x: Any, xp: Any) -> Any:
+    """|x|² elementwise, real: ``x * x`` for real arrays, Re² + Im² for complex ones."""
+    if is_complex(x.dtype):
+        re, im = xp.real(x), xp.imag(x)
+        return re * re + im * im
+    return x * x
+
+
+def real_dot(a: Any, b: Any, xp: Any, axis: int = -2) -> Any:
+    """Re Σ conj(a) b along ``axis`` (keepdims): the real inner product ⟨a, b⟩ = Re(aᴴb) of
+    columns, the pairing every VJP of this library is adjoint for (``a * b`` summed for real
+    arrays)."""
+    if is_complex(a.dtype) or is_complex(b.dtype):
+        return xp.sum(xp.real(xp.conj(a) * b), axis=axis, keepdims=True)
+    return xp.sum(a * b, axis=axis, keepdims=True)
 
 
 def inv_upper_triangular_recursive(S: Any, xp: Any) -> Any:

@@ -22,9 +22,14 @@ from .tracing import is_eager
 
 __all__ = [
     "accumulation_dtype",
+    "complex_dtype",
+    "conj",
     "default_float",
     "device_of",
+    "is_complex",
+    "mH",
     "mT",
+    "real_dtype",
     "resolve",
 ]
 
@@ -38,9 +43,10 @@ def _namespace_of(xp: Any) -> Any:
 
 
 #: Array types whose namespace, float dtypes and devices are known after their first call:
-#: ``type -> (namespace, (float32, float64))``. Filled by :func:`resolve` for NumPy arrays,
-#: torch tensors and concrete JAX arrays only (not tracers, subclasses or other libraries).
-_KNOWN_TYPES: dict[type, tuple[Any, tuple[Any, Any]]] = {}
+#: ``type -> (namespace, (float32, float64, complex64, complex128))``. Filled by
+#: :func:`resolve` for NumPy arrays, torch tensors and concrete JAX arrays only (not tracers,
+#: subclasses or other libraries).
+_KNOWN_TYPES: dict[type, tuple[Any, tuple[Any, ...]]] = {}
 
 
 def _register_fast_type(x: Any, xp: Any) -> None:
@@ -50,13 +56,14 @@ def _register_fast_type(x: Any, xp: Any) -> None:
         or (aac.is_jax_namespace(xp) and is_eager(x))
     ):
         if type(x).__name__ in ("ndarray", "Tensor", "Parameter", "ArrayImpl"):
-            _KNOWN_TYPES[type(x)] = (xp, (xp.float32, xp.float64))
+            _KNOWN_TYPES[type(x)] = (xp, (xp.float32, xp.float64, xp.complex64, xp.complex128))
 
 
-def _resolve_fast(arrays: Sequence[tuple[str, Any]], xp: Any) -> Any:
+def _resolve_fast(arrays: Sequence[tuple[str, Any]], xp: Any, complex_ok: bool) -> Any:
     """:func:`resolve` for the common call: every argument an array of one known type
-    (NumPy, torch, concrete JAX), one float32/float64 dtype, one device. None otherwise
-    (the general path then gives the answer, or the error)."""
+    (NumPy, torch, concrete JAX), one float32/float64 dtype (or complex64/complex128 with
+    ``complex_ok``), one device. None otherwise (the general path then gives the answer, or
+    the error)."""
     first = arrays[0][1]
     t = type(first)
     known = _KNOWN_TYPES.get(t)
@@ -67,7 +74,8 @@ def _resolve_fast(arrays: Sequence[tuple[str, Any]], xp: Any) -> Any:
         return None
     dtype = first.dtype
     if dtype != floats[0] and dtype != floats[1]:
-        return None
+        if not (complex_ok and (dtype == floats[2] or dtype == floats[3])):
+            return None
     if len(arrays) == 1:
         return ns, device_of(first), dtype, [first]
     device = device_of(first)
@@ -92,14 +100,16 @@ def default_float(xp: Any, device: Any = None) -> Any:
     return xp.float64  # pragma: no cover - every supported namespace has the info object
 
 
-def _float_dtype_of(xp: Any, x: Any, name: str, device: Any) -> Any:
+def _float_dtype_of(xp: Any, x: Any, name: str, device: Any, complex_ok: bool = False) -> Any:
     dtype = x.dtype
     if xp.isdtype(dtype, "bool"):
         raise TypeError(f"{name} has boolean dtype; expected a real floating or integer array")
     if xp.isdtype(dtype, "complex floating"):
+        if complex_ok:
+            return dtype  # complex64 or complex128: the standard has no other
         raise TypeError(
-            f"{name} has complex dtype {dtype}; householderla implements the real orthogonal "
-            "group only (unitary support is planned)"
+            f"{name} has complex dtype {dtype}; this function implements the real case only "
+            "(complex input is supported by the Householder, CWY and T-CWY maps and their VJPs)"
         )
     if xp.isdtype(dtype, "integral"):
         return default_float(xp, device)
@@ -111,7 +121,9 @@ def _float_dtype_of(xp: Any, x: Any, name: str, device: Any) -> Any:
     )
 
 
-def resolve(arrays: Sequence[tuple[str, Any]], xp: Any = None) -> tuple[Any, Any, Any, list[Any]]:
+def resolve(
+    arrays: Sequence[tuple[str, Any]], xp: Any = None, *, complex_ok: bool = False
+) -> tuple[Any, Any, Any, list[Any]]:
     """Common namespace, device and floating dtype of named arguments.
 
     Parameters
@@ -122,6 +134,10 @@ def resolve(arrays: Sequence[tuple[str, Any]], xp: Any = None) -> tuple[Any, Any
         converted into the namespace of the others (NumPy if there are none).
     xp : namespace, optional
         Force this namespace instead of inferring it.
+    complex_ok : bool, default False
+        Accept complex64/complex128 arguments (the result dtype is then the common complex
+        dtype, e.g. float64 with complex64 gives complex128); otherwise they raise
+        ``TypeError`` naming the argument.
 
     Returns
     -------
@@ -131,7 +147,7 @@ def resolve(arrays: Sequence[tuple[str, Any]], xp: Any = None) -> tuple[Any, Any
         are returned as they are: never copied, never written.
     """
     if arrays:
-        fast = _resolve_fast(arrays, xp)
+        fast = _resolve_fast(arrays, xp, complex_ok)
         if fast is not None:
             return fast
     real = [(n, a) for n, a in arrays if _is_array(a)]
@@ -177,7 +193,10 @@ def resolve(arrays: Sequence[tuple[str, Any]], xp: Any = None) -> tuple[Any, Any
             except Exception as exc:
                 raise TypeError(f"{n} must be an array, got {type(a).__name__}") from exc
         values.append(a)
-    dtypes = [_float_dtype_of(xp, a, n, device) for (n, _), a in zip(arrays, values, strict=True)]
+    dtypes = [
+        _float_dtype_of(xp, a, n, device, complex_ok)
+        for (n, _), a in zip(arrays, values, strict=True)
+    ]
     dtype = xp.result_type(*dtypes)
     values = [a if a.dtype == dtype else xp.astype(a, dtype) for a in values]
     if real and not _KNOWN_TYPES.get(type(real[0][1])):
@@ -210,13 +229,14 @@ def device_of(x: Any) -> Any:
 
 def accumulation_dtype(xp: Any, dtype: Any) -> Any:
     """Precision for Gram matrices, norms and T = S⁻¹ (DESIGN: "float64 for float32 inputs
-    where it is cheap").
+    where it is cheap"; complex64 likewise accumulates in complex128).
 
-    float64 on CPU backends (NumPy, array-api-strict, Dask, torch on CPU, JAX on CPU with x64
-    enabled); the input dtype on accelerators, whose float64 rate varies by card.
+    float64 (complex128) on CPU backends (NumPy, array-api-strict, Dask, torch on CPU, JAX on
+    CPU with x64 enabled); the input dtype on accelerators, whose float64 rate varies by card.
     """
-    if dtype == xp.float64:
+    if dtype == xp.float64 or dtype == xp.complex128:
         return dtype
+    wide = xp.complex128 if dtype == xp.complex64 else xp.float64
     if aac.is_cupy_namespace(xp):
         return dtype
     if aac.is_torch_namespace(xp):
@@ -224,18 +244,59 @@ def accumulation_dtype(xp: Any, dtype: Any) -> Any:
     if aac.is_jax_namespace(xp):
         jax = sys.modules["jax"]
         if jax.config.jax_enable_x64 and jax.default_backend() == "cpu":
-            return xp.float64
+            return wide
         return dtype
-    return xp.float64
+    return wide
 
 
 def accumulation_dtype_for(xp: Any, x: Any) -> Any:
     """:func:`accumulation_dtype` for the array ``x`` (torch decides by the tensor's device)."""
-    if aac.is_torch_namespace(xp) and x.dtype == xp.float32:
-        return xp.float64 if x.device.type == "cpu" else x.dtype
+    if aac.is_torch_namespace(xp) and (x.dtype == xp.float32 or x.dtype == xp.complex64):
+        if x.device.type != "cpu":
+            return x.dtype
+        return xp.float64 if x.dtype == xp.float32 else xp.complex128
     return accumulation_dtype(xp, x.dtype)
 
 
 def mT(x: Any) -> Any:
     """Matrix transpose of the last two axes (a view where the backend has views)."""
     return x.mT
+
+
+def is_complex(dtype: Any) -> bool:
+    """Whether ``dtype`` (of any namespace) is complex, without a namespace lookup: NumPy and
+    JAX dtypes by ``kind``, torch by ``is_complex``, others by name."""
+    kind = getattr(dtype, "kind", None)
+    if isinstance(kind, str):
+        return kind == "c"
+    flag = getattr(dtype, "is_complex", None)
+    if isinstance(flag, bool):
+        return flag
+    return "complex" in str(dtype)
+
+
+def real_dtype(xp: Any, dtype: Any) -> Any:
+    """The real dtype of the same precision: complex64 -> float32, complex128 -> float64;
+    real dtypes are returned as they are."""
+    if not is_complex(dtype):
+        return dtype
+    return xp.float32 if dtype == xp.complex64 else xp.float64
+
+
+def complex_dtype(xp: Any, dtype: Any) -> Any:
+    """The complex dtype of the same precision: float32 -> complex64, float64 -> complex128;
+    complex dtypes are returned as they are."""
+    if is_complex(dtype):
+        return dtype
+    return xp.complex64 if dtype == xp.float32 else xp.complex128
+
+
+def conj(x: Any, xp: Any) -> Any:
+    """Complex conjugate; real arrays are returned as they are (no copy, no operation)."""
+    return xp.conj(x) if is_complex(x.dtype) else x
+
+
+def mH(x: Any, xp: Any) -> Any:
+    """Conjugate transpose of the last two axes: ``mT`` for real arrays; for complex ones
+    ``conj(x.mT)`` (a lazy view on torch, a copy on NumPy)."""
+    return xp.conj(x.mT) if is_complex(x.dtype) else x.mT

@@ -1,0 +1,145 @@
+"""The lazily built factors of a compact WY operator, shared by an operator and its
+(conjugate) transposes: U and T = S⁻¹ of V (N·L² + L³/3 flops on first use), and the one
+function that applies them through the autodiff switch.
+
+``sdiag`` generalises the reflectors: S = diag(sdiag) + striu(UᴴU), so column k is the unitary
+rank-one map I − (1 − λ_k) u_k u_kᴴ with λ_k = 1 − 1/sdiag_k (a reflection, λ = −1, for the
+default sdiag = ½). LAPACK's complex reflectors I − τ v vᴴ are of this kind
+(:func:`householderla.from_lapack`, ``docs/theory/complex.rst``).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import array_api_compat as aac
+
+from ._agnostic import compact_wy as K
+from ._agnostic import trapezoidal as S
+from ._agnostic.phases import phase_factor
+from ._autodiff import call, route
+from ._blocked import block_factors, use_blocks
+from ._lib.namespace import mH
+from ._lib.tracing import needs_graph
+
+__all__ = ["SMALL_N", "LazyFactors", "factors_of", "lowrank"]
+
+
+def factors_of(V: Any, xp: Any, sdiag: Any = None) -> tuple[Any, Any]:
+    """U and T of ``V`` (and the diagonal ``sdiag`` of S, default ½), through the explicit VJP
+    when autodiff may follow."""
+    U, T, _ = call(route(xp, V), "cwy_factors", xp, V, sdiag)
+    return U, T
+
+
+def lowrank(
+    U: Any, T: Any, h: Any, xp: Any, transpose: bool, mode: str, structured: bool = False
+) -> Any:
+    """R(h) − U_out M U_inᴴ h through the rule table of the call; ``structured`` asks for the
+    blocked trapezoidal products, which only the plain route has."""
+    r = route(xp, U, T, h)
+    if r == "plain" and structured and h is not None:
+        return S.lowrank_apply(U, T, h, xp, transpose=transpose, mode=mode)
+    return call(r, "lowrank", xp, U, T, h, transpose, mode)
+
+
+#: Largest N formed by sequential reflections in ``.matrix()`` (see ``_small_matrix``)
+SMALL_N = 64
+
+
+class LazyFactors:
+    """U and T of V, computed on first use and shared by an operator and its transpose.
+
+    ``cwy(V).matrix()`` for lower-trapezoidal V never needs them. With torch, factors cached
+    without a graph (first used under ``no_grad``) are rebuilt when a later use needs one.
+    Also holds the ``structure`` of V and, for "auto", the result of detecting it (once),
+    ``sdiag`` (None: reflections; see the module docstring), a constant of the operator, and
+    the phases θ of a right factor diag(e^{iθ}) (None: no such factor).
+    """
+
+    __slots__ = (
+        "T",
+        "U",
+        "V",
+        "_trapezoidal",
+        "blocks",
+        "direct",
+        "direct_type",
+        "phase",
+        "sdiag",
+        "sequential_used",
+        "structure",
+        "theta",
+        "xp",
+    )
+
+    def __init__(
+        self, V: Any, xp: Any, structure: str = "auto", sdiag: Any = None, theta: Any = None
+    ) -> None:
+        self.V, self.xp, self.structure, self.sdiag = V, xp, structure, sdiag
+        # the right phase factor D(θ) = diag(e^{iθ}) of a unitary operator, or None
+        self.theta = theta
+        self.phase = None if theta is None else phase_factor(theta, xp)
+        self.U = self.T = None
+        self.blocks: list[tuple[int, Any, Any]] | None = None  # blocked factors (``_blocked``)
+        self._trapezoidal: bool | None = None
+        self.sequential_used = False
+        # the products of a built single-matrix operator on NumPy / torch without autodiff:
+        # (U, T, Uᴴ, Tᴴ), and the array type they serve (see CompactWYOperator.__matmul__)
+        self.direct: tuple[Any, Any, Any, Any] | None = None
+        self.direct_type = _direct_type(V, xp)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the namespace (a module) is re-derived from V on load
+        return {k: getattr(self, k) for k in self.__slots__ if k != "xp"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+        self.xp = aac.array_namespace(self.V)
+
+    def trapezoidal(self) -> bool:
+        """Whether V is lower trapezoidal: declared ("trapezoidal"), excluded ("dense"), or
+        detected once on eager arrays ("auto": one N·L comparison; never on lazy arrays)."""
+        if self.structure != "auto":
+            return self.structure == "trapezoidal"
+        if self._trapezoidal is None:
+            self._trapezoidal = K.is_lower_trapezoidal(self.V, self.xp)
+        return self._trapezoidal
+
+    def _stale(self, factor: Any) -> bool:
+        """No factor yet, or one cached without a graph (torch) that a later use needs."""
+        return factor is None or (
+            aac.is_torch_namespace(self.xp) and needs_graph(self.V) and not factor.requires_grad
+        )
+
+    def get_blocks(self, B: int) -> list[tuple[int, Any, Any]] | None:
+        """The blocked factors for a product with B columns: built on the first product when
+        the single pair is not built and ``use_blocks`` says so, then reused; else None."""
+        if self.blocks is None and (self.U is not None or not use_blocks(self.V.shape[-1], B)):
+            return None
+        if self._stale(None if self.blocks is None else self.blocks[0][1]):
+            self.blocks = block_factors(self.V, self.xp, self.trapezoidal(), self.sdiag)
+        return self.blocks
+
+    def get(self) -> tuple[Any, Any]:
+        if self._stale(self.U):
+            self.U, self.T = factors_of(self.V, self.xp, self.sdiag)
+            self.direct = None
+            U, T = self.U, self.T
+            small = self.V.ndim == 2 and self.V.shape[-1] < S.MIN_COLUMNS  # never blocked
+            if self.direct_type is not None and small and not needs_graph(self.V, U):
+                self.direct = (U, T, mH(U, self.xp), mH(T, self.xp))
+        return self.U, self.T
+
+
+def _direct_type(V: Any, xp: Any) -> type | None:
+    """The exact array type the direct products of :class:`LazyFactors` serve: NumPy's
+    ndarray, torch's Tensor; None elsewhere (JAX always goes through its custom_vjp rules,
+    other namespaces through the general path)."""
+    if aac.is_numpy_namespace(xp):
+        return type(V) if type(V).__name__ == "ndarray" else None
+    if aac.is_torch_namespace(xp):
+        return sys.modules["torch"].Tensor
+    return None
