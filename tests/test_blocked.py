@@ -171,3 +171,26 @@ def test_jax_orthogonal_linear(small_blocks):
             )
     with pytest.raises(ValueError, match=r"x must have shape"):
         hl.jax.orthogonal_linear(jnp.ones((5, 3)), jnp.ones((2, 4)))
+
+
+@pytest.mark.no_dask("complex blocks are checked on the eager backends")
+def test_complex_blocks_with_phases(bk_eager, small_blocks, monkeypatch):
+    """Complex reflectors in blocks: Q h, Qᴴ h (``.H``) and the right phase factor
+    diag(e^{iθ}) of ``theta=`` agree with the dense product of the Hermitian reflections."""
+    bk = bk_eager
+    if bk.name == "array_api_strict":  # complex there is covered by tests/test_complex.py
+        pytest.skip("complex blocks are checked on numpy, torch and jax")
+    monkeypatch.setenv("HL_DISABLE_NUMBA", "1")
+    rng = np.random.default_rng(10)
+    N = L = 10
+    V = rng.standard_normal((N, L)) + 1j * rng.standard_normal((N, L))
+    h = rng.standard_normal((N, 2)) + 1j * rng.standard_normal((N, 2))
+    theta = rng.uniform(-np.pi, np.pi, N)
+    Q = product_of_reflections(V) * np.exp(1j * theta)[None, :]
+    tol = 20 * EPS[np.float64] * L * np.abs(h).max()
+    op = hl.cwy(bk.asarray(V, np.complex128), theta=bk.asarray(theta))
+    y = to_numpy(op @ bk.asarray(h, np.complex128))
+    np.testing.assert_allclose(y, Q @ h, rtol=0, atol=tol)
+    assert op._factors.blocks is not None
+    yh = to_numpy(op.H @ bk.asarray(h, np.complex128))
+    np.testing.assert_allclose(yh, Q.conj().T @ h, rtol=0, atol=tol)
