@@ -44,7 +44,21 @@ def parser(doc: str | None) -> argparse.ArgumentParser:
         "--threads", type=int, default=1, help="torch and BLAS threads (0: the library default)"
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--replot", type=Path, default=None, help="redraw the PNG from a saved JSON, no run"
+    )
     return p
+
+
+def replot(args: argparse.Namespace, name: str, plot: Any) -> bool:
+    """With ``--replot FILE.json``: draw ``plot(result)`` next to it as ``name.png``."""
+    if args.replot is None:
+        return False
+    res = json.loads(args.replot.read_text())
+    out = args.replot.parent / f"{name}.png"
+    plot(res).savefig(out, dpi=110)
+    print(f"wrote {out}")
+    return True
 
 
 def out_dir(args: argparse.Namespace) -> Path:
@@ -166,15 +180,17 @@ def _jsonable(x: Any) -> Any:
         return [_jsonable(v) for v in x]
     if hasattr(x, "item") and getattr(x, "ndim", 1) == 0:
         x = x.item()
-    if isinstance(x, float) and not math.isfinite(x):
-        return str(x)
+    if isinstance(x, float):
+        # 7 significant digits: float32 results and timings carry no more
+        return float(f"{x:.7g}") if math.isfinite(x) else str(x)
     return x
 
 
 def save(out: Path, name: str, result: dict[str, Any], fig: Any = None) -> None:
     """``out/name.json`` (and ``out/name.png`` from a matplotlib figure)."""
     path = out / f"{name}.json"
-    path.write_text(json.dumps(_jsonable(result), indent=1, ensure_ascii=False) + "\n")
+    text = json.dumps(_jsonable(result), separators=(",", ":"), ensure_ascii=False)
+    path.write_text(text + "\n")
     print(f"wrote {path}")
     if fig is not None:
         fig.savefig(out / f"{name}.png", dpi=110)

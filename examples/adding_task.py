@@ -17,7 +17,7 @@ time, the MSE of a fixed test set of 1000 sequences at the end, and the gradient
 
 Run::
 
-    python examples/adding_task.py           # T = 200, N = 128, 2000 steps
+    python examples/adding_task.py           # T = 50, N = 64, 2500 steps
     python examples/adding_task.py --quick   # T = 50, N = 32, 150 steps
 
 Writes ``adding_task.{json,png}``.
@@ -33,7 +33,10 @@ import numpy as np
 import orthogonal_rnns as R
 import torch
 
-FULL = {"T": 200, "hidden": 128, "steps": 2000}
+FULL = {"T": 50, "hidden": 64, "steps": 2500}
+#: the full run's cells: T-CWY is left out (for square W it is the CWY map, the same function;
+#: sequential_digits.py times both)
+FULL_MAPS = [m for m in R.MAPS if m != "tcwy"]
 QUICK = {"T": 50, "hidden": 32, "steps": 150}
 BATCH = 50
 BASELINE = 1.0 / 6.0  # MSE of always answering 1 = E[u1 + u2]
@@ -122,7 +125,9 @@ def plot(res: dict[str, Any]) -> Any:
         ax3.semilogy(np.arange(1, len(prof) + 1), prof / prof[-1], style, **kw)
     for a in (ax, ax2):
         a.axhline(res["baseline"], color="k", ls=":", lw=1)
-        a.set(ylabel=f"MSE (running mean of {k} steps)", yscale="log")
+        # a diverging cell (the unconstrained RNN's loss can jump by orders of magnitude)
+        # leaves the top of the plot instead of squashing the rest
+        a.set(ylabel=f"MSE (running mean of {k} steps)", yscale="log", ylim=(0.01, 1.0))
     ax.set(xlabel="training step")
     ax.set_title(f"adding task, T = {res['T']}, N = {res['hidden']}; baseline 0.167", fontsize=10)
     ax2.set(xlabel="training time (s)", title="MSE vs wall time")
@@ -140,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=None, help="training steps (batches)")
     p.add_argument("--maps", nargs="+", default=None, choices=R.MAPS)
     args = p.parse_args(argv)
+    if G.replot(args, "adding_task", plot):
+        return 0
     cfg = QUICK if args.quick else FULL
     G.set_threads(args.threads)
     G.seed_everything(args.seed)
@@ -150,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         args.T or cfg["T"],
         args.hidden or cfg["hidden"],
         args.steps or cfg["steps"],
-        args.maps,
+        args.maps or (None if args.quick else FULL_MAPS),
         args.seed,
         not args.no_progress,
     )

@@ -304,7 +304,10 @@ def plot(res: dict[str, Any]) -> Any:
         axes[2].lines[-1].set_label(n)
     for ax, t in zip(axes[:2], ("SGD family", "Adam family"), strict=True):
         ax.set(xlabel="epoch", ylabel="test error (%)", yscale="log", title=t)
-        ax.legend(fontsize=7)
+        if ax.lines:
+            ax.legend(fontsize=7)
+        else:  # a run of one family only
+            ax.text(0.5, 0.5, f"({t}: not run)", ha="center", transform=ax.transAxes)
     axes[2].set(xlabel="epoch", ylabel="training loss (label smoothing 0.1)", title="training")
     axes[2].legend(fontsize=6)
     fig.suptitle(
@@ -321,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", nargs="+", default=None, choices=list(RUNS), metavar="NAME")
     p.add_argument("--train-limit", type=int, default=None, help="use only this many images")
     args = p.parse_args(argv)
+    if G.replot(args, "orthogonal_attention", plot):
+        return 0
     cfg = QUICK if args.quick else FULL
     G.set_threads(args.threads)
     G.seed_everything(args.seed)

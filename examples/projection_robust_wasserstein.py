@@ -281,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=None, help="ascent iterations")
     p.add_argument("--n", type=int, default=None, help="points per measure")
     args = p.parse_args(argv)
+    if G.replot(args, "projection_robust_wasserstein", plot):
+        return 0
     cfg = QUICK if args.quick else FULL
     G.set_threads(args.threads)
     G.seed_everything(args.seed)

@@ -17,7 +17,7 @@ exponential in t for the unconstrained W.
 
 Run::
 
-    python examples/sequential_digits.py           # N = 128, 30 epochs
+    python examples/sequential_digits.py           # N = 64, 20 epochs
     python examples/sequential_digits.py --quick   # N = 32, 3 epochs
 
 Writes ``sequential_digits.{json,png}``.
@@ -33,7 +33,7 @@ import numpy as np
 import orthogonal_rnns as R
 import torch
 
-FULL = {"hidden": 128, "epochs": 30}
+FULL = {"hidden": 64, "epochs": 20}
 QUICK = {"hidden": 32, "epochs": 3}
 BATCH = 32
 
@@ -138,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--maps", nargs="+", default=None, choices=R.MAPS)
     p.add_argument("--train-limit", type=int, default=None, help="use only this many images")
     args = p.parse_args(argv)
+    if G.replot(args, "sequential_digits", plot):
+        return 0
     cfg = QUICK if args.quick else FULL
     G.set_threads(args.threads)
     G.seed_everything(args.seed)

@@ -185,6 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     args = p.parse_args(argv)
+
+    def replot(res: dict[str, Any]) -> Any:
+        return plot(res, f"one orthogonal layer, B = {res['B']}, {res['dtype']}, {res['device']}")
+
+    if G.replot(args, "training_time", replot):
+        return 0
     cfg = QUICK if args.quick else FULL
     G.set_threads(args.threads)
     G.seed_everything(args.seed)
