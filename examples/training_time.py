@@ -62,18 +62,19 @@ def _geotorch() -> Any:
 
 
 def layers(N: int, dtype: torch.dtype, device: str, seed: int) -> dict[str, torch.nn.Module]:
-    """name -> an N × N orthogonal layer (no bias) of every method, all seeded."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    """name -> an N × N orthogonal layer (no bias) of every method, all seeded; built on the CPU
+    (one seeded CPU generator for every initialisation), then moved to ``device``."""
+    gen = torch.Generator().manual_seed(seed)
 
     def linear() -> torch.nn.Linear:
-        return torch.nn.Linear(N, N, bias=False, dtype=dtype, device=device)
+        return torch.nn.Linear(N, N, bias=False, dtype=dtype)
 
     out: dict[str, Callable[[], torch.nn.Module]] = {
         "CWY (hl)": lambda: hlt.orthogonal(linear(), map="cwy", generator=gen),
         "T-CWY (hl)": lambda: hlt.orthogonal(linear(), map="tcwy", generator=gen),
         "CWY operator (hl)": lambda: hlt.OrthogonalLinear(
             N, N, bias=False, generator=gen, dtype=dtype
-        ).to(device),
+        ),
     }
     for name in ("matrix_exp", "cayley", "householder"):
         out[f"torch {name}"] = lambda name=name: parametrizations.orthogonal(
@@ -89,7 +90,7 @@ def layers(N: int, dtype: torch.dtype, device: str, seed: int) -> dict[str, torc
 
         out["geotorch"] = geo
     torch.manual_seed(seed)
-    return {name: make() for name, make in out.items()}
+    return {name: make().to(device) for name, make in out.items()}
 
 
 def _sync(device: str) -> None:
@@ -145,7 +146,7 @@ def run(
     """Median seconds per step and ‖WᵀW − I‖_F after the timed steps, per method and N."""
     res: dict[str, Any] = {"N": sizes, "B": batch, "median_s": {}, "orth_err": {}, "steps": {}}
     for N in G.progress(sizes, progress, desc="training step vs N", unit="size"):
-        gen = torch.Generator(device="cpu").manual_seed(seed)
+        gen = torch.Generator().manual_seed(seed)
         x = torch.randn(batch, N, dtype=dtype, generator=gen).to(device)
         Gy = torch.randn(batch, N, dtype=dtype, generator=gen).to(device)
         mods = layers(N, dtype, device, seed)
