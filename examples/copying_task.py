@@ -1,8 +1,9 @@
 """Orthogonal RNN on the copying task, with a CWY-parametrized recurrent matrix.
 
-The task (seed ``003`` §4.1, after Arjovsky et al. 2016): the input is 10 digits drawn
-uniformly from {1, …, 8}, then T blanks (0), one marker (9) and 9 more blanks; the target is
-T + 10 blanks followed by the 10 digits. The network must carry the digits across T steps.
+The task (Likhosherstov, Davis, Choromanski & Weller, "CWY parametrization", AISTATS 2021, §4.1,
+after Arjovsky et al. 2016): the input is 10 digits drawn uniformly from {1, …, 8}, then T
+blanks (0), one marker (9) and 9 more blanks; the target is T + 10 blanks followed by the 10
+digits. The network must carry the digits across T steps.
 A network without memory outputs blanks and then guesses, with cross-entropy
 
     baseline(T) = 10 · log 8 / (T + 20)
