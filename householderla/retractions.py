@@ -5,7 +5,8 @@ Algorithm 3), ``polar_retraction`` (polar(X + tZ)), ``cayley_retraction`` (Cayle
 Sherman–Morrison–Woodbury, Likhosherstov et al., AISTATS 2021 App. B Lemma 1), ``qr_retraction``
 (qf(X + tZ)) and ``riemannian_gradient`` (A X, Likhosherstov et al., AISTATS 2021, §2.2.2). All
 batched over leading dimensions, float32 and float64, on every Array API namespace; float32 input is
-computed in float64 on CPU backends and rounded once. The mathematics is in
+computed in float64 on CPU backends and rounded once; bfloat16 and float16 input in float32
+(``docs/theory/lowprec.rst``). The mathematics is in
 ``docs/theory/retractions.rst``.
 
 Autodiff: with torch tensors that need a graph (or are wrapped by ``torch.func``) and always
@@ -35,7 +36,7 @@ from ._lib.checks import (
     check_stiefel_shape,
 )
 from ._lib.jit import jit_for, kernel_namespace, select
-from ._lib.namespace import accumulation_dtype_for, mT, resolve
+from ._lib.namespace import accumulation_dtype, accumulation_dtype_for, is_half, mT, resolve
 from ._lib.tracing import is_eager
 
 __all__ = [
@@ -66,7 +67,7 @@ def as_step(step: Any, xp: Any, dtype: Any, device: Any, batch: tuple[int, ...])
                 "convert step to X's namespace"
             )
         step = xp.asarray(step, device=device)
-    _, _, _, (t,) = resolve([("step", step)], xp)
+    _, _, _, (t,) = resolve([("step", step)], xp, half=True)
     if t.ndim > len(batch) or any(
         a != 1 and a != b for a, b in zip(t.shape[::-1], batch[::-1], strict=False)
     ):
@@ -76,6 +77,21 @@ def as_step(step: Any, xp: Any, dtype: Any, device: Any, batch: tuple[int, ...])
         )
     check_finite(t, xp, "step")
     return (t if t.dtype == dtype else xp.astype(t, dtype))[..., None, None]
+
+
+def step_dtype(xp: Any, dtype: Any) -> Any:
+    """The dtype a step array takes: X's, or float32 for half-precision X (a step rounded
+    to bfloat16 would be off by up to 2⁻⁹)."""
+    return accumulation_dtype(xp, dtype) if is_half(xp, dtype) else dtype
+
+
+def step_sum(xp: Any, X: Any, Z: Any, t: Any) -> Any:
+    """X + tZ; in float32 for half-precision X: a half-precision sum would drop every
+    part of the step below u·|X| (a step of 10⁻³·|X| entirely in bfloat16)."""
+    if is_half(xp, X.dtype):
+        work = accumulation_dtype(xp, X.dtype)
+        X, Z = xp.astype(X, work), xp.astype(Z, work)
+    return X + t * Z
 
 
 def _power_of_two_max(A: Any, xp: Any) -> Any:
@@ -164,7 +180,7 @@ def polar(
     >>> bool(np.allclose(Q.T @ Q, np.eye(3)))
     True
     """
-    xp, _, _, (X,) = resolve([("X", X)], xp)
+    xp, _, _, (X,) = resolve([("X", X)], xp, half=True)
     if X.ndim < 2:
         raise ValueError(f"X must have shape (..., N, M); got shape {tuple(X.shape)}")
     if num_iters is not None and (int(num_iters) != num_iters or num_iters < 0):
@@ -218,13 +234,14 @@ def polar_retraction(X: Any, Z: Any, step: Any = 1.0, *, xp: Any = None) -> Any:
     rounding never gives; the direct form corrects a drifted X (Kong, Wang & Tao, ICLR 2023 App.
     M.1). R(X, tZ) = X + tZ + O(t²) for tangent Z. Cost: as :func:`polar`.
     """
-    xp, device, dtype, (X, Z) = resolve([("X", X), ("Z", Z)], xp)
+    xp, device, dtype, (X, Z) = resolve([("X", X), ("Z", Z)], xp, half=True)
     check_stiefel_shape(X)
     check_like(Z, X, "Z")
-    t = as_step(step, xp, dtype, device, tuple(X.shape[:-2]))
+    t = as_step(step, xp, step_dtype(xp, dtype), device, tuple(X.shape[:-2]))
     check_finite_columns(X, xp, "X")
     check_finite_columns(Z, xp, "Z")
-    return polar(X + t * Z, xp=xp)
+    Q = polar(step_sum(xp, X, Z, t), xp=xp)
+    return Q if Q.dtype == dtype else xp.astype(Q, dtype)
 
 
 def cayley_retraction(
@@ -282,10 +299,10 @@ def cayley_retraction(
     >>> bool(np.allclose(Y.T @ Y, np.eye(3)))
     True
     """
-    xp, device, dtype, (X, Z) = resolve([("X", X), ("Z", Z)], xp)
+    xp, device, dtype, (X, Z) = resolve([("X", X), ("Z", Z)], xp, half=True)
     check_stiefel_shape(X)
     check_like(Z, X, "Z")
-    t = as_step(step, xp, dtype, device, tuple(X.shape[:-2]))
+    t = as_step(step, xp, step_dtype(xp, dtype), device, tuple(X.shape[:-2]))
     if X.shape[-1] == 0:
         return X
     for a, name in ((X, "X"), (Z, "Z")):
@@ -327,13 +344,13 @@ def qr_retraction(X: Any, Z: Any, step: Any = 1.0, *, xp: Any = None) -> Any:
     factorisation unique for full rank. 4·M²(N − M/3) flops; float32 is computed in float64 on CPU.
     R(X, tZ) = X + tZ + O(t²) for tangent Z.
     """
-    xp, device, dtype, (X, Z) = resolve([("X", X), ("Z", Z)], xp)
+    xp, device, dtype, (X, Z) = resolve([("X", X), ("Z", Z)], xp, half=True)
     check_stiefel_shape(X)
     check_like(Z, X, "Z")
-    t = as_step(step, xp, dtype, device, tuple(X.shape[:-2]))
+    t = as_step(step, xp, step_dtype(xp, dtype), device, tuple(X.shape[:-2]))
     check_finite_columns(X, xp, "X")
     check_finite_columns(Z, xp, "Z")
-    Y = X + t * Z
+    Y = step_sum(xp, X, Z, t)
     check_finite_columns(Y, xp, "X + step*Z")  # finite X, Z, step can still overflow
     if X.shape[-1] == 0:
         return Y
@@ -368,7 +385,7 @@ def riemannian_gradient(X: Any, G: Any, *, metric: str = "canonical", xp: Any = 
     tr(Z₁ᵀ(I − ½XXᵀ)Z₂) (canonical) and tr(Z₁ᵀZ₂) (Euclidean). 8·N·M² flops, no N×N matrix.
     """
     euclidean = check_metric(metric)
-    xp, _, dtype, (X, G) = resolve([("X", X), ("G", G)], xp)
+    xp, _, dtype, (X, G) = resolve([("X", X), ("G", G)], xp, half=True)
     check_stiefel_shape(X)
     check_like(G, X, "G")
     check_finite_columns(X, xp, "X")

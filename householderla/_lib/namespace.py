@@ -4,8 +4,11 @@ Every public entry point calls :func:`resolve` once: it finds the common Array A
 namespace of its array arguments (or takes ``xp=``), converts non-array arguments (lists,
 scalars) into that namespace on the same device, promotes integers to the namespace's default
 real floating dtype, and rejects complex, boolean and non-float32/float64 floating inputs with
-a message that names the argument.  Nothing here imports torch, jax, cupy or dask: backends are
-recognised through :mod:`array_api_compat`'s ``is_*`` helpers on objects the caller passed in.
+a message that names the argument. Half precision (bfloat16, float16) is accepted by the
+functions that pass ``half=True`` (polar, the retractions and their VJPs), which compute in
+float32 (:func:`accumulation_dtype`) and round once to the input's dtype. Nothing here imports
+torch, jax, cupy or dask: backends are recognised through :mod:`array_api_compat`'s ``is_*``
+helpers on objects the caller passed in.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ __all__ = [
     "accumulation_dtype",
     "default_float",
     "device_of",
+    "is_half",
     "mT",
     "resolve",
 ]
@@ -92,8 +96,25 @@ def default_float(xp: Any, device: Any = None) -> Any:
     return xp.float64  # pragma: no cover - every supported namespace has the info object
 
 
-def _float_dtype_of(xp: Any, x: Any, name: str, device: Any) -> Any:
+def is_half(xp: Any, dtype: Any) -> bool:
+    """Whether ``dtype`` is a half-precision float of ``xp`` (bfloat16 or float16; NumPy has
+    float16 only)."""
+    return any(
+        dtype == h
+        for h in (getattr(xp, "bfloat16", None), getattr(xp, "float16", None))
+        if h is not None
+    )
+
+
+def _float_dtype_of(xp: Any, x: Any, name: str, device: Any, half: bool = False) -> Any:
     dtype = x.dtype
+    try:
+        xp.isdtype(dtype, "bool")
+    except TypeError as exc:  # e.g. ml_dtypes' bfloat16 in a NumPy array: not a NumPy dtype
+        raise TypeError(
+            f"{name} has dtype {dtype}, which is not a dtype of its array library; use "
+            "float32/float64 (or a bfloat16 array of torch or JAX)"
+        ) from exc
     if xp.isdtype(dtype, "bool"):
         raise TypeError(f"{name} has boolean dtype; expected a real floating or integer array")
     if xp.isdtype(dtype, "complex floating"):
@@ -103,15 +124,23 @@ def _float_dtype_of(xp: Any, x: Any, name: str, device: Any) -> Any:
         )
     if xp.isdtype(dtype, "integral"):
         return default_float(xp, device)
-    if dtype == xp.float32 or dtype == xp.float64:
+    if dtype == xp.float32 or dtype == xp.float64 or (half and is_half(xp, dtype)):
         return dtype
+    if is_half(xp, dtype):
+        raise TypeError(
+            f"{name} has dtype {dtype}; this function supports float32 and float64 (half "
+            "precision is supported by polar, the retractions and their VJPs). Cast it to "
+            "float32 first."
+        )
     raise TypeError(
         f"{name} has dtype {dtype}; supported are float32 and float64 (integers are promoted "
-        "to the default float). Cast half precision inputs to float32 first."
+        "to the default float; bfloat16/float16 where a function says so)"
     )
 
 
-def resolve(arrays: Sequence[tuple[str, Any]], xp: Any = None) -> tuple[Any, Any, Any, list[Any]]:
+def resolve(
+    arrays: Sequence[tuple[str, Any]], xp: Any = None, *, half: bool = False
+) -> tuple[Any, Any, Any, list[Any]]:
     """Common namespace, device and floating dtype of named arguments.
 
     Parameters
@@ -122,6 +151,9 @@ def resolve(arrays: Sequence[tuple[str, Any]], xp: Any = None) -> tuple[Any, Any
         converted into the namespace of the others (NumPy if there are none).
     xp : namespace, optional
         Force this namespace instead of inferring it.
+    half : bool
+        Accept bfloat16 / float16 (the caller computes in :func:`accumulation_dtype`);
+        otherwise they raise ``TypeError`` naming the argument.
 
     Returns
     -------
@@ -177,7 +209,9 @@ def resolve(arrays: Sequence[tuple[str, Any]], xp: Any = None) -> tuple[Any, Any
             except Exception as exc:
                 raise TypeError(f"{n} must be an array, got {type(a).__name__}") from exc
         values.append(a)
-    dtypes = [_float_dtype_of(xp, a, n, device) for (n, _), a in zip(arrays, values, strict=True)]
+    dtypes = [
+        _float_dtype_of(xp, a, n, device, half) for (n, _), a in zip(arrays, values, strict=True)
+    ]
     dtype = xp.result_type(*dtypes)
     values = [a if a.dtype == dtype else xp.astype(a, dtype) for a in values]
     if real and not _KNOWN_TYPES.get(type(real[0][1])):
@@ -213,10 +247,13 @@ def accumulation_dtype(xp: Any, dtype: Any) -> Any:
     where it is cheap").
 
     float64 on CPU backends (NumPy, array-api-strict, Dask, torch on CPU, JAX on CPU with x64
-    enabled); the input dtype on accelerators, whose float64 rate varies by card.
+    enabled); the input dtype on accelerators, whose float64 rate varies by card. float32 for
+    bfloat16 / float16 everywhere: its rounding is 2¹⁶ (2¹³) times finer than the input's.
     """
     if dtype == xp.float64:
         return dtype
+    if is_half(xp, dtype):
+        return xp.float32
     if aac.is_cupy_namespace(xp):
         return dtype
     if aac.is_torch_namespace(xp):
