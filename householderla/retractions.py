@@ -27,6 +27,7 @@ import array_api_compat as aac
 from ._agnostic import retraction as RK
 from ._agnostic.newton_schulz import polar_qr_svd
 from ._autodiff import call, route
+from ._fixed_polar import fixed_step_polar
 from ._lib.checks import (
     RankDeficientError,
     check_finite,
@@ -116,6 +117,9 @@ def _polar_routed(X: Any, xp: Any, num_iters: Any, restart: Any) -> tuple[Any, d
 def polar(
     X: Any,
     *,
+    schedule: str | None = None,
+    steps: int | None = None,
+    min_sv: float = 1e-3,
     num_iters: int | None = None,
     restart: bool | None = None,
     rank_deficient: str = "raise",
@@ -128,7 +132,21 @@ def polar(
     ----------
     X : array, shape (..., N, M)
         Full rank. A wide X (M > N) gives the factor with orthonormal rows,
-        (XXᵀ)^{-1/2} X = polar(Xᵀ)ᵀ, as ``scipy.linalg.polar`` does.
+        (XXᵀ)^{-1/2} X = polar(Xᵀ)ᵀ, as ``scipy.linalg.polar`` does. float32, float64,
+        bfloat16 or float16 (half precision is computed in float32, rounded once).
+    schedule : {None, "certified", "polar_express", "muon", "newton_schulz"}
+        None (default): the polar factor to the accuracy of the dtype (below). A name: the
+        *fixed-step mode* for update directions (Muon): ``steps`` odd-polynomial steps on
+        X/(s‖X‖_F) in X's own dtype (bfloat16 GEMMs for bfloat16 X), any X (rank-deficient
+        too), no fallback; ``return_info`` reports the interval the singular values land in.
+        Schedules: the classical cubic, Muon's quintic, Polar Express (Amsel, Persson, Musco
+        & Gower, ICLR 2026) and ours, designed for the rounding of the dtype
+        (``docs/theory/lowprec.rst``).
+    steps : int, optional
+        Steps of the fixed-step mode (default 5).
+    min_sv : float
+        Fixed-step mode: the certificate covers the singular values σ ≥ ``min_sv``·‖X‖_F
+        (default 10⁻³; "certified" raises it to what the dtype's rounding allows).
     num_iters : int, optional
         Newton–Schulz iterations of the first pass. Default: the smallest count that the
         bounds below certify (eager arrays), ``LAZY_ITERS`` = 6 when the values cannot be
@@ -146,7 +164,11 @@ def polar(
         unique), or "svd": Q = W Vᵀ from the SVD X = W Σ Vᵀ (of the R factor of X = QR), one
         of the orthonormal matrices nearest to X, as ``scipy.linalg.polar`` returns.
     return_info : bool
-        Also return ``{"method", "iterations", "restart_iterations", "certified"}``.
+        Also return ``{"method", "iterations", "restart_iterations", "certified"}``; in the
+        fixed-step mode ``{"method", "schedule", "iterations", "interval", "interval_exact",
+        "upper", "min_sv"}``: every output singular value from σ ≥ ``min_sv``·‖X‖_F lies in
+        ``interval`` under the rounding model of the dtype (``interval_exact`` in exact
+        arithmetic), every one is ≤ ``upper``.
     xp : namespace, optional
 
     Returns
@@ -179,7 +201,16 @@ def polar(
     >>> Q = hl.polar(X)
     >>> bool(np.allclose(Q.T @ Q, np.eye(3)))
     True
+    >>> U, info = hl.polar(X, schedule="polar_express", return_info=True)
+    >>> [round(v, 3) for v in info["interval_exact"]]
+    [0.857, 1.131]
     """
+    if schedule is not None:
+        if (num_iters, restart, rank_deficient) != (None, None, "raise"):
+            raise ValueError("num_iters, restart and rank_deficient apply to schedule=None")
+        return fixed_step_polar(X, schedule, steps, min_sv, return_info, xp)
+    if steps is not None:
+        raise ValueError("steps applies to the fixed-step mode: pass schedule= too")
     xp, _, _, (X,) = resolve([("X", X)], xp, half=True)
     if X.ndim < 2:
         raise ValueError(f"X must have shape (..., N, M); got shape {tuple(X.shape)}")

@@ -37,7 +37,14 @@ GROUPS = {
     "_autodiff": (2, "_autodiff"),
 }
 PUBLIC = {"cwy", "householder", "lapack", "ornn", "svd", "retractions", "stiefel", "vjp"}
-PUBLIC_PRIVATE = {"_operator", "_svd_vjp", "_euclidean", "_compose", "_linear_operator"}
+PUBLIC_PRIVATE = {
+    "_operator",
+    "_svd_vjp",
+    "_euclidean",
+    "_compose",
+    "_linear_operator",
+    "_fixed_polar",
+}
 ADAPTERS = {"torch", "jax", "_torch_optim", "_torch_param", "_optax"}
 #: Modules that may import a framework at module level (they are imported only lazily).
 FRAMEWORK_MODULES = {
