@@ -9,17 +9,35 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ._agnostic.polar_schedules import SCHEDULES, fixed_polar, schedule
+from ._agnostic.polar_schedules import SCHEDULES, fixed_polar, schedule, schedule_of
 from ._lib.checks import check_finite_columns
 from ._lib.jit import jit_for
 from ._lib.namespace import mT, resolve
 
-__all__ = ["DEFAULT_STEPS", "fixed_step_polar", "fixed_step_schedule"]
+__all__ = [
+    "ADJUST_LR",
+    "DEFAULT_STEPS",
+    "adjusted_lr",
+    "fixed_step_polar",
+    "fixed_step_schedule",
+    "orthogonalize",
+]
 
 #: Steps of every schedule by default: Muon's (``torch.optim.Muon``: ``ns_steps=5``).
 DEFAULT_STEPS = 5
+#: ``torch.optim.Muon``'s learning-rate adjustments (``adjust_lr_fn``), for both Muons.
+ADJUST_LR = (None, "original", "match_rms_adamw")
 #: Most steps a schedule may take (``torch.optim.Muon`` refuses 100 and more likewise).
 MAX_STEPS = 100
+
+
+def adjusted_lr(lr: Any, adjust_lr_fn: str | None, shape: tuple[int, ...]) -> Any:
+    """``torch.optim.Muon``'s η·ratio for a parameter (..., A, B): "original" (default)
+    √max(1, A/B) (Jordan et al.), "match_rms_adamw" 0.2·√max(A, B) (Moonshot's RMS match)."""
+    A, B = shape[-2], shape[-1]
+    if adjust_lr_fn is None or adjust_lr_fn == "original":
+        return lr * math.sqrt(max(1.0, A / B))
+    return lr * 0.2 * math.sqrt(max(A, B))
 
 
 def fixed_step_schedule(name: Any, steps: Any, min_sv: Any, dtype_eps: float, m: int) -> Any:
@@ -34,8 +52,37 @@ def fixed_step_schedule(name: Any, steps: Any, min_sv: Any, dtype_eps: float, m:
     return schedule(name, int(steps), float(min_sv), dtype_eps / 2, max(int(m), 1))
 
 
-def _iterate(xp: Any, X: Any, sched: Any) -> Any:
-    return fixed_polar(X, xp, sched)
+def _iterate(xp: Any, X: Any, sched: Any, eps: float = 0.0) -> Any:
+    return fixed_polar(X, xp, sched, eps)
+
+
+def orthogonalize(
+    G: Any,
+    name: str,
+    steps: int,
+    coefficients: tuple[float, float, float] | None = None,
+    *,
+    eps: float = 0.0,
+    min_sv: float = 1e-3,
+) -> Any:
+    """The optimizers' orthogonalisation: the fixed-step polar factor of G (..., A, B) in
+    G's dtype, without value checks (NaN propagates, as in ``torch.optim.Muon``), with
+    ``coefficients`` a fixed quintic every step when given. ``G=None`` only validates."""
+    if coefficients is not None:
+        a, b, c = (float(v) for v in coefficients)
+        fixed_step_schedule("muon", steps, min_sv, 0.0, 1)  # validates steps
+        make = lambda u, m: schedule_of("muon", ((a, b, c),) * int(steps), 1.0, min_sv, u, m)  # noqa: E731
+    else:
+        fixed_step_schedule(name, steps, min_sv, 0.0, 1)  # validates name and steps
+        make = lambda u, m: fixed_step_schedule(name, steps, min_sv, 2 * u, m)  # noqa: E731
+    if G is None:
+        return None
+    xp = resolve([("G", G)], half=True)[0]
+    tall = G.shape[-2] > G.shape[-1]
+    sched = make(float(xp.finfo(G.dtype).eps) / 2, max(min(G.shape[-2:]), 1))
+    W = mT(G) if tall else G
+    Q = jit_for(xp, _iterate, (0, 2, 3))(xp, W, sched, float(eps))
+    return mT(Q) if tall else Q
 
 
 def fixed_step_polar(X: Any, name: Any, steps: Any, min_sv: Any, return_info: bool, xp: Any) -> Any:

@@ -45,7 +45,7 @@ PUBLIC_PRIVATE = {
     "_linear_operator",
     "_fixed_polar",
 }
-ADAPTERS = {"torch", "jax", "_torch_optim", "_torch_param", "_optax"}
+ADAPTERS = {"torch", "jax", "_torch_optim", "_torch_param", "_optax", "_torch_muon", "_optax_muon"}
 #: Modules that may import a framework at module level (they are imported only lazily).
 FRAMEWORK_MODULES = {
     "householderla._autodiff.torch": {"torch"},
@@ -54,6 +54,8 @@ FRAMEWORK_MODULES = {
     "householderla.torch": {"torch"},
     "householderla.jax": {"jax"},
     "householderla._torch_optim": {"torch"},
+    "householderla._torch_muon": {"torch"},
+    "householderla._optax_muon": {"jax"},
     "householderla._torch_param": {"torch"},
     "householderla._optax": {"jax"},
 }

@@ -52,6 +52,7 @@ __all__ = [
     "minimax_quintic",
     "rounding_gamma",
     "schedule",
+    "schedule_of",
 ]
 
 #: Muon's quintic (Jordan et al., Muon, 2024; ``torch.optim.Muon``'s default).
@@ -272,20 +273,31 @@ def schedule(name: str, steps: int, min_sv: float, u: float, m: int) -> Schedule
         coeffs, s = _certified(steps, max(min_sv, u), u, gamma), 1.0
     else:  # pragma: no cover - the public function validated the name
         raise ValueError(name)
-    e_lo, e_hi, _ = _propagate(coeffs, min_sv / s, 1.0 / s, 0.0, gamma)
-    lo, hi, top = _propagate(coeffs, (min_sv * (1.0 - u) - u) / s, (1.0 + u) / s, u, gamma)
-    ell = _lower_threshold(coeffs, s, u, gamma)
+    return schedule_of(name, tuple(coeffs), s, min_sv, u, m)
+
+
+@functools.cache
+def schedule_of(
+    name: str, coeffs: tuple[tuple[float, float, float], ...], s: float, min_sv: float,
+    u: float, m: int,
+) -> Schedule:  # fmt: skip
+    """A :class:`Schedule` of given coefficients and scale, with its certificate."""
+    gamma = rounding_gamma(m)
+    e_lo, e_hi, _ = _propagate(list(coeffs), min_sv / s, 1.0 / s, 0.0, gamma)
+    lo, hi, top = _propagate(list(coeffs), (min_sv * (1.0 - u) - u) / s, (1.0 + u) / s, u, gamma)
+    ell = _lower_threshold(list(coeffs), s, u, gamma)
     return Schedule(name, tuple(coeffs), s, min_sv, (lo, hi), (e_lo, e_hi), top, ell)
 
 
-def fixed_polar(X: Any, xp: Any, sched: Schedule) -> Any:
+def fixed_polar(X: Any, xp: Any, sched: Schedule, eps: float = 0.0) -> Any:
     """The iteration of ``sched`` on wide X (..., M, N), M ≤ N, in X's dtype (GEMMs in the
-    input precision, as Muon runs them); the Frobenius norm in float32 or better."""
+    input precision, as Muon runs them); the Frobenius norm in float32 or better, clamped
+    below at ``eps`` (and at a tiny multiple of the smallest normal number: X = 0 gives 0)."""
     work = xp.float64 if X.dtype == xp.float64 else xp.float32
     Xw = X if X.dtype == work else xp.astype(X, work)
     nrm = xp.sqrt(xp.sum(Xw * Xw, axis=(-2, -1), keepdims=True))
-    tiny = float(xp.finfo(work).smallest_normal)
-    inv = 1.0 / (sched.scale * xp.maximum(nrm, xp.full_like(nrm, tiny / xp.finfo(work).eps)))
+    floor = max(eps, float(xp.finfo(work).smallest_normal) / float(xp.finfo(work).eps))
+    inv = 1.0 / (sched.scale * xp.maximum(nrm, xp.full_like(nrm, floor)))
     X = xp.astype(Xw * inv, X.dtype)
     for a, b, c in sched.coeffs:
         A = X @ mT(X)
