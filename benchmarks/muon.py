@@ -80,13 +80,21 @@ def sv_rows(b: H.Bench, shape: tuple[int, int]) -> list[H.Row]:
 
 
 def time_rows(b: H.Bench, shape: tuple[int, int]) -> list[H.Row]:
-    g = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to(dev)
 
     def make(cls: Any, **kw: Any) -> Any:
-        p = torch.nn.Parameter(torch.randn(*shape))
+        p = torch.nn.Parameter(torch.randn(*shape, device=dev))
         p.grad = g.clone()
         opt = cls([p], lr=1e-3, **kw)
-        return opt.step
+        if dev == "cpu":
+            return opt.step
+
+        def step() -> None:
+            opt.step()
+            torch.cuda.synchronize()
+
+        return step
 
     fns = {
         "torch": make(torch.optim.Muon),
@@ -96,7 +104,7 @@ def time_rows(b: H.Bench, shape: tuple[int, int]) -> list[H.Row]:
     t = b.side_by_side(f"step {shape}", fns)
     med = {k: v["median_s"] for k, v in t.items()}
     return [
-        H.ratio_row(f"Muon step {shape[0]}×{shape[1]} float32, bfloat16 NS, {k}",
+        H.ratio_row(f"Muon step {shape[0]}×{shape[1]} float32 ({dev}), bfloat16 NS, {k}",
                     "torch.optim.Muon.step", med["torch"], med[k], 1.1, timings=t)
         for k in ("ours muon", "ours certified")
     ]  # fmt: skip
