@@ -265,8 +265,9 @@ def polar_impl(
     Xw = X if (work == out or native) else xp.astype(X, work)
     eps_w = float(xp.finfo(work).eps)
     split = _Split(xp, eager)
-    # split.up(a, like_w): a host array on X's device in the work dtype
-    like_w = xp.empty(0, dtype=work, device=device_of(X)) if split.host else None
+    # half X on the host path: split.up(a, like_w) puts a host array on X's device in the
+    # work dtype (float X: like X itself, as before)
+    like_w = Xw if Xw.dtype == work else xp.empty(0, dtype=work, device=device_of(X))
     ms = split.small  # the namespace of the M × M work
     plan = split.jit(stage_plan, (0, 4))
     if eager and ms is np and Xw.ndim == 2:
@@ -278,7 +279,10 @@ def polar_impl(
         # p from the host copy of max|X| (a few NumPy operations on one number per matrix)
         m = xp.max(xp.abs(Xw), axis=-2, keepdims=True)
         p = power_of_two_scale(split.down(m if m.dtype == work else xp.astype(m, work)), ms)
-        A = split.down(scaled_gram(xp, Xw, split.up(p, like_w)))
+        if Xw.dtype == work:
+            A = split.down(gram(Xw * split.up(p, Xw)[..., None, None]))
+        else:
+            A = split.down(scaled_gram(xp, Xw, split.up(p, like_w)))
     elif exact:
         A, p = _stage_gram(xp, Xw)
     else:
@@ -340,8 +344,11 @@ def polar_impl(
         check = 2.0 * math.sqrt(X.shape[-1]) * tol1 + 16.0 * X.shape[-1] * eps_w
         if split.host:
             D, resid = _stage_delta(ms, A, s, k)
-            up = [split.up(a, like_w) for a in (p, s, D)]
-            Q_ns = scaled_apply(xp, Xw, *up)
+            if Xw.dtype == work:
+                Xs = Xw * split.up(s * p, Xw)[..., None, None]
+                Q_ns = Xs + Xs @ split.up(D, Xw)
+            else:
+                Q_ns = scaled_apply(xp, Xw, *(split.up(a, like_w) for a in (p, s, D)))
         else:
             Q_ns, resid = jit_for(xp, _stage_apply, (0, 5))(xp, Xw, A, p, s, k)
         certified = split.max(resid) <= check if eager else xp.all(resid <= check)
