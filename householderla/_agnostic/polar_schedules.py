@@ -41,6 +41,7 @@ import functools
 import math
 from typing import Any, NamedTuple
 
+from .._lib.mixed import addmm
 from .._lib.namespace import mT
 
 __all__ = [
@@ -301,6 +302,6 @@ def fixed_polar(X: Any, xp: Any, sched: Schedule, eps: float = 0.0) -> Any:
     X = xp.astype(Xw * inv, X.dtype)
     for a, b, c in sched.coeffs:
         A = X @ mT(X)
-        B = b * A + c * (A @ A) if c != 0.0 else b * A
-        X = a * X + B @ X
+        B = addmm(xp, A, A, A, b, c) if c != 0.0 else b * A
+        X = addmm(xp, X, B, X, a, 1.0)
     return X

@@ -20,7 +20,7 @@ from typing import Any
 
 import array_api_compat as aac
 
-__all__ = ["has_wide_matmul", "matmul_acc", "matmul_split"]
+__all__ = ["addmm", "has_wide_matmul", "matmul_acc", "matmul_split"]
 
 
 def has_wide_matmul(xp: Any, x: Any) -> bool:
@@ -60,6 +60,17 @@ def matmul_acc(xp: Any, a: Any, b: Any, acc: Any) -> Any:
         out = torch.bmm(a3, b3, out_dtype=acc)
         return out.reshape(*batch, *out.shape[-2:])
     return xp.astype(a, acc) @ xp.astype(b, acc)
+
+
+def addmm(xp: Any, C: Any, A: Any, B: Any, beta: float, alpha: float) -> Any:
+    """beta·C + alpha·(A @ B): torch's fused ``addmm`` / ``baddbmm`` (one pass over the
+    output instead of three elementwise ones: 10–25% of a bfloat16 Muon step on CPU at
+    512 × 2048), the plain expression elsewhere (XLA fuses it under jit)."""
+    if aac.is_torch_namespace(xp) and C.ndim == A.ndim == B.ndim and C.ndim in (2, 3):
+        torch = sys.modules["torch"]
+        fn = torch.addmm if C.ndim == 2 else torch.baddbmm
+        return fn(C, A, B, beta=beta, alpha=alpha)
+    return beta * C + alpha * (A @ B)
 
 
 def matmul_split(xp: Any, a: Any, B: Any) -> Any:
