@@ -64,10 +64,12 @@ def orthogonalize(
     *,
     eps: float = 0.0,
     min_sv: float = 1e-3,
+    xp: Any = None,
 ) -> Any:
     """The optimizers' orthogonalisation: the fixed-step polar factor of G (..., A, B) in
     G's dtype, without value checks (NaN propagates, as in ``torch.optim.Muon``), with
-    ``coefficients`` a fixed quintic every step when given. ``G=None`` only validates."""
+    ``coefficients`` a fixed quintic every step when given. ``G=None`` only validates;
+    ``xp`` (G's namespace, when the caller knows it) skips the namespace lookup."""
     if coefficients is not None:
         a, b, c = (float(v) for v in coefficients)
         fixed_step_schedule("muon", steps, min_sv, 0.0, 1)  # validates steps
@@ -77,7 +79,7 @@ def orthogonalize(
         make = lambda u, m: fixed_step_schedule(name, steps, min_sv, 2 * u, m)  # noqa: E731
     if G is None:
         return None
-    xp = resolve([("G", G)], half=True)[0]
+    xp = resolve([("G", G)], half=True)[0] if xp is None else xp
     tall = G.shape[-2] > G.shape[-1]
     sched = make(float(xp.finfo(G.dtype).eps) / 2, max(min(G.shape[-2:]), 1))
     W = mT(G) if tall else G

@@ -15,11 +15,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import array_api_compat
 import torch
 
 from ._fixed_polar import ADJUST_LR, DEFAULT_STEPS, adjusted_lr, orthogonalize
 
 __all__ = ["Muon"]
+
+_xp = array_api_compat.array_namespace(torch.empty(0))
 
 
 class Muon(torch.optim.Optimizer):
@@ -157,6 +160,7 @@ class Muon(torch.optim.Optimizer):
                     group["ns_steps"],
                     group["ns_coefficients"],
                     eps=group["eps"],
+                    xp=_xp,
                 )
                 p.mul_(1 - lr * wd)
                 p.add_(O, alpha=-adjusted_lr(lr, group["adjust_lr_fn"], tuple(p.shape)))

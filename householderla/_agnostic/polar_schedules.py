@@ -296,10 +296,10 @@ def fixed_polar(X: Any, xp: Any, sched: Schedule, eps: float = 0.0) -> Any:
     below at ``eps`` (and at a tiny multiple of the smallest normal number: X = 0 gives 0)."""
     work = xp.float64 if X.dtype == xp.float64 else xp.float32
     Xw = X if X.dtype == work else xp.astype(X, work)
-    nrm = xp.sqrt(xp.sum(Xw * Xw, axis=(-2, -1), keepdims=True))
+    nrm = xp.linalg.vector_norm(Xw, axis=(-2, -1), keepdims=True)
     floor = max(eps, float(xp.finfo(work).smallest_normal) / float(xp.finfo(work).eps))
-    inv = 1.0 / (sched.scale * xp.maximum(nrm, xp.full_like(nrm, floor)))
-    X = xp.astype(Xw * inv, X.dtype)
+    X0 = Xw / (sched.scale * xp.clip(nrm, min=floor))
+    X = X0 if X0.dtype == X.dtype else xp.astype(X0, X.dtype)
     for a, b, c in sched.coeffs:
         A = X @ mT(X)
         B = addmm(xp, A, A, A, b, c) if c != 0.0 else b * A
