@@ -11,7 +11,13 @@ from ._agnostic.stiefel_flow import StiefelOptimizer
 from ._lib.checks import check_real
 from ._lib.namespace import resolve
 
-__all__ = ["EuclideanAdamState", "EuclideanMomentumState", "euclidean_adam", "euclidean_sgd"]
+__all__ = [
+    "EuclideanAMSGradState",
+    "EuclideanAdamState",
+    "EuclideanMomentumState",
+    "euclidean_adam",
+    "euclidean_sgd",
+]
 
 
 class EuclideanMomentumState(NamedTuple):
@@ -29,6 +35,16 @@ class EuclideanAdamState(NamedTuple):
     s: Any
 
 
+class EuclideanAMSGradState(NamedTuple):
+    """State of :func:`euclidean_adam` with ``amsgrad=True``: plus the running maximum
+    ``s_max`` of ``s``."""
+
+    count: Any
+    m: Any
+    s: Any
+    s_max: Any
+
+
 def _euclidean_prepare(x: Any, g: Any, xp: Any) -> tuple[Any, Any, Any, Any]:
     xp, _, dtype, (x,) = resolve([("x", x)], xp)
     _, _, _, (g,) = resolve([("G", g)], xp)
@@ -37,16 +53,27 @@ def _euclidean_prepare(x: Any, g: Any, xp: Any) -> tuple[Any, Any, Any, Any]:
     return xp, x, (g if g.dtype == dtype else xp.astype(g, dtype)), dtype
 
 
-def euclidean_sgd(lr: float = 0.1, momentum: float = 0.9, *, xp: Any = None) -> StiefelOptimizer:
+def euclidean_sgd(
+    lr: float = 0.1,
+    momentum: float = 0.9,
+    *,
+    nesterov: bool = False,
+    dampening: float = 0.0,
+    xp: Any = None,
+) -> StiefelOptimizer:
     """Heavy-ball momentum SGD on ℝ^{shape}: the Euclidean limit of :func:`momentum_sgd`.
 
-    ``v⁺ = μv − g``, ``x⁺ = x + ηv⁺`` — Algorithm 1 with X unconstrained (only the U part,
-    no projection, no φ̄₃), i.e. ``torch.optim.SGD(lr=η, momentum=μ)`` with v = −buffer.
-    Kong, Wang & Tao, ICLR 2023, App. P: Stiefel and Euclidean parameters share lr and momentum.
-    Any shape.
+    ``v⁺ = μv − (1 − τ)g`` (τ = ``dampening``, 0 on the first step), ``x⁺ = x + ηv⁺``, or
+    ``x + η(μv⁺ − g)`` with ``nesterov`` — Algorithm 1 with X unconstrained (only the U part,
+    no projection, no φ̄₃), i.e. ``torch.optim.SGD(lr=η, momentum=μ, dampening=τ,
+    nesterov=...)`` with v = −buffer. Kong, Wang & Tao, ICLR 2023, App. P: Stiefel and
+    Euclidean parameters share lr and momentum. Any shape.
     """
     lr = check_real("lr", lr, 0.0, math.inf, lo_open=True)
     mu = check_real("momentum", momentum, 0.0, 1.0)
+    tau = check_real("dampening", dampening, 0.0, 1.0)
+    if nesterov and (mu <= 0.0 or tau != 0.0):
+        raise ValueError("Nesterov momentum requires a momentum and zero dampening")
     fixed_xp = xp
 
     def init(x: Any) -> EuclideanMomentumState:
@@ -55,20 +82,30 @@ def euclidean_sgd(lr: float = 0.1, momentum: float = 0.9, *, xp: Any = None) -> 
         return EuclideanMomentumState(count, xp.zeros(tuple(x.shape), dtype=dtype, device=device))
 
     def update(x: Any, g: Any, state: EuclideanMomentumState) -> tuple[Any, Any]:
-        _, x, g, _ = _euclidean_prepare(x, g, fixed_xp)
+        xp, x, g, _ = _euclidean_prepare(x, g, fixed_xp)
+        if tau:
+            g = g * (1.0 - tau * xp.astype(state.count > 0, g.dtype))
         v = mu * state.v - g
-        return x + lr * v, EuclideanMomentumState(state.count + 1, v)
+        step = mu * v - g if nesterov else v
+        return x + lr * step, EuclideanMomentumState(state.count + 1, v)
 
     return StiefelOptimizer(init, update)
 
 
 def euclidean_adam(
-    lr: float = 1e-3, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, *, xp: Any = None
+    lr: float = 1e-3,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    *,
+    amsgrad: bool = False,
+    xp: Any = None,
 ) -> StiefelOptimizer:
     """Adam on ℝ^{shape} in the convention of :func:`adam` (Kong, Wang & Tao, ICLR 2023, Algorithm
     2 without the manifold): ``m⁺ = β₁m − (1 − β₁)g``, ``s⁺ = β₂s + (1 − β₂)g∘g``, ``x⁺ = x + ηκ m⁺
     ⊘ (s⁺^{∘½} + ε)``, κ = √(1 − β₂^{t}). Unlike ``torch.optim.Adam`` there is no β₁ bias correction
-    (the paper has none) and ε is not rescaled by κ.
+    (the paper has none) and ε is not rescaled by κ. ``amsgrad``: divide by the running
+    maximum of s (Reddi, Kale & Kumar, ICLR 2018).
     """
     lr = check_real("lr", lr, 0.0, math.inf, lo_open=True)
     b1 = check_real("b1", b1, 0.0, 1.0)
@@ -81,14 +118,23 @@ def euclidean_adam(
         xp, device, dtype, (x,) = resolve([("x", x)], fixed_xp)
         count = xp.asarray(0, dtype=xp.int32, device=device)
         zeros = xp.zeros(tuple(x.shape), dtype=dtype, device=device)
+        if amsgrad:
+            z = xp.zeros_like
+            return EuclideanAMSGradState(count, zeros, z(zeros), z(zeros))
         return EuclideanAdamState(count, zeros, xp.zeros_like(zeros))
 
     def update(x: Any, g: Any, state: EuclideanAdamState) -> tuple[Any, Any]:
         xp, x, g, dtype = _euclidean_prepare(x, g, fixed_xp)
+        if isinstance(state, EuclideanAMSGradState) != bool(amsgrad):
+            raise ValueError("the state was made by init() of an adam with other amsgrad")
         count = state.count + 1
         kappa = 1.0 if log_b2 is None else xp.sqrt(-xp.expm1(xp.astype(count, dtype) * log_b2))
         m = b1 * state.m - (1.0 - b1) * g
         s = b2 * state.s + (1.0 - b2) * (g * g)
-        return x + (lr * kappa) * (m / (xp.sqrt(s) + eps)), EuclideanAdamState(count, m, s)
+        if not amsgrad:
+            return x + (lr * kappa) * (m / (xp.sqrt(s) + eps)), EuclideanAdamState(count, m, s)
+        s_max = xp.maximum(state.s_max, s)
+        x_next = x + (lr * kappa) * (m / (xp.sqrt(s_max) + eps))
+        return x_next, EuclideanAMSGradState(count, m, s, s_max)
 
     return StiefelOptimizer(init, update)

@@ -28,6 +28,24 @@ Conventions:
   kernels); CUDA tensors and ``torch.compile`` take the torch path. Both agree to rounding.
 * A step is all or nothing: every gradient is checked first; a NaN/Inf raises ``ValueError``
   naming it, or with ``nonfinite="skip"`` skips the step (counted in ``skipped_steps``).
+
+``torch.optim`` options (``docs/theory/stiefel.rst``, "torch.optim options"):
+
+* ``maximize`` (both): ascend, G ← −G — meaningful everywhere.
+* ``weight_decay`` (both): the L2 term λθ added to the gradient of Euclidean groups, as
+  ``torch.optim.SGD`` / ``Adam`` do. On a Stiefel group it has no effect and is skipped:
+  ‖X‖²_F = M is constant on St(N, M), so the penalty's Riemannian gradient is zero (XᵀλX =
+  λI is symmetric: it adds nothing to f = c(A − Aᵀ) nor to g = G − XA).
+* ``nesterov``, ``dampening`` (SGD): torch's definitions on both kinds of group; on the
+  manifold the look-ahead momentum μZ⁺ − f, μU½ − g moves X (skew / normal to X, so the
+  structure is kept) and the force enters the momentum as (1 − τ)f, (1 − τ)g.
+* ``amsgrad`` (Adam): the running maxima of the second moments p, q (s) divide instead;
+  the maximum of symmetric matrices is symmetric, so Z⁺ ⊘ (…) stays skew.
+* ``foreach``, ``fused``, ``differentiable``, ``capturable`` raise ``ValueError``: each step
+  is a per-parameter manifold update (no multi-tensor kernel), and not differentiable.
+  Unknown keys in a parameter group raise ``ValueError`` naming them.
+* ``torch.compile(opt.step)`` traces the torch path (the NumPy fast path is skipped while
+  compiling).
 """
 
 from __future__ import annotations
@@ -52,6 +70,25 @@ _STATE_KEYS = {
     (False, "sgd"): ("step", "v"),
     (False, "adam"): ("step", "m", "s"),
 }
+_AMSGRAD_KEYS = {True: ("p_max", "q_max"), False: ("s_max",)}
+#: torch.optim options without a meaning here (see the module docstring).
+UNSUPPORTED = ("foreach", "fused", "differentiable", "capturable")
+#: Keys torch itself (LR schedulers) puts into parameter groups.
+_TORCH_GROUP_KEYS = {"params", "initial_lr", "param_names"}
+
+
+def _state_keys(manifold: bool, kind: str, amsgrad: bool) -> tuple[str, ...]:
+    keys = _STATE_KEYS[(manifold, kind)]
+    return keys + _AMSGRAD_KEYS[manifold] if amsgrad else keys
+
+
+def _unsupported(options: dict[str, Any], name: str) -> None:
+    for k in UNSUPPORTED:
+        if options.get(k):
+            raise ValueError(
+                f"{name} does not implement {k}={options[k]!r}: each step is a per-parameter "
+                "manifold update (no multi-tensor or fused kernel) and is not differentiable"
+            )
 
 
 class _StiefelOptimizer(torch.optim.Optimizer):
@@ -63,6 +100,12 @@ class _StiefelOptimizer(torch.optim.Optimizer):
         raise NotImplementedError
 
     def _check_group(self, group: dict[str, Any]) -> None:
+        unknown = sorted(set(group) - set(self.defaults) - _TORCH_GROUP_KEYS)
+        if unknown:
+            raise ValueError(
+                f"parameter group has unknown option(s) {unknown}; {type(self).__name__} "
+                f"takes {sorted(self.defaults)}"
+            )
         self._functional(group)  # validates the hyperparameters (ValueError naming them)
         if not isinstance(group.get("stiefel", True), bool):
             raise ValueError(f"stiefel must be True or False; got {group['stiefel']!r}")
@@ -128,17 +171,22 @@ class _StiefelOptimizer(torch.optim.Optimizer):
         for group in self.param_groups:
             manifold = group["stiefel"]
             opt = self._functional(group)
-            keys = _STATE_KEYS[(manifold, self._kind)]
+            keys = _state_keys(manifold, self._kind, group.get("amsgrad", False))
+            wd = 0.0 if manifold else group["weight_decay"]  # a no-op on St(N, M)
             for p in group["params"]:
                 if p.grad is None:
                     continue
                 wide = manifold and p.shape[-2] < p.shape[-1]
                 X = p.detach().mT if wide else p.detach()
                 G = p.grad.detach().mT if wide else p.grad.detach()
+                if group["maximize"]:
+                    G = -G
+                if wd:
+                    G = G + wd * X
                 state = self.state[p]
                 if not state:
                     state.update(zip(keys, opt.init(X), strict=True))
-                tup_type = _state_type(manifold, self._kind)
+                tup_type = _state_type(manifold, self._kind, group.get("amsgrad", False))
                 tensors = [state[k] for k in keys]
                 if _on_host(X, G, *tensors):
                     # CPU float32/float64: the step's ~60 small operations run in NumPy on
@@ -161,16 +209,38 @@ def _on_host(*tensors: torch.Tensor) -> bool:
     return X.device.type == "cpu" and X.dtype in (torch.float32, torch.float64)
 
 
+def _unsupported_kwargs(kwargs: dict[str, Any], name: str) -> None:
+    """``foreach=`` & co. raise naming the option when truthy; anything else is unknown."""
+    _unsupported(kwargs, name)
+    unknown = sorted(k for k in kwargs if k not in UNSUPPORTED)
+    if unknown:
+        raise TypeError(f"{name} got unexpected keyword argument(s) {unknown}")
+
+
+def _check_flags(group: dict[str, Any], names: tuple[str, ...]) -> None:
+    for k in names:
+        if not isinstance(group[k], bool):
+            raise ValueError(f"{k} must be True or False; got {group[k]!r}")
+
+
+def _check_weight_decay(group: dict[str, Any]) -> None:
+    wd = group["weight_decay"]
+    if isinstance(wd, bool) or not isinstance(wd, (int, float)) or not 0.0 <= wd < float("inf"):
+        raise ValueError(f"weight_decay must be a finite number >= 0; got {wd!r}")
+
+
 def _nonfinite_option(value: Any) -> str:
     if value not in NONFINITE:
         raise ValueError(f"nonfinite must be one of {NONFINITE}; got {value!r}")
     return value
 
 
-def _state_type(manifold: bool, kind: str) -> Any:
+def _state_type(manifold: bool, kind: str, amsgrad: bool) -> Any:
+    if kind == "sgd":
+        return S.MomentumState if manifold else S.EuclideanMomentumState
     if manifold:
-        return S.MomentumState if kind == "sgd" else S.AdamState
-    return S.EuclideanMomentumState if kind == "sgd" else S.EuclideanAdamState
+        return S.AMSGradState if amsgrad else S.AdamState
+    return S.EuclideanAMSGradState if amsgrad else S.EuclideanAdamState
 
 
 class StiefelSGD(_StiefelOptimizer):
@@ -188,6 +258,9 @@ class StiefelSGD(_StiefelOptimizer):
         μ ∈ [0, 1) (default 0.9).
     metric : float or str
         a < 1 of Definition 1 (default 0.5, canonical).
+    dampening, weight_decay, nesterov, maximize
+        ``torch.optim.SGD``'s options (defaults 0, 0, False, False); ``weight_decay`` acts on
+        ``stiefel=False`` groups only (a no-op on the manifold; module docstring).
     expm_method : {"euler", "cayley", "expm"}
         App. M.2 option (default forward Euler).
     transport : {"energy", "euler"}
@@ -198,6 +271,8 @@ class StiefelSGD(_StiefelOptimizer):
     nonfinite : {"raise", "skip"}
         A NaN/Inf in any gradient raises ``ValueError`` naming the parameter before anything
         moves (default), or skips the whole step and counts it in ``skipped_steps``.
+    foreach, fused, differentiable, capturable
+        Not implemented: a truthy value raises ``ValueError``.
 
     Notes
     -----
@@ -225,16 +300,26 @@ class StiefelSGD(_StiefelOptimizer):
         momentum: float = 0.9,
         metric: Any = 0.5,
         *,
+        dampening: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+        maximize: bool = False,
         expm_method: str = "euler",
         transport: str = "energy",
         stiefel: bool = True,
         nonfinite: str = "raise",
+        **unsupported: Any,
     ) -> None:
+        _unsupported_kwargs(unsupported, "StiefelSGD")
         self.nonfinite = _nonfinite_option(nonfinite)
         self.skipped_steps = 0
         defaults = {
             "lr": lr,
             "momentum": momentum,
+            "dampening": dampening,
+            "weight_decay": weight_decay,
+            "nesterov": nesterov,
+            "maximize": maximize,
             "metric": metric,
             "expm_method": expm_method,
             "transport": transport,
@@ -243,14 +328,18 @@ class StiefelSGD(_StiefelOptimizer):
         super().__init__(params, defaults)
 
     def _functional(self, group: dict[str, Any]) -> S.StiefelOptimizer:
+        _check_flags(group, ("nesterov", "maximize"))
+        _check_weight_decay(group)
+        kw = {"nesterov": group["nesterov"], "dampening": group["dampening"]}
         if not group["stiefel"]:
-            return S.euclidean_sgd(group["lr"], group["momentum"])
+            return S.euclidean_sgd(group["lr"], group["momentum"], **kw)
         return S.momentum_sgd(
             group["lr"],
             group["momentum"],
             group["metric"],
             expm_method=group["expm_method"],
             transport=group["transport"],
+            **kw,
         )
 
 
@@ -269,10 +358,15 @@ class StiefelAdam(_StiefelOptimizer):
         (β₁, β₂) ∈ [0, 1)² (default (0.9, 0.999)).
     eps : float
         ε > 0 (default 1e-8).
+    weight_decay, amsgrad, maximize
+        ``torch.optim.Adam``'s options (defaults 0, False, False); ``weight_decay`` (L2, added
+        to the gradient) acts on ``stiefel=False`` groups only.
     metric, expm_method, transport, stiefel
         As in :class:`StiefelSGD`.
     nonfinite : {"raise", "skip"}
         As :class:`StiefelSGD`: raise naming the parameter, or skip and count the step.
+    foreach, fused, differentiable, capturable
+        Not implemented: a truthy value raises ``ValueError``.
 
     Notes
     -----
@@ -292,17 +386,25 @@ class StiefelAdam(_StiefelOptimizer):
         eps: float = 1e-8,
         metric: Any = 0.5,
         *,
+        weight_decay: float = 0.0,
+        amsgrad: bool = False,
+        maximize: bool = False,
         expm_method: str = "euler",
         transport: str = "energy",
         stiefel: bool = True,
         nonfinite: str = "raise",
+        **unsupported: Any,
     ) -> None:
+        _unsupported_kwargs(unsupported, "StiefelAdam")
         self.nonfinite = _nonfinite_option(nonfinite)
         self.skipped_steps = 0
         defaults = {
             "lr": lr,
             "betas": betas,
             "eps": eps,
+            "weight_decay": weight_decay,
+            "amsgrad": amsgrad,
+            "maximize": maximize,
             "metric": metric,
             "expm_method": expm_method,
             "transport": transport,
@@ -315,8 +417,10 @@ class StiefelAdam(_StiefelOptimizer):
         if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
             raise ValueError(f"betas must be a pair (b1, b2); got {betas!r}")
         b1, b2 = betas
+        _check_flags(group, ("amsgrad", "maximize"))
+        _check_weight_decay(group)
         if not group["stiefel"]:
-            return S.euclidean_adam(group["lr"], b1, b2, group["eps"])
+            return S.euclidean_adam(group["lr"], b1, b2, group["eps"], amsgrad=group["amsgrad"])
         return S.adam(
             group["lr"],
             b1,
@@ -325,4 +429,5 @@ class StiefelAdam(_StiefelOptimizer):
             group["metric"],
             expm_method=group["expm_method"],
             transport=group["transport"],
+            amsgrad=group["amsgrad"],
         )

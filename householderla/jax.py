@@ -34,8 +34,9 @@ import jax.numpy as jnp
 from . import householder as _householder
 from ._autodiff.jax import PRECISION
 
-# -- optax-style wrapper of hl.stiefel (householderla/_optax.py) ------------------------------
+# -- optax-style wrapper of hl.stiefel (householderla/_optax.py) and Muon (_optax_muon.py) ----
 from ._optax import apply_updates, stiefel_adam, stiefel_sgd, update_params
+from ._optax_muon import MuonState, muon
 from .cwy import CWY, TCWY, cwy, tcwy
 from .retractions import cayley_retraction, polar, polar_retraction, qr_retraction
 
@@ -43,11 +44,13 @@ __all__ = [
     "CWY",
     "PRECISION",
     "TCWY",
+    "MuonState",
     "apply_updates",
     "cayley_retraction",
     "cwy",
     "householder_apply",
     "householder_product",
+    "muon",
     "orthogonal_linear",
     "polar",
     "polar_retraction",

@@ -5,7 +5,8 @@ Algorithm 3), ``polar_retraction`` (polar(X + tZ)), ``cayley_retraction`` (Cayle
 Sherman–Morrison–Woodbury, Likhosherstov et al., AISTATS 2021 App. B Lemma 1), ``qr_retraction``
 (qf(X + tZ)) and ``riemannian_gradient`` (A X, Likhosherstov et al., AISTATS 2021, §2.2.2). All
 batched over leading dimensions, float32 and float64, on every Array API namespace; float32 input is
-computed in float64 on CPU backends and rounded once. The mathematics is in
+computed in float64 on CPU backends and rounded once; bfloat16 and float16 input in float32
+(``docs/theory/lowprec.rst``). The mathematics is in
 ``docs/theory/retractions.rst``.
 
 Autodiff: with torch tensors that need a graph (or are wrapped by ``torch.func``) and always
@@ -27,6 +28,7 @@ import array_api_compat as aac
 from ._agnostic import retraction as RK
 from ._agnostic.newton_schulz import polar_qr_svd
 from ._autodiff import call, route
+from ._fixed_polar import fixed_step_polar
 from ._interop.dask import is_dask_array
 from ._interop.dask_tall import tsqr_retraction
 from ._lib.checks import (
@@ -38,7 +40,7 @@ from ._lib.checks import (
     check_stiefel_shape,
 )
 from ._lib.jit import jit_for, kernel_namespace, select
-from ._lib.namespace import accumulation_dtype_for, mT, resolve
+from ._lib.namespace import accumulation_dtype, accumulation_dtype_for, is_half, mT, resolve
 from ._lib.tracing import is_eager
 
 __all__ = [
@@ -69,7 +71,7 @@ def as_step(step: Any, xp: Any, dtype: Any, device: Any, batch: tuple[int, ...])
                 "convert step to X's namespace"
             )
         step = xp.asarray(step, device=device)
-    _, _, _, (t,) = resolve([("step", step)], xp)
+    _, _, _, (t,) = resolve([("step", step)], xp, half=True)
     if t.ndim > len(batch) or any(
         a != 1 and a != b for a, b in zip(t.shape[::-1], batch[::-1], strict=False)
     ):
@@ -79,6 +81,21 @@ def as_step(step: Any, xp: Any, dtype: Any, device: Any, batch: tuple[int, ...])
         )
     check_finite(t, xp, "step")
     return (t if t.dtype == dtype else xp.astype(t, dtype))[..., None, None]
+
+
+def step_dtype(xp: Any, dtype: Any) -> Any:
+    """The dtype a step array takes: X's, or float32 for half-precision X (a step rounded
+    to bfloat16 would be off by up to 2⁻⁹)."""
+    return accumulation_dtype(xp, dtype) if is_half(xp, dtype) else dtype
+
+
+def step_sum(xp: Any, X: Any, Z: Any, t: Any) -> Any:
+    """X + tZ; in float32 for half-precision X: a half-precision sum would drop every
+    part of the step below u·|X| (a step of 10⁻³·|X| entirely in bfloat16)."""
+    if is_half(xp, X.dtype):
+        work = accumulation_dtype(xp, X.dtype)
+        X, Z = xp.astype(X, work), xp.astype(Z, work)
+    return X + t * Z
 
 
 def _power_of_two_max(A: Any, xp: Any) -> Any:
@@ -103,6 +120,9 @@ def _polar_routed(X: Any, xp: Any, num_iters: Any, restart: Any) -> tuple[Any, d
 def polar(
     X: Any,
     *,
+    schedule: str | None = None,
+    steps: int | None = None,
+    min_sv: float = 1e-3,
     num_iters: int | None = None,
     restart: bool | None = None,
     rank_deficient: str = "raise",
@@ -115,7 +135,21 @@ def polar(
     ----------
     X : array, shape (..., N, M)
         Full rank. A wide X (M > N) gives the factor with orthonormal rows,
-        (XXᵀ)^{-1/2} X = polar(Xᵀ)ᵀ, as ``scipy.linalg.polar`` does.
+        (XXᵀ)^{-1/2} X = polar(Xᵀ)ᵀ, as ``scipy.linalg.polar`` does. float32, float64,
+        bfloat16 or float16 (half precision is computed in float32, rounded once).
+    schedule : {None, "certified", "polar_express", "muon", "newton_schulz"}
+        None (default): the polar factor to the accuracy of the dtype (below). A name: the
+        *fixed-step mode* for update directions (Muon): ``steps`` odd-polynomial steps on
+        X/(s‖X‖_F) in X's own dtype (bfloat16 GEMMs for bfloat16 X), any X (rank-deficient
+        too), no fallback; ``return_info`` reports the interval the singular values land in.
+        Schedules: the classical cubic, Muon's quintic, Polar Express (Amsel, Persson, Musco
+        & Gower, ICLR 2026) and ours, designed for the rounding of the dtype
+        (``docs/theory/lowprec.rst``).
+    steps : int, optional
+        Steps of the fixed-step mode (default 5).
+    min_sv : float
+        Fixed-step mode: the certificate covers the singular values σ ≥ ``min_sv``·‖X‖_F
+        (default 10⁻³; "certified" raises it to what the dtype's rounding allows).
     num_iters : int, optional
         Newton–Schulz iterations of the first pass. Default: the smallest count that the
         bounds below certify (eager arrays), ``LAZY_ITERS`` = 6 when the values cannot be
@@ -133,7 +167,11 @@ def polar(
         unique), or "svd": Q = W Vᵀ from the SVD X = W Σ Vᵀ (of the R factor of X = QR), one
         of the orthonormal matrices nearest to X, as ``scipy.linalg.polar`` returns.
     return_info : bool
-        Also return ``{"method", "iterations", "restart_iterations", "certified"}``.
+        Also return ``{"method", "iterations", "restart_iterations", "certified"}``; in the
+        fixed-step mode ``{"method", "schedule", "iterations", "interval", "interval_exact",
+        "upper", "min_sv"}``: every output singular value from σ ≥ ``min_sv``·‖X‖_F lies in
+        ``interval`` under the rounding model of the dtype (``interval_exact`` in exact
+        arithmetic), every one is ≤ ``upper``.
     xp : namespace, optional
 
     Returns
@@ -166,11 +204,20 @@ def polar(
     >>> Q = hl.polar(X)
     >>> bool(np.allclose(Q.T @ Q, np.eye(3)))
     True
+    >>> U, info = hl.polar(X, schedule="polar_express", return_info=True)
+    >>> [round(v, 3) for v in info["interval_exact"]]
+    [0.857, 1.131]
     """
+    if schedule is not None:
+        if (num_iters, restart, rank_deficient) != (None, None, "raise"):
+            raise ValueError("num_iters, restart and rank_deficient apply to schedule=None")
+        return fixed_step_polar(X, schedule, steps, min_sv, return_info, xp)
+    if steps is not None:
+        raise ValueError("steps applies to the fixed-step mode: pass schedule= too")
     if is_dask_array(X):  # tall, row-chunked X: Q·polar(R) by Dask's TSQR (docs/dask.rst)
         Q = tsqr_retraction(X, None, 0.0, partial(polar, rank_deficient=rank_deficient))
         return (Q, {"method": "tsqr"}) if return_info else Q
-    xp, _, _, (X,) = resolve([("X", X)], xp)
+    xp, _, _, (X,) = resolve([("X", X)], xp, half=True)
     if X.ndim < 2:
         raise ValueError(f"X must have shape (..., N, M); got shape {tuple(X.shape)}")
     if num_iters is not None and (int(num_iters) != num_iters or num_iters < 0):
@@ -226,13 +273,14 @@ def polar_retraction(X: Any, Z: Any, step: Any = 1.0, *, xp: Any = None) -> Any:
     """
     if is_dask_array(X):  # tall, row-chunked X: Q·polar(R) by Dask's TSQR (docs/dask.rst)
         return tsqr_retraction(X, Z, step, polar)
-    xp, device, dtype, (X, Z) = resolve([("X", X), ("Z", Z)], xp)
+    xp, device, dtype, (X, Z) = resolve([("X", X), ("Z", Z)], xp, half=True)
     check_stiefel_shape(X)
     check_like(Z, X, "Z")
-    t = as_step(step, xp, dtype, device, tuple(X.shape[:-2]))
+    t = as_step(step, xp, step_dtype(xp, dtype), device, tuple(X.shape[:-2]))
     check_finite_columns(X, xp, "X")
     check_finite_columns(Z, xp, "Z")
-    return polar(X + t * Z, xp=xp)
+    Q = polar(step_sum(xp, X, Z, t), xp=xp)
+    return Q if Q.dtype == dtype else xp.astype(Q, dtype)
 
 
 def cayley_retraction(
@@ -290,10 +338,10 @@ def cayley_retraction(
     >>> bool(np.allclose(Y.T @ Y, np.eye(3)))
     True
     """
-    xp, device, dtype, (X, Z) = resolve([("X", X), ("Z", Z)], xp)
+    xp, device, dtype, (X, Z) = resolve([("X", X), ("Z", Z)], xp, half=True)
     check_stiefel_shape(X)
     check_like(Z, X, "Z")
-    t = as_step(step, xp, dtype, device, tuple(X.shape[:-2]))
+    t = as_step(step, xp, step_dtype(xp, dtype), device, tuple(X.shape[:-2]))
     if X.shape[-1] == 0:
         return X
     for a, name in ((X, "X"), (Z, "Z")):
@@ -337,13 +385,13 @@ def qr_retraction(X: Any, Z: Any, step: Any = 1.0, *, xp: Any = None) -> Any:
     """
     if is_dask_array(X):  # tall, row-chunked X: Dask's TSQR (docs/dask.rst)
         return tsqr_retraction(X, Z, step)
-    xp, device, dtype, (X, Z) = resolve([("X", X), ("Z", Z)], xp)
+    xp, device, dtype, (X, Z) = resolve([("X", X), ("Z", Z)], xp, half=True)
     check_stiefel_shape(X)
     check_like(Z, X, "Z")
-    t = as_step(step, xp, dtype, device, tuple(X.shape[:-2]))
+    t = as_step(step, xp, step_dtype(xp, dtype), device, tuple(X.shape[:-2]))
     check_finite_columns(X, xp, "X")
     check_finite_columns(Z, xp, "Z")
-    Y = X + t * Z
+    Y = step_sum(xp, X, Z, t)
     check_finite_columns(Y, xp, "X + step*Z")  # finite X, Z, step can still overflow
     if X.shape[-1] == 0:
         return Y
@@ -378,7 +426,7 @@ def riemannian_gradient(X: Any, G: Any, *, metric: str = "canonical", xp: Any = 
     tr(Z₁ᵀ(I − ½XXᵀ)Z₂) (canonical) and tr(Z₁ᵀZ₂) (Euclidean). 8·N·M² flops, no N×N matrix.
     """
     euclidean = check_metric(metric)
-    xp, _, dtype, (X, G) = resolve([("X", X), ("G", G)], xp)
+    xp, _, dtype, (X, G) = resolve([("X", X), ("G", G)], xp, half=True)
     check_stiefel_shape(X)
     check_like(G, X, "G")
     check_finite_columns(X, xp, "X")

@@ -21,26 +21,31 @@ from typing import Any
 
 from ._agnostic.stiefel_flow import (
     AdamState,
+    AMSGradState,
     MomentumState,
     StiefelOptimizer,
     expm_skew,
     momentum_rotation,
     sym,
 )
+from ._agnostic.stiefel_guards import check_powers, check_step, momentum_growth
 from ._euclidean import (
     EuclideanAdamState,
+    EuclideanAMSGradState,
     EuclideanMomentumState,
     euclidean_adam,
     euclidean_sgd,
 )
 from ._lib.checks import check_choice, check_finite, check_real, check_stiefel_shape
-from ._lib.jit import host, select
+from ._lib.jit import select
 from ._lib.namespace import accumulation_dtype_for, mT, resolve
 from ._lib.tracing import is_eager
 from .retractions import polar
 
 __all__ = [
+    "AMSGradState",
     "AdamState",
+    "EuclideanAMSGradState",
     "EuclideanAdamState",
     "EuclideanMomentumState",
     "MomentumState",
@@ -97,8 +102,10 @@ def _prepare(X: Any, G: Any, state: Any, xp: Any) -> tuple[Any, Any, Any, Any]:
             "count": (),
             "U": X.shape[:-1] + (U_cols,),
             "q": X.shape[:-1] + (U_cols,),
+            "q_max": X.shape[:-1] + (U_cols,),
             "Z": X.shape[:-2] + (M, M),
             "p": X.shape[:-2] + (M, M),
+            "p_max": X.shape[:-2] + (M, M),
         }[name]
         if tuple(arr.shape) != tuple(want):
             raise ValueError(
@@ -106,48 +113,6 @@ def _prepare(X: Any, G: Any, state: Any, xp: Any) -> tuple[Any, Any, Any, Any]:
                 f"{tuple(want)}; was the state made by init() for this X?"
             )
     return xp, X, G, dtype
-
-
-def _check_step(name: str, W: Any, xp: Any, eager: bool) -> None:
-    """The rotation step W = ηZ (Adam: ηκ Z ⊘ (p^½ + ε)) must stay below 1/√eps: beyond it
-    R = I + W and S = RᵀR = I − W² lose every digit of their identity part, so the update
-    means nothing in the working precision (and S turns numerically singular). Eager only."""
-    if not eager or 0 in W.shape:
-        return
-    m = host(xp.max(xp.abs(W)))
-    limit = 1.0 / math.sqrt(float(xp.finfo(W.dtype).eps))
-    if not m <= limit:
-        raise ValueError(
-            f"{name}: the rotation step lr·Z has entries up to {m:.1e}, beyond 1/sqrt(eps) = "
-            f"{limit:.1e} where the update loses all precision: the gradient G has exploded "
-            "or lr is too large (clip G or lower lr)"
-        )
-
-
-def _growth(method: str) -> str:
-    """Why the momentum U can grow without bound (the message of a ValueError)."""
-    if method == "euler":
-        return (
-            "the forward-Euler momentum rotation μI + dηZ grows ‖U‖ by up to "
-            "(μ² + (dη‖Z‖₂)²)^½ per step (expm_method='cayley' or 'expm' keeps it bounded)"
-        )
-    return "the gradient's scale carried the momentum out of range"
-
-
-def _check_powers(name: str, what: str, a: Any, k: int, why: str, xp: Any, eager: bool) -> None:
-    """The step forms sums of k-th powers of the entries of ``a`` (second moments: k = 2; the
-    momentum's energy ⟨ηB, S⁻¹ηB⟩, B = ŨᵀU½: k = 4): entries beyond (max/size)^{1/k}/4 would
-    overflow them. Raise, saying why, before they do (eager only); a NaN gets the same."""
-    if not eager or 0 in a.shape:
-        return
-    m = host(xp.max(xp.abs(a)))
-    size = a.shape[-1] * a.shape[-2]
-    limit = 0.25 * (float(xp.finfo(a.dtype).max) / size**2) ** (1.0 / k)
-    if not m <= limit:
-        raise ValueError(
-            f"{name}: {what} has entries up to {m:.1e}, whose {'squares' if k == 2 else 'powers'}"
-            f" overflow {a.dtype} (limit {limit:.1e}): {why}; clip G or lower lr"
-        )
 
 
 def _project_first(X: Any, count: Any, xp: Any) -> Any:
@@ -162,7 +127,7 @@ def _to(xp: Any, dtype: Any, *arrays: Any) -> list[Any]:
     return [a if a.dtype == dtype else xp.astype(a, dtype) for a in arrays]
 
 
-def _init_arrays(X: Any, xp: Any, adam: bool) -> Any:
+def _init_arrays(X: Any, xp: Any, adam: bool, amsgrad: bool = False) -> Any:
     xp, device, dtype, (X,) = resolve([("X", X)], xp)
     check_stiefel_shape(X)
     N, M = X.shape[-2], X.shape[-1]
@@ -175,6 +140,8 @@ def _init_arrays(X: Any, xp: Any, adam: bool) -> Any:
         return MomentumState(count, U, Z)
     p = xp.zeros(z_shape, dtype=dtype, device=device)
     q = xp.zeros(u_shape, dtype=dtype, device=device)
+    if amsgrad:
+        return AMSGradState(count, U, Z, p, q, xp.zeros_like(p), xp.zeros_like(q))
     return AdamState(count, U, Z, p, q)
 
 
@@ -217,6 +184,8 @@ def momentum_sgd(
     *,
     expm_method: str = "euler",
     transport: str = "energy",
+    nesterov: bool = False,
+    dampening: float = 0.0,
     xp: Any = None,
 ) -> StiefelOptimizer:
     """Momentum (S)GD on St(N, M) by the splitting integrator φ̄₃ ∘ φ̃₁ ∘ φ̄₂ (Kong, Wang & Tao,
@@ -239,6 +208,14 @@ def momentum_sgd(
         U-update of φ̄₃. ``"energy"`` (default) rescales the forward-Euler update so that
         ‖U⁺‖_F = ‖U½‖_F, as the exact flow of eq. 11 does; ``"euler"`` is the printed update,
         which diverges at large steps (lr ≳ 0.2 on App. Q; see Notes).
+    nesterov : bool
+        Move X with the look-ahead momentum, as ``torch.optim.SGD(nesterov=True)``: R from
+        μZ⁺ − f and X† = XR + η(μU½ − g); the momentum state is that of the plain method.
+        Both look-ahead terms are skew / normal to X, so the structure is kept (Theorems
+        4–6 apply to the step as to any (Z, U) of that structure).
+    dampening : float
+        τ ∈ [0, 1): the force enters the momentum as (1 − τ)f, (1 − τ)g (torch's
+        ``dampening``; its first step undamped, as torch's buffer starts at the gradient).
     xp : namespace, optional
         Force this array namespace in ``init`` and ``update``.
 
@@ -291,6 +268,9 @@ def momentum_sgd(
     """
     lr = check_real("lr", lr, 0.0, math.inf, lo_open=True)
     mu = check_real("momentum", momentum, 0.0, 1.0)
+    tau = check_real("dampening", dampening, 0.0, 1.0)
+    if nesterov and (mu <= 0.0 or tau != 0.0):
+        raise ValueError("Nesterov momentum requires a momentum and zero dampening")
     a = _metric_a(metric)
     method = check_choice("expm_method", expm_method, EXPM_METHODS)
     transport = check_choice("transport", transport, TRANSPORTS)
@@ -305,18 +285,27 @@ def momentum_sgd(
         X = _project_first(X, state.count, xp)
         work = accumulation_dtype_for(xp, X)
         X, G, U, Z = _to(xp, work, X, G, state.U, state.Z)
+        if tau:  # torch's buffer starts at the gradient: the first step is undamped
+            G = G * (1.0 - tau * xp.astype(state.count > 0, G.dtype))
         A = mT(X) @ G
-        Z_next = mu * Z - c * (A - mT(A))
+        f = c * (A - mT(A))
+        Z_next = mu * Z - f
         eager = is_eager(X)
-        _check_step("momentum_sgd", lr * Z_next, xp, eager)
-        R = expm_skew(lr * Z_next, method, xp)
+        step = lr * (mu * Z_next - f if nesterov else Z_next)
+        check_step("momentum_sgd", step, xp, eager)
+        R = expm_skew(step, method, xp)
         if X.shape[-1] == X.shape[-2]:  # SO(n): g = 0, no U (Algorithm 4)
             X_next, U_next = polar(X @ R, rank_deficient="svd", xp=xp), U
         else:
-            U_half = U @ momentum_rotation(Z, mu, d * lr, method, xp) - (G - X @ A)
-            _check_powers("momentum_sgd", "the momentum U", U_half, 4, _growth(method), xp, eager)
-            C = sym(mT(U_half) @ U_half)
-            X_next, U_next = _phi3(X, R, U_half, U_half, C, lr, transport, xp)
+            g = G - X @ A
+            U_half = U @ momentum_rotation(Z, mu, d * lr, method, xp) - g
+            check_powers(
+                "momentum_sgd", "the momentum U", U_half, 4, momentum_growth(method), xp, eager
+            )
+            U_step = mu * U_half - g if nesterov else U_half
+            C = mT(U_step) @ U_half  # ŨᵀU½ (symmetric, and symmetrised, without Nesterov)
+            C = C if nesterov else sym(C)
+            X_next, U_next = _phi3(X, R, U_half, U_step, C, lr, transport, xp)
         X_next, U_next, Z_next = _to(xp, dtype, X_next, U_next, Z_next)
         return X_next, MomentumState(state.count + 1, U_next, Z_next)
 
@@ -332,6 +321,7 @@ def adam(
     *,
     expm_method: str = "euler",
     transport: str = "energy",
+    amsgrad: bool = False,
     xp: Any = None,
 ) -> StiefelOptimizer:
     """Adam on St(N, M) by the splitting φ̂₃ ∘ φ̂₁ ∘ φ̂₂ (Kong, Wang & Tao, ICLR 2023, Algorithm 2,
@@ -350,6 +340,11 @@ def adam(
         a < 1 of Definition 1, as in :func:`momentum_sgd`.
     expm_method, transport : str
         As in :func:`momentum_sgd`.
+    amsgrad : bool
+        Divide by the running maxima of p and q (Reddi, Kale & Kumar, ICLR 2018;
+        ``torch.optim.Adam(amsgrad=True)``): the element-wise maximum of symmetric matrices
+        is symmetric, so Z⁺ ⊘ (…) stays skew, and Ũ is projected as before: the structure
+        is kept.
     xp : namespace, optional
 
     Returns
@@ -389,14 +384,16 @@ def adam(
     log_b2 = math.log(b2) if b2 > 0 else None
     fixed_xp = xp
 
-    def init(X: Any) -> AdamState:
-        return _init_arrays(X, fixed_xp, adam=True)
+    def init(X: Any) -> AdamState | AMSGradState:
+        return _init_arrays(X, fixed_xp, adam=True, amsgrad=bool(amsgrad))
 
     def update(X: Any, G: Any, state: AdamState) -> tuple[Any, AdamState]:
         xp, X, G, dtype = _prepare(X, G, state, fixed_xp)
         X = _project_first(X, state.count, xp)
         work = accumulation_dtype_for(xp, X)
         X, G, U, Z, p, q = _to(xp, work, X, G, state.U, state.Z, state.p, state.q)
+        if isinstance(state, AMSGradState) != bool(amsgrad):
+            raise ValueError("the state was made by init() of an adam with other amsgrad")
         count = state.count + 1
         if log_b2 is None:
             kappa = 1.0
@@ -405,27 +402,37 @@ def adam(
             kappa = xp.sqrt(-xp.expm1(t * log_b2))
         eager = is_eager(X)
         # the second moments square f and g, whose entries are at most 2·max|G| (XᵀX = I)
-        _check_powers("adam", "the gradient G", 2 * G, 2, "the moments square it", xp, eager)
+        check_powers("adam", "the gradient G", 2 * G, 2, "the moments square it", xp, eager)
         A = mT(X) @ G
         f = c * (A - mT(A))
         p = b2 * p + (1.0 - b2) * (f * f)
+        p_max = q_max = None
+        if amsgrad:
+            p_max, q_max = _to(xp, work, state.p_max, state.q_max)
+            p_max = xp.maximum(p_max, p)
         Z_next = b1 * Z - (1.0 - b1) * f
-        step = (lr * kappa) * (Z_next / (xp.sqrt(p) + eps))
-        _check_step("adam", step, xp, eager)
-        _check_step("adam", (d * lr) * Z, xp, eager)  # the momentum rotation, unnormalised
+        p_div = p_max if amsgrad else p
+        step = (lr * kappa) * (Z_next / (xp.sqrt(p_div) + eps))
+        check_step("adam", step, xp, eager)
+        check_step("adam", (d * lr) * Z, xp, eager)  # the momentum rotation, unnormalised
         R = expm_skew(step, method, xp)
         if X.shape[-1] == X.shape[-2]:  # SO(n) (Algorithm 5)
             X_next, U_next = polar(X @ R, rank_deficient="svd", xp=xp), U
         else:
             g = G - X @ A
             q = b2 * q + (1.0 - b2) * (g * g)
+            if amsgrad:
+                q_max = xp.maximum(q_max, q)
             U_half = U @ momentum_rotation(Z, b1, d * lr, method, xp) - (1.0 - b1) * g
-            _check_powers("adam", "the momentum U", U_half, 4, _growth(method), xp, eager)
-            W = U_half / (xp.sqrt(q) + eps)
+            check_powers("adam", "the momentum U", U_half, 4, momentum_growth(method), xp, eager)
+            W = U_half / (xp.sqrt(q_max if amsgrad else q) + eps)
             Ut = kappa * (W - X @ (mT(X) @ W))
             B = mT(Ut) @ U_half
             X_next, U_next = _phi3(X, R, U_half, Ut, B, lr, transport, xp)
         X_next, U_next, Z_next, p, q = _to(xp, dtype, X_next, U_next, Z_next, p, q)
+        if amsgrad:
+            p_max, q_max = _to(xp, dtype, p_max, q_max)
+            return X_next, AMSGradState(count, U_next, Z_next, p, q, p_max, q_max)
         return X_next, AdamState(count, U_next, Z_next, p, q)
 
     return StiefelOptimizer(init, update)

@@ -17,7 +17,9 @@ map                                        Function(s)
 ``qr_retraction``                          ``QRPositive`` (X + tZ by autograd)
 =========================================  ==============================================
 
-:func:`orthogonal` registers a weight parametrization in the style of
+:class:`Muon` is ``torch.optim.Muon`` with the fixed-step polar schedules of
+:func:`householderla.polar`; :class:`StiefelSGD` / :class:`StiefelAdam` keep parameters on
+Stiefel manifolds. :func:`orthogonal` registers a weight parametrization in the style of
 ``torch.nn.utils.parametrizations.orthogonal``, by CWY, T-CWY or the SVD parametrization.
 """
 
@@ -45,7 +47,8 @@ from ._lib.tracing import is_transformed
 # -- the orthogonal layer applied without forming its weight (householderla/_torch_layer.py) ----
 from ._torch_layer import OrthogonalLinear
 
-# -- optimizers: StiefelSGD / StiefelAdam (householderla/_torch_optim.py) ----------------------
+# -- optimizers: Muon (householderla/_torch_muon.py), StiefelSGD / StiefelAdam (_torch_optim.py)
+from ._torch_muon import Muon
 from ._torch_optim import StiefelAdam, StiefelSGD
 
 # -- the orthogonal parametrization (householderla/_torch_param.py) ----------------------------
@@ -61,6 +64,7 @@ __all__ = [
     "HouseholderApply",
     "HouseholderApplyNumba",
     "LowRankApply",
+    "Muon",
     "Orthogonal",
     "OrthogonalLinear",
     "Polar",

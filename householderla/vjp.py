@@ -289,11 +289,11 @@ def cwy_factors(V: Any, U_bar: Any, T_bar: Any, *, xp: Any = None) -> Any:
 def _retraction_inputs(
     X: Any, Z: Any, step: Any, Ybar: Any, xp: Any, zname: str
 ) -> tuple[Any, Any, Any, Any, Any, Any, Any]:
-    xp, device, dtype, (X, Z, Ybar) = resolve([("X", X), (zname, Z), ("Ybar", Ybar)], xp)
+    xp, device, dtype, (X, Z, Ybar) = resolve([("X", X), (zname, Z), ("Ybar", Ybar)], xp, half=True)
     check_stiefel_shape(X)
     check_like(Z, X, zname)
     check_cotangent(Ybar, tuple(X.shape), "Ybar")
-    t = R.as_step(step, xp, dtype, device, tuple(X.shape[:-2]))
+    t = R.as_step(step, xp, R.step_dtype(xp, dtype), device, tuple(X.shape[:-2]))
     work = accumulation_dtype_for(xp, X)
     cast = [a if a.dtype == work else xp.astype(a, work) for a in (X, Z, Ybar)]
     tw = t if isinstance(t, float) or t.dtype == work else xp.astype(t, work)
@@ -333,7 +333,7 @@ def polar(X: Any, G: Any, *, xp: Any = None) -> Any:
     PΩ + ΩP = sym(P⁻¹XᵀG P⁻¹), solved in the eigenbasis of XᵀX (``eigh`` of M × M).
     8·N·M² + O(M³) flops, O(N·M) memory. Rank-deficient X raises ``ValueError`` (eager).
     """
-    xp, _, dtype, (X, G) = resolve([("X", X), ("G", G)], xp)
+    xp, _, dtype, (X, G) = resolve([("X", X), ("G", G)], xp, half=True)
     check_stiefel_shape(X)
     check_cotangent(G, tuple(X.shape), "G")
     work = accumulation_dtype_for(xp, X)

@@ -8,9 +8,9 @@
     3  public modules                cwy, householder, lapack, ornn, svd, retractions, stiefel, vjp
                                      (and their private helpers _operator, _factors, _blocked,
                                      _compose, _linear_operator, _svd_vjp, _svd_params,
-                                     _euclidean, _tall)
+                                     _euclidean, _tall, _fixed_polar)
     4  adapters                      torch, jax, lineax, _torch_optim, _torch_param, _torch_layer,
-                                     _optax
+                                     _torch_muon, _optax, _optax_muon
     5  __init__
 
 A module may import from a lower layer, or from its own group of the same layer (a module of
@@ -50,8 +50,19 @@ PUBLIC_PRIVATE = {
     "_linear_operator",
     "_blocked",
     "_tall",
+    "_fixed_polar",
 }
-ADAPTERS = {"torch", "jax", "lineax", "_torch_optim", "_torch_param", "_torch_layer", "_optax"}
+ADAPTERS = {
+    "torch",
+    "jax",
+    "lineax",
+    "_torch_optim",
+    "_torch_param",
+    "_torch_layer",
+    "_optax",
+    "_torch_muon",
+    "_optax_muon",
+}
 #: Modules that may import a framework at module level (they are imported only lazily).
 FRAMEWORK_MODULES = {
     "householderla._autodiff.torch": {"torch"},
@@ -61,6 +72,8 @@ FRAMEWORK_MODULES = {
     "householderla.jax": {"jax"},
     "householderla.lineax": {"jax", "lineax", "equinox"},
     "householderla._torch_optim": {"torch"},
+    "householderla._torch_muon": {"torch"},
+    "householderla._optax_muon": {"jax"},
     "householderla._torch_param": {"torch"},
     "householderla._torch_layer": {"torch"},
     "householderla._optax": {"jax"},

@@ -24,7 +24,8 @@ import numpy as np
 from .._lib.checks import RankDeficientError, check_finite_columns
 from .._lib.jit import host, jit_for, kernel_namespace, select
 from .._lib.linalg import eye_like
-from .._lib.namespace import accumulation_dtype_for, device_of, mT
+from .._lib.mixed import has_wide_matmul, matmul_acc, matmul_split
+from .._lib.namespace import accumulation_dtype_for, device_of, is_half, mT
 from .._lib.tracing import is_eager
 from .ns_bounds import (
     LAZY_ITERS,
@@ -57,10 +58,51 @@ __all__ = [
 ]
 
 
+def _scale(xp: Any, Xw: Any) -> Any:
+    """p of :func:`power_of_two_scale` in the accumulation dtype (from max|X| per column)."""
+    work = accumulation_dtype_for(xp, Xw)
+    if Xw.dtype == work:
+        return power_of_two_scale(Xw, xp)
+    return power_of_two_scale(xp.astype(xp.max(xp.abs(Xw), axis=-2, keepdims=True), work), xp)
+
+
+def _narrow(xp: Any, dtype: Any) -> bool:
+    """float16: too narrow a range to hold p·X for every p (p is applied in float32)."""
+    return float(xp.finfo(dtype).max) < 1e6
+
+
+def scaled_gram(xp: Any, Xw: Any, p: Any) -> Any:
+    """Gram of p·X in the accumulation dtype (p of shape (...), a power of two). Half X
+    (bfloat16/float16, on a backend with native wide products): half-precision GEMMs with a
+    float32 result (:func:`~householderla._lib.mixed.matmul_acc`); p multiplies X exactly in
+    bfloat16, the float32 Gram for float16."""
+    if Xw.dtype == p.dtype:
+        return gram(Xw * p[..., None, None])
+    if _narrow(xp, Xw.dtype):
+        A = matmul_acc(xp, mT(Xw), Xw, p.dtype) * (p * p)[..., None, None]
+    else:
+        Xh = Xw * xp.astype(p, Xw.dtype)[..., None, None]
+        A = matmul_acc(xp, mT(Xh), Xh, p.dtype)
+    return 0.5 * (A + mT(A))
+
+
+def scaled_apply(xp: Any, Xw: Any, p: Any, s: Any, D: Any) -> Any:
+    """Q = X' + X'D with X' = s·p·X, in D's dtype (the accumulation dtype); for half X the
+    N × M product is :func:`~householderla._lib.mixed.matmul_split` (D not rounded)."""
+    if Xw.dtype == D.dtype:
+        Xs = Xw * (s * p)[..., None, None]
+        return Xs + Xs @ D
+    if _narrow(xp, Xw.dtype):
+        Xh, c = Xw, s * p
+    else:
+        Xh, c = Xw * xp.astype(p, Xw.dtype)[..., None, None], s
+    return c[..., None, None] * (xp.astype(Xh, D.dtype) + matmul_split(xp, Xh, D))
+
+
 def _stage_gram(xp: Any, Xw: Any) -> tuple[Any, Any]:
     """A = Gram of the exactly prescaled p·X, and p."""
-    p = power_of_two_scale(Xw, xp)
-    return gram(Xw * p[..., None, None]), p
+    p = _scale(xp, Xw)
+    return scaled_gram(xp, Xw, p), p
 
 
 def _stage_bounds(xp: Any, Xw: Any) -> tuple[Any, Any, Any, Any, Any]:
@@ -114,8 +156,7 @@ def _stage_delta(xp: Any, A: Any, s: Any, k: int) -> tuple[Any, Any]:
 def _stage_apply(xp: Any, Xw: Any, A: Any, p: Any, s: Any, k: int) -> tuple[Any, Any]:
     """Q = X' + X'·D, X' = s·p·X (:func:`_stage_delta`), and the residual."""
     D, resid = _stage_delta(xp, A, s, k)
-    Xs = Xw * (s * p)[..., None, None]
-    return Xs + Xs @ D, resid
+    return scaled_apply(xp, Xw, p, s, D), resid
 
 
 def _stage_restart_bounds(xp: Any, Q: Any, tol: float) -> tuple[Any, Any]:
@@ -218,9 +259,15 @@ def polar_impl(
     out = X.dtype
     work = accumulation_dtype_for(xp, X)
     eager = is_eager(X)
-    Xw = X if work == out else xp.astype(X, work)
+    # half precision: its N × M products in half precision with float32 results where the
+    # backend has them (JAX, torch on CUDA), else on a float32 copy
+    native = is_half(xp, out) and has_wide_matmul(xp, X)
+    Xw = X if (work == out or native) else xp.astype(X, work)
     eps_w = float(xp.finfo(work).eps)
     split = _Split(xp, eager)
+    # half X on the host path: split.up(a, like_w) puts a host array on X's device in the
+    # work dtype (float X: like X itself, as before)
+    like_w = Xw if Xw.dtype == work else xp.empty(0, dtype=work, device=device_of(X))
     ms = split.small  # the namespace of the M × M work
     plan = split.jit(stage_plan, (0, 4))
     if eager and ms is np and Xw.ndim == 2:
@@ -230,8 +277,12 @@ def polar_impl(
     exact = eager and ms is np and X.shape[-1] <= EIG_BOUNDS_MAX_M
     if split.host:
         # p from the host copy of max|X| (a few NumPy operations on one number per matrix)
-        p = power_of_two_scale(split.down(xp.max(xp.abs(Xw), axis=-2))[..., None, :], ms)
-        A = split.down(gram(Xw * split.up(p, Xw)[..., None, None]))
+        m = xp.max(xp.abs(Xw), axis=-2, keepdims=True)
+        p = power_of_two_scale(split.down(m if m.dtype == work else xp.astype(m, work)), ms)
+        if Xw.dtype == work:
+            A = split.down(gram(Xw * split.up(p, Xw)[..., None, None]))
+        else:
+            A = split.down(scaled_gram(xp, Xw, split.up(p, like_w)))
     elif exact:
         A, p = _stage_gram(xp, Xw)
     else:
@@ -262,7 +313,9 @@ def polar_impl(
                 lo, hi = eig_bounds(A, lo, hi, ms, eps_w)
                 planned = None
     if restart is None:
-        restart = work == xp.float32
+        # a float32 result needs float32's last bits; a half-precision result is rounded
+        # far above the first pass's residual (eps_half / 128)
+        restart = work == xp.float32 and out == work
         if eager and not restart and work == out:
             lo_c = ms.maximum(lo, ms.zeros_like(lo)) * centre_scale(lo, hi, ms) ** 2
             restart = split.min(lo_c) < _FAR
@@ -277,7 +330,7 @@ def polar_impl(
     info: dict[str, Any] = {"method": "newton-schulz", "iterations": k, "restart_iterations": 0}
 
     def fallback() -> Any:
-        Q, sv = polar_qr_svd(Xw, xp)
+        Q, sv = polar_qr_svd(Xw if Xw.dtype == work else xp.astype(Xw, work), xp)
         if eager:
             _check_rank(sv, xp, X.shape[-2], eps_w)
         return Q
@@ -291,8 +344,11 @@ def polar_impl(
         check = 2.0 * math.sqrt(X.shape[-1]) * tol1 + 16.0 * X.shape[-1] * eps_w
         if split.host:
             D, resid = _stage_delta(ms, A, s, k)
-            Xs = Xw * split.up(s * p, Xw)[..., None, None]
-            Q_ns = Xs + Xs @ split.up(D, Xw)
+            if Xw.dtype == work:
+                Xs = Xw * split.up(s * p, Xw)[..., None, None]
+                Q_ns = Xs + Xs @ split.up(D, Xw)
+            else:
+                Q_ns = scaled_apply(xp, Xw, *(split.up(a, like_w) for a in (p, s, D)))
         else:
             Q_ns, resid = jit_for(xp, _stage_apply, (0, 5))(xp, Xw, A, p, s, k)
         certified = split.max(resid) <= check if eager else xp.all(resid <= check)

@@ -11,6 +11,7 @@ from .._lib.linalg import eye_like
 from .._lib.namespace import device_of, mT
 
 __all__ = [
+    "AMSGradState",
     "AdamState",
     "MomentumState",
     "StiefelOptimizer",
@@ -53,6 +54,19 @@ class AdamState(NamedTuple):
     Z: Any
     p: Any
     q: Any
+
+
+class AMSGradState(NamedTuple):
+    """State of :func:`adam` with ``amsgrad=True``: :class:`AdamState` plus the running
+    maxima ``p_max``, ``q_max`` of the second moments."""
+
+    count: Any
+    U: Any
+    Z: Any
+    p: Any
+    q: Any
+    p_max: Any
+    q_max: Any
 
 
 def sym(A: Any) -> Any:

@@ -183,6 +183,7 @@ def _numpy_view(x: Any) -> Any:
             and torch._C._functorch.maybe_current_level() is None  # nor anything inside one
             and not torch.compiler.is_compiling()
             and not (x.is_conj() or x.is_neg())
+            and x.dtype != torch.bfloat16  # NumPy has no bfloat16
         ):
             return x.detach().numpy()
     return None

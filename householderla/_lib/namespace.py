@@ -4,8 +4,11 @@ Every public entry point calls :func:`resolve` once: it finds the common Array A
 namespace of its array arguments (or takes ``xp=``), converts non-array arguments (lists,
 scalars) into that namespace on the same device, promotes integers to the namespace's default
 real floating dtype, and rejects complex, boolean and non-float32/float64 floating inputs with
-a message that names the argument.  Nothing here imports torch, jax, cupy or dask: backends are
-recognised through :mod:`array_api_compat`'s ``is_*`` helpers on objects the caller passed in.
+a message that names the argument. Half precision (bfloat16, float16) is accepted by the
+functions that pass ``half=True`` (polar, the retractions and their VJPs), which compute in
+float32 (:func:`accumulation_dtype`) and round once to the input's dtype. Nothing here imports
+torch, jax, cupy or dask: backends are recognised through :mod:`array_api_compat`'s ``is_*``
+helpers on objects the caller passed in.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ __all__ = [
     "default_float",
     "device_of",
     "is_complex",
+    "is_half",
     "mH",
     "mT",
     "real_dtype",
@@ -100,8 +104,27 @@ def default_float(xp: Any, device: Any = None) -> Any:
     return xp.float64  # pragma: no cover - every supported namespace has the info object
 
 
-def _float_dtype_of(xp: Any, x: Any, name: str, device: Any, complex_ok: bool = False) -> Any:
+def is_half(xp: Any, dtype: Any) -> bool:
+    """Whether ``dtype`` is a half-precision float of ``xp`` (bfloat16 or float16; NumPy has
+    float16 only)."""
+    return any(
+        dtype == h
+        for h in (getattr(xp, "bfloat16", None), getattr(xp, "float16", None))
+        if h is not None
+    )
+
+
+def _float_dtype_of(
+    xp: Any, x: Any, name: str, device: Any, complex_ok: bool = False, half: bool = False
+) -> Any:
     dtype = x.dtype
+    try:
+        xp.isdtype(dtype, "bool")
+    except TypeError as exc:  # e.g. ml_dtypes' bfloat16 in a NumPy array: not a NumPy dtype
+        raise TypeError(
+            f"{name} has dtype {dtype}, which is not a dtype of its array library; use "
+            "float32/float64 (or a bfloat16 array of torch or JAX)"
+        ) from exc
     if xp.isdtype(dtype, "bool"):
         raise TypeError(f"{name} has boolean dtype; expected a real floating or integer array")
     if xp.isdtype(dtype, "complex floating"):
@@ -113,16 +136,26 @@ def _float_dtype_of(xp: Any, x: Any, name: str, device: Any, complex_ok: bool = 
         )
     if xp.isdtype(dtype, "integral"):
         return default_float(xp, device)
-    if dtype == xp.float32 or dtype == xp.float64:
+    if dtype == xp.float32 or dtype == xp.float64 or (half and is_half(xp, dtype)):
         return dtype
+    if is_half(xp, dtype):
+        raise TypeError(
+            f"{name} has dtype {dtype}; this function supports float32 and float64 (half "
+            "precision is supported by polar, the retractions and their VJPs). Cast it to "
+            "float32 first."
+        )
     raise TypeError(
         f"{name} has dtype {dtype}; supported are float32 and float64 (integers are promoted "
-        "to the default float). Cast half precision inputs to float32 first."
+        "to the default float; bfloat16/float16 where a function says so)"
     )
 
 
 def resolve(
-    arrays: Sequence[tuple[str, Any]], xp: Any = None, *, complex_ok: bool = False
+    arrays: Sequence[tuple[str, Any]],
+    xp: Any = None,
+    *,
+    complex_ok: bool = False,
+    half: bool = False,
 ) -> tuple[Any, Any, Any, list[Any]]:
     """Common namespace, device and floating dtype of named arguments.
 
@@ -138,6 +171,9 @@ def resolve(
         Accept complex64/complex128 arguments (the result dtype is then the common complex
         dtype, e.g. float64 with complex64 gives complex128); otherwise they raise
         ``TypeError`` naming the argument.
+    half : bool, default False
+        Accept bfloat16 / float16 (the caller computes in :func:`accumulation_dtype`);
+        otherwise they raise ``TypeError`` naming the argument.
 
     Returns
     -------
@@ -194,7 +230,7 @@ def resolve(
                 raise TypeError(f"{n} must be an array, got {type(a).__name__}") from exc
         values.append(a)
     dtypes = [
-        _float_dtype_of(xp, a, n, device, complex_ok)
+        _float_dtype_of(xp, a, n, device, complex_ok, half)
         for (n, _), a in zip(arrays, values, strict=True)
     ]
     dtype = xp.result_type(*dtypes)
@@ -233,9 +269,13 @@ def accumulation_dtype(xp: Any, dtype: Any) -> Any:
 
     float64 (complex128) on CPU backends (NumPy, array-api-strict, Dask, torch on CPU, JAX on
     CPU with x64 enabled); the input dtype on accelerators, whose float64 rate varies by card.
+    float32 for bfloat16 / float16 everywhere: its rounding is 2¹⁶ (2¹³) times finer than the
+    input's.
     """
     if dtype == xp.float64 or dtype == xp.complex128:
         return dtype
+    if is_half(xp, dtype):
+        return xp.float32
     wide = xp.complex128 if dtype == xp.complex64 else xp.float64
     if aac.is_cupy_namespace(xp):
         return dtype

@@ -1,0 +1,307 @@
+"""Fixed-step polar factors for update directions: odd-polynomial schedules and the interval
+their singular values land in.
+
+A schedule is a list of odd polynomials p_k(x) = a_k x + b_k x³ + c_k x⁵ applied to the
+normalised matrix X₀ = X / (s‖X‖_F) as X ← a X + (b A + c A²) X, A = X Xᵀ (the smaller Gram
+matrix: wide X as is, tall X through its transpose). On a singular value σ of X₀ the
+iteration is the scalar map σ ↦ p_k(σ), so the singular values of the result are the image of
+those of X₀ under the composition: for every σ(X) ≥ ℓ‖X‖_F they lie in the image of
+[ℓ/s, 1/s], computed here exactly (endpoints and the real critical points of each p_k).
+
+Schedules (``docs/theory/lowprec.rst``):
+
+* ``"newton_schulz"``: the classical cubic p(x) = (3x − x³)/2 (Higham 2008, eq. 8.20), s = 1.
+* ``"muon"``: Jordan et al.'s quintic (3.4445, −4.7750, 2.0315) every step, s = 1 (Muon;
+  ``torch.optim.Muon``'s default).
+* ``"polar_express"``: Amsel, Persson, Musco & Gower, *The Polar Express*, ICLR 2026 — per
+  step the odd quintic closest to 1 in the max norm on the current interval (greedy
+  minimax), computed on [max(ℓ, 0.02u), u] and re-centred (cushioning), arguments divided by
+  1.01 on every step but the last (safety factor), s = 1.01, ℓ₀ = 10⁻³.
+* ``"certified"`` (ours): greedy minimax steps designed for the rounding of the working
+  precision: after each step the upper end of the interval is widened by the rounding model
+  δ_k = γ(M)·u·(|a|h + |b|h³ + |c|h⁵) (h the bound before the step, :func:`rounding_gamma`)
+  before the next polynomial is chosen, with a cushion of 0.1 (smaller coefficients, less
+  rounding), from ℓ = max(ℓ, u). So no polynomial assumes σ ≤ 1 after a rounded step, and
+  the upper bound of every output singular value stays finite under the model (Muon's and
+  Polar Express's do not in bfloat16: their first steps' rounding can push σ past the
+  region where the next polynomial contracts).
+
+Certificates: the exact-arithmetic image of [ℓ/s, 1/s] (``exact``, rigorous), the same under
+the rounding model (``interval``), the bound on every output singular value (``upper``) and
+the smallest ℓ whose model interval starts at ½ or above (``certified_min_sv``): below it a
+singular value is at the level of the steps' rounding noise.
+
+Everything here is Python floats (computed once per schedule, steps, ℓ and precision), and the
+iteration itself (:func:`fixed_polar`) works over any namespace ``xp``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, NamedTuple
+
+from .._lib.mixed import addmm
+from .._lib.namespace import mT
+
+__all__ = [
+    "MUON_COEFFS",
+    "SCHEDULES",
+    "Schedule",
+    "fixed_polar",
+    "image",
+    "minimax_quintic",
+    "rounding_gamma",
+    "schedule",
+    "schedule_of",
+]
+
+#: Muon's quintic (Jordan et al., Muon, 2024; ``torch.optim.Muon``'s default).
+MUON_COEFFS = (3.4445, -4.7750, 2.0315)
+#: The classical Newton–Schulz cubic (3x − x³)/2 as (a, b, c).
+CUBIC_COEFFS = (1.5, -0.5, 0.0)
+SCHEDULES = ("newton_schulz", "muon", "polar_express", "certified")
+#: Polar Express's constants: initial lower bound, cushion, safety factor.
+PE_L0, PE_CUSHION, PE_SAFETY = 1e-3, 0.02, 1.01
+#: Cushion of the certified design: smaller first-step coefficients (|a| + |b| + |c| = 39 in
+#: bfloat16 against Polar Express's 48), hence less rounding where it is amplified most.
+CERT_CUSHION = 0.1
+
+
+def rounding_gamma(m: int) -> float:
+    """γ of the rounding model of one step on an M × N matrix (M ≤ N) in unit roundoff u:
+    ‖fl(p(X)) − p(X)‖₂ ≤ γ·u·(|a|h + |b|h³ + |c|h⁵) for ‖X‖₂ ≤ h. γ = 1 + log₂(M)/10: about
+    twice the largest ratio measured in bfloat16 and float16 (0.73 / 0.84 / 1.04 at
+    M = 64 / 256 / 1024, random, log-spaced and low-rank spectra; ``benchmarks/lowprec.py``
+    re-measures it). A model, not a proof: the worst case grows like √M."""
+    return 1.0 + math.log2(max(m, 1)) / 10.0
+
+
+class Schedule(NamedTuple):
+    """A fixed-step schedule: ``coeffs`` [(a, b, c), ...], the normalisation ``scale`` s
+    (X₀ = X/(s‖X‖_F)), and the certificate: ``interval`` (lo, hi) ∋ every output singular
+    value from σ(X) ≥ ``min_sv``·‖X‖_F under the rounding model (:func:`rounding_gamma`),
+    ``exact`` the same in exact arithmetic, ``upper`` ≥ every output singular value (rounding
+    model; ``inf`` where the model cannot bound them), ``certified_min_sv`` the smallest ℓ
+    whose model interval starts at ½ or above (None if there is none)."""
+
+    name: str
+    coeffs: tuple[tuple[float, float, float], ...]
+    scale: float
+    min_sv: float
+    interval: tuple[float, float]
+    exact: tuple[float, float]
+    upper: float
+    certified_min_sv: float | None
+
+
+def _p(c: tuple[float, float, float], x: float) -> float:
+    a, b, cc = c
+    x2 = x * x
+    return x * (a + x2 * (b + cc * x2))
+
+
+def _critical_points(c: tuple[float, float, float]) -> list[float]:
+    """The positive x with p'(x) = a + 3b x² + 5c x⁴ = 0."""
+    a, b, cc = c
+    if cc == 0.0:
+        roots = [-a / (3.0 * b)] if b != 0.0 else []
+    else:
+        disc = 9.0 * b * b - 20.0 * a * cc
+        if disc < 0.0:
+            return []
+        r = math.sqrt(disc)
+        roots = [(-3.0 * b - r) / (10.0 * cc), (-3.0 * b + r) / (10.0 * cc)]
+    return [math.sqrt(t) for t in roots if t > 0.0]
+
+
+#: Past this the model's interval is reported as unbounded (p grows like x⁵).
+_DIVERGED = 1e3
+
+
+def image(c: tuple[float, float, float], lo: float, hi: float) -> tuple[float, float]:
+    """p([lo, hi]) for 0 ≤ lo ≤ hi, exactly: p at the endpoints and the critical points."""
+    if hi >= _DIVERGED:
+        return -math.inf, math.inf
+    xs = [lo, hi] + [x for x in _critical_points(c) if lo < x < hi]
+    vals = [_p(c, x) for x in xs]
+    return min(vals), max(vals)
+
+
+def _step_bound(c: tuple[float, float, float], h: float) -> float:
+    """|a|h + |b|h³ + |c|h⁵: the size of the terms one step adds (rounding model)."""
+    a, b, cc = c
+    return abs(a) * h + abs(b) * h**3 + abs(cc) * h**5
+
+
+@functools.cache
+def minimax_quintic(lo: float, hi: float) -> tuple[float, float, float]:
+    """The odd quintic p minimising max_{x∈[lo, hi]} |1 − p(x)| (0 < lo < hi).
+
+    Chebyshev's alternation theorem for the 3-dimensional space span{x, x³, x⁵} (a Haar
+    space on (0, ∞)): the best p equioscillates at 4 points lo < q < r < hi, 1 − p = ±E
+    with alternating signs, q and r the interior extrema of p. Remez exchange: solve the
+    4 × 4 linear system for (a, b, c, E) at the current points, move q, r to the critical
+    points of the new p, repeat. Scale-invariant: solved on [lo/hi, 1] and rescaled.
+    """
+    ell = lo / hi
+    if ell >= 1.0 - 5e-6:  # the interval is a point: the limit is (15, −10, 3)/8 of x/hi
+        return (15 / 8) / hi, (-10 / 8) / hi**3, (3 / 8) / hi**5
+    q, r = (3 * ell + 1) / 4, (ell + 3) / 4
+    E_old = math.inf
+    for _ in range(100):
+        rows = [(x, x**3, x**5, s) for x, s in ((ell, 1.0), (q, -1.0), (r, 1.0), (1.0, -1.0))]
+        a, b, c, E = _solve4(rows, [1.0, 1.0, 1.0, 1.0])
+        crit = _critical_points((a, b, c))
+        if len(crit) == 2:
+            q, r = crit
+        if abs(E - E_old) <= 1e-15:
+            break
+        E_old = E
+    return a / hi, b / hi**3, c / hi**5
+
+
+def _solve4(rows: list[tuple[float, ...]], rhs: list[float]) -> list[float]:
+    """Gaussian elimination with partial pivoting (a 4 × 4 system in Python floats)."""
+    m = [list(r) + [v] for r, v in zip(rows, rhs, strict=True)]
+    n = len(m)
+    for i in range(n):
+        piv = max(range(i, n), key=lambda k: abs(m[k][i]))
+        m[i], m[piv] = m[piv], m[i]
+        for k in range(i + 1, n):
+            f = m[k][i] / m[i][i]
+            m[k] = [x - f * y for x, y in zip(m[k], m[i], strict=True)]
+    out = [0.0] * n
+    for i in reversed(range(n)):
+        out[i] = (m[i][n] - sum(m[i][j] * out[j] for j in range(i + 1, n))) / m[i][i]
+    return out
+
+
+def _greedy_step(lo: float, hi: float, cushion: float) -> tuple[float, float, float]:
+    """Polar Express's step: the minimax quintic on [max(lo, cushion·hi), hi], scaled so
+    that p(lo) and p(hi) straddle 1 symmetrically when the cushion was used."""
+    c = minimax_quintic(max(lo, cushion * hi), hi)
+    if cushion * hi > lo:
+        k = 2.0 / (_p(c, lo) + _p(c, hi))
+        c = (c[0] * k, c[1] * k, c[2] * k)
+    return c
+
+
+def _polar_express(steps: int) -> list[tuple[float, float, float]]:
+    """The Polar Express coefficients for ℓ₀ = 10⁻³, cushion 0.02, safety 1.01; past the
+    designed steps the last polynomial repeats."""
+    lo, hi, out = PE_L0, 1.0, []
+    for k in range(steps):
+        c = _greedy_step(lo, hi, PE_CUSHION)
+        if k < steps - 1:
+            s = PE_SAFETY
+            c = (c[0] / s, c[1] / s**3, c[2] / s**5)
+        out.append(c)
+        lo = _p(c, lo)
+        hi = 2.0 - lo
+        lo = min(lo, hi)
+    return out
+
+
+def _propagate(
+    coeffs: list[tuple[float, float, float]], lo: float, top: float, u: float, gamma: float
+) -> tuple[float, float, float]:
+    """(lo, hi, upper) after the steps: the images of [lo, top] and [0, top], each widened
+    by the rounding model δ = γu(|a|h + |b|h³ + |c|h⁵), h the bound before the step (Weyl:
+    a perturbation E moves every singular value by at most ‖E‖₂)."""
+    hi = top
+    for c in coeffs:
+        d = gamma * u * _step_bound(c, top)
+        lo, hi = image(c, lo, hi)
+        top = image(c, 0.0, top)[1]
+        if not math.isfinite(top):
+            return max(lo, 0.0), math.inf, math.inf
+        lo, hi, top = max(lo - d, 0.0), hi + d, top + d
+    return lo, hi, max(top, hi)
+
+
+def _certified(steps: int, ell: float, u: float, gamma: float) -> list[tuple[float, ...]]:
+    """Greedy minimax steps from [ℓ, 1 + u] whose upper ends carry the rounding model."""
+    lo, top = ell, 1.0 + u  # X₀ = fl(X/‖X‖_F): ‖fl(X₀) − X₀‖₂ ≤ u‖X₀‖_F = u
+    hi, out = top, []
+    for _ in range(steps):
+        c = _greedy_step(lo, hi, CERT_CUSHION)
+        out.append(c)
+        d = gamma * u * _step_bound(c, top)
+        lo, hi = image(c, lo, hi)
+        top = image(c, 0.0, top)[1] + d
+        hi = max(hi + d, top)
+    return out
+
+
+def _lower_threshold(coeffs: list, s: float, u: float, gamma: float) -> float | None:
+    """The smallest ℓ ∈ [10⁻⁶, 1] whose model interval starts at ½ or above (bisection on
+    log ℓ; the lower end is nondecreasing in ℓ on that range for these schedules), None if
+    even ℓ = 1 does not."""
+
+    def ok(ell: float) -> bool:
+        return _propagate(coeffs, (ell * (1.0 - u) - u) / s, (1.0 + u) / s, u, gamma)[0] >= 0.5
+
+    if not ok(1.0):
+        return None
+    a, b = math.log(1e-6), 0.0
+    if ok(math.exp(a)):
+        return 1e-6
+    for _ in range(30):
+        mid = 0.5 * (a + b)
+        a, b = (a, mid) if ok(math.exp(mid)) else (mid, b)
+    return math.exp(b)
+
+
+@functools.cache
+def schedule(name: str, steps: int, min_sv: float, u: float, m: int) -> Schedule:
+    """The schedule ``name`` for ``steps`` iterations in a precision of unit roundoff ``u``
+    on M × N matrices (M = ``m`` ≤ N), with its certificate for σ(X) ≥ ``min_sv``·‖X‖_F:
+    the interval propagated through the polynomials, in exact arithmetic and under the
+    rounding model (the normalisation rounds X₀ by at most u·‖X₀‖_F = u/s)."""
+    gamma = rounding_gamma(m)
+    if name == "newton_schulz":
+        coeffs, s = [CUBIC_COEFFS] * steps, 1.0
+    elif name == "muon":
+        coeffs, s = [MUON_COEFFS] * steps, 1.0
+    elif name == "polar_express":
+        base = _polar_express(10)
+        coeffs = (base + [base[-1]] * steps)[:steps]
+        s = PE_SAFETY
+    elif name == "certified":
+        # designed for σ ≥ max(ℓ, u)·‖X‖_F: below u a singular value is at the level of the
+        # rounding of X₀ itself, and designing for it only inflates coefficients and rounding
+        coeffs, s = _certified(steps, max(min_sv, u), u, gamma), 1.0
+    else:  # pragma: no cover - the public function validated the name
+        raise ValueError(name)
+    return schedule_of(name, tuple(coeffs), s, min_sv, u, m)
+
+
+@functools.cache
+def schedule_of(
+    name: str, coeffs: tuple[tuple[float, float, float], ...], s: float, min_sv: float,
+    u: float, m: int,
+) -> Schedule:  # fmt: skip
+    """A :class:`Schedule` of given coefficients and scale, with its certificate."""
+    gamma = rounding_gamma(m)
+    e_lo, e_hi, _ = _propagate(list(coeffs), min_sv / s, 1.0 / s, 0.0, gamma)
+    lo, hi, top = _propagate(list(coeffs), (min_sv * (1.0 - u) - u) / s, (1.0 + u) / s, u, gamma)
+    ell = _lower_threshold(list(coeffs), s, u, gamma)
+    return Schedule(name, tuple(coeffs), s, min_sv, (lo, hi), (e_lo, e_hi), top, ell)
+
+
+def fixed_polar(X: Any, xp: Any, sched: Schedule, eps: float = 0.0) -> Any:
+    """The iteration of ``sched`` on wide X (..., M, N), M ≤ N, in X's dtype (GEMMs in the
+    input precision, as Muon runs them); the Frobenius norm in float32 or better, clamped
+    below at ``eps`` (and at a tiny multiple of the smallest normal number: X = 0 gives 0)."""
+    work = xp.float64 if X.dtype == xp.float64 else xp.float32
+    Xw = X if X.dtype == work else xp.astype(X, work)
+    nrm = xp.linalg.vector_norm(Xw, axis=(-2, -1), keepdims=True)
+    floor = max(eps, float(xp.finfo(work).smallest_normal) / float(xp.finfo(work).eps))
+    X0 = Xw / (sched.scale * xp.clip(nrm, min=floor))
+    X = X0 if X0.dtype == X.dtype else xp.astype(X0, X.dtype)
+    for a, b, c in sched.coeffs:
+        A = X @ mT(X)
+        B = addmm(xp, A, A, A, b, c) if c != 0.0 else b * A
+        X = addmm(xp, X, B, X, a, 1.0)
+    return X

@@ -1,0 +1,57 @@
+"""Range guards of the momentum Stiefel optimizers (Kong, Wang & Tao, "Momentum Stiefel
+optimizer, with applications to suitably-orthogonal attention, and optimal transport", ICLR
+2023, Algorithms 1 and 2): before a step forms quantities that would lose every digit or
+overflow, raise a ``ValueError`` that says which input is to blame. Eager arrays only (under a
+trace there is no value to look at). Backend-neutral: ``xp`` explicit.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .._lib.jit import host
+
+__all__ = ["check_powers", "check_step", "momentum_growth"]
+
+
+def check_step(name: str, W: Any, xp: Any, eager: bool) -> None:
+    """The rotation step W = ηZ (Adam: ηκ Z ⊘ (p^½ + ε)) must stay below 1/√eps: beyond it
+    R = I + W and S = RᵀR = I − W² lose every digit of their identity part, so the update
+    means nothing in the working precision (and S turns numerically singular). Eager only."""
+    if not eager or 0 in W.shape:
+        return
+    m = host(xp.max(xp.abs(W)))
+    limit = 1.0 / math.sqrt(float(xp.finfo(W.dtype).eps))
+    if not m <= limit:
+        raise ValueError(
+            f"{name}: the rotation step lr·Z has entries up to {m:.1e}, beyond 1/sqrt(eps) = "
+            f"{limit:.1e} where the update loses all precision: the gradient G has exploded "
+            "or lr is too large (clip G or lower lr)"
+        )
+
+
+def momentum_growth(method: str) -> str:
+    """Why the momentum U can grow without bound (the message of a ValueError)."""
+    if method == "euler":
+        return (
+            "the forward-Euler momentum rotation μI + dηZ grows ‖U‖ by up to "
+            "(μ² + (dη‖Z‖₂)²)^½ per step (expm_method='cayley' or 'expm' keeps it bounded)"
+        )
+    return "the gradient's scale carried the momentum out of range"
+
+
+def check_powers(name: str, what: str, a: Any, k: int, why: str, xp: Any, eager: bool) -> None:
+    """The step forms sums of k-th powers of the entries of ``a`` (second moments: k = 2; the
+    momentum's energy ⟨ηB, S⁻¹ηB⟩, B = ŨᵀU½: k = 4): entries beyond (max/size)^{1/k}/4 would
+    overflow them. Raise, saying why, before they do (eager only); a NaN gets the same."""
+    if not eager or 0 in a.shape:
+        return
+    m = host(xp.max(xp.abs(a)))
+    size = a.shape[-1] * a.shape[-2]
+    limit = 0.25 * (float(xp.finfo(a.dtype).max) / size**2) ** (1.0 / k)
+    if not m <= limit:
+        raise ValueError(
+            f"{name}: {what} has entries up to {m:.1e}, whose {'squares' if k == 2 else 'powers'}"
+            f" overflow {a.dtype} (limit {limit:.1e}): {why}; clip G or lower lr"
+        )

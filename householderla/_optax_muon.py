@@ -1,0 +1,123 @@
+"""optax-style Muon (:func:`muon`), re-exported as ``householderla.jax.muon``.
+
+The same step as :class:`householderla.torch.Muon` (``torch.optim.Muon``'s conventions:
+``lerp`` momentum, Nesterov, decoupled weight decay, ``adjust_lr_fn``), written as an optax
+``GradientTransformation``: ``updates, state = tx.update(grads, state, params)`` then
+``optax.apply_updates(params, updates)``. Every leaf is a matrix or a batch of matrices
+(..., A, B); route vectors and embeddings to another transformation
+(``optax.multi_transform`` / ``optax.partition``). Runs under ``jax.jit``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from ._fixed_polar import ADJUST_LR, DEFAULT_STEPS, adjusted_lr, orthogonalize
+from ._optax import GradientTransformation
+
+__all__ = ["MuonState", "muon"]
+
+
+class MuonState(NamedTuple):
+    """``count`` (int32 steps taken, for learning-rate schedules) and ``momentum`` (the
+    buffers B, a pytree like the params)."""
+
+    count: Any
+    momentum: Any
+
+
+def muon(
+    learning_rate: Any = 1e-3,
+    weight_decay: float = 0.1,
+    momentum: float = 0.95,
+    nesterov: bool = True,
+    ns_coefficients: tuple[float, float, float] | None = None,
+    eps: float = 1e-7,
+    ns_steps: int = DEFAULT_STEPS,
+    adjust_lr_fn: str | None = None,
+    *,
+    schedule: str = "certified",
+    ns_dtype: Any = jnp.bfloat16,
+) -> Any:
+    """Muon as an optax transformation (Jordan et al., Muon, 2024; ``torch.optim.Muon``'s
+    hyperparameters, see :class:`householderla.torch.Muon`).
+
+    Parameters
+    ----------
+    learning_rate : float or callable
+        η, or an optax schedule ``count -> η``.
+    weight_decay, momentum, nesterov, ns_coefficients, eps, ns_steps, adjust_lr_fn, schedule
+        As :class:`householderla.torch.Muon`.
+    ns_dtype : dtype
+        Precision of the orthogonalisation (default ``jnp.bfloat16``).
+
+    Returns
+    -------
+    GradientTransformation
+        ``init(params) -> MuonState`` and ``update(grads, state, params) -> (updates,
+        state)`` with updates = −ηλθ − η·adjust(A, B)·polar(U).
+
+    Examples
+    --------
+    >>> import jax, jax.numpy as jnp
+    >>> import householderla.jax as hlj
+    >>> params = {"W": jnp.ones((4, 8)) + jnp.eye(4, 8)}
+    >>> tx = hlj.muon(0.02)
+    >>> state = tx.init(params)
+    >>> updates, state = jax.jit(tx.update)({"W": jnp.ones((4, 8))}, state, params)
+    >>> params = hlj.apply_updates(params, updates)  # optax.apply_updates likewise
+    """
+    if not callable(learning_rate) and not 0.0 <= learning_rate:
+        raise ValueError(f"Learning rate should be >= 0 but is: {learning_rate}")
+    if not 0.0 <= momentum:
+        raise ValueError(f"momentum should be >= 0 but is: {momentum}")
+    if not 0.0 <= weight_decay:
+        raise ValueError(f"weight decay should be >= 0 but is: {weight_decay}")
+    if adjust_lr_fn not in ADJUST_LR:
+        raise ValueError(f"Adjust learning rate function {adjust_lr_fn} is not supported")
+    if ns_coefficients is not None:
+        if schedule not in ("muon", "certified"):
+            raise ValueError("ns_coefficients replaces the schedule: leave schedule unset")
+        schedule = "muon"
+    orthogonalize(None, schedule, ns_steps, ns_coefficients)  # validates now
+
+    def init(params: Any) -> MuonState:
+        for i, leaf in enumerate(jax.tree_util.tree_leaves(params)):
+            if leaf.ndim < 2:
+                raise ValueError(
+                    f"muon optimises matrices; leaf {i} has shape {tuple(leaf.shape)}: route "
+                    "it to another transformation (optax.multi_transform / optax.partition)"
+                )
+        zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
+        return MuonState(jnp.zeros((), jnp.int32), zeros)
+
+    def update(grads: Any, state: MuonState, params: Any = None) -> tuple[Any, MuonState]:
+        if params is None:
+            raise ValueError("muon needs params (decoupled weight decay)")
+        lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
+
+        def one(g: Any, buf: Any, p: Any) -> tuple[Any, Any]:
+            buf = buf + (1.0 - momentum) * (g - buf)  # lerp, as torch.optim.Muon
+            u = g + momentum * (buf - g) if nesterov else buf
+            O = orthogonalize(u.astype(ns_dtype), schedule, ns_steps, ns_coefficients, eps=eps)
+            step = adjusted_lr(lr, adjust_lr_fn, tuple(p.shape))
+            return -(lr * weight_decay) * p - step * O.astype(p.dtype), buf
+
+        tdef = jax.tree_util.tree_structure(params)
+        pairs = [
+            one(g, b, p)
+            for g, b, p in zip(
+                tdef.flatten_up_to(grads),
+                tdef.flatten_up_to(state.momentum),
+                tdef.flatten_up_to(params),
+                strict=True,
+            )
+        ]
+        updates = tdef.unflatten([u for u, _ in pairs])
+        bufs = tdef.unflatten([b for _, b in pairs])
+        return updates, MuonState(state.count + 1, bufs)
+
+    return GradientTransformation(init, update)

@@ -1,0 +1,232 @@
+"""Muon: ``hl.torch.Muon`` against ``torch.optim.Muon`` (torch 2.13, the anchor) and a NumPy
+reference of its step, ``hl.jax.muon`` against ``hl.torch.Muon``.
+
+Tolerances. With ``ns_dtype=float32`` the step is deterministic arithmetic in float32, so a
+float64 NumPy reference of the same formulas (lerp momentum, Nesterov, decoupled decay,
+adjusted lr, the schedule's polynomials on U/‖U‖_F) agrees to ~1e-5 relative after a few
+steps; a wrong convention (momentum without the 1 − μ factor, decay scaled by the adjusted
+lr, a missing √(A/B)) is off by ≥ 1e-2. In bfloat16, ours normalises U in float32 and
+torch in bfloat16: the orthogonalised updates differ by the rounding of X₀ carried through 5
+steps (measured ≤ 1.7e-2 relative to the parameters' movement after 5 steps; 3e-2 allowed).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+from conftest import require
+
+import householderla as hl
+from householderla._agnostic import polar_schedules as PS
+
+torch = require("torch")
+pytestmark = pytest.mark.no_dask("optimizers take no Dask arrays")
+
+
+def ref_steps(W, grads, *, lr, wd, mu, nesterov, adjust, schedule="muon", steps=5):
+    """torch.optim.Muon's step in float64 NumPy (its source, with our schedules)."""
+    W = W.astype(np.float64).copy()
+    B = np.zeros_like(W)
+    A_, B_ = W.shape[-2:]
+    ratio = (
+        math.sqrt(max(1.0, A_ / B_))
+        if adjust in (None, "original")
+        else 0.2 * math.sqrt(max(A_, B_))
+    )
+    sched = PS.schedule(schedule, steps, 1e-3, 2.0**-24, min(W.shape))
+    for G in grads:
+        B = B + (1 - mu) * (G - B)
+        U = G + mu * (B - G) if nesterov else B
+        X = U.T if U.shape[0] > U.shape[1] else U
+        X = X / (sched.scale * np.linalg.norm(X))
+        for a, b, c in sched.coeffs:
+            A = X @ X.T
+            X = a * X + (b * A + c * A @ A) @ X
+        O = X.T if U.shape[0] > U.shape[1] else X
+        W = W * (1 - lr * wd) - lr * ratio * O
+    return W
+
+
+def run(opt_cls, W0, grads, **kw):
+    p = torch.nn.Parameter(torch.as_tensor(W0, dtype=torch.float32).clone())
+    opt = opt_cls([p], **kw)
+    for G in grads:
+        p.grad = torch.as_tensor(G, dtype=torch.float32).clone()
+        opt.step()
+    return p.detach().double().numpy(), opt
+
+
+@pytest.mark.parametrize("shape", [(24, 40), (40, 24)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"nesterov": False, "weight_decay": 0.0},
+        {"adjust_lr_fn": "match_rms_adamw", "momentum": 0.9, "weight_decay": 0.3},
+    ],
+)
+@pytest.mark.parametrize("schedule", ["muon", "polar_express", "certified"])
+def test_conventions_against_a_float32_reference(shape, kw, schedule):
+    rng = np.random.default_rng(0)
+    W0 = rng.standard_normal(shape)
+    grads = [rng.standard_normal(shape) for _ in range(4)]
+    got, _ = run(hl.torch.Muon, W0, grads, lr=0.05, schedule=schedule, ns_dtype=torch.float32, **kw)
+    ref = ref_steps(
+        W0, grads, lr=0.05, wd=kw.get("weight_decay", 0.1), mu=kw.get("momentum", 0.95),
+        nesterov=kw.get("nesterov", True), adjust=kw.get("adjust_lr_fn"), schedule=schedule,
+    )  # fmt: skip
+    assert np.linalg.norm(got - ref) <= 2e-5 * np.linalg.norm(ref)
+
+
+@pytest.mark.parametrize("shape", [(32, 48), (48, 32)])
+@pytest.mark.parametrize(
+    "kw", [{}, {"nesterov": False}, {"adjust_lr_fn": "match_rms_adamw", "weight_decay": 0.0}]
+)
+def test_matches_torch_optim_muon(shape, kw):
+    """schedule="muon" (or ns_coefficients=) is torch.optim.Muon's step, in bfloat16."""
+    rng = np.random.default_rng(1)
+    W0 = rng.standard_normal(shape)
+    grads = [rng.standard_normal(shape) for _ in range(5)]
+    ref, _ = run(torch.optim.Muon, W0, grads, lr=0.02, **kw)
+    for extra in ({"schedule": "muon"}, {"ns_coefficients": PS.MUON_COEFFS}):
+        got, _ = run(hl.torch.Muon, W0, grads, lr=0.02, **kw, **extra)
+        assert np.linalg.norm(got - ref) <= 3e-2 * np.linalg.norm(ref - W0)
+
+
+def test_certified_update_within_its_certificate():
+    """The applied update O = −Δ/η' (Δ after removing the decay) of the default schedule has
+    singular values below the certificate's bound under bfloat16 rounding."""
+    rng = np.random.default_rng(2)
+    W0 = rng.standard_normal((32, 160))
+    G = rng.standard_normal((32, 160))
+    got, _ = run(hl.torch.Muon, W0, [G], lr=0.1, weight_decay=0.0, nesterov=False)
+    O = (W0 - got) / (0.1 * math.sqrt(max(1, 32 / 160)))
+    s = np.linalg.svd(O, compute_uv=False)
+    sch = PS.schedule("certified", 5, 1e-3, 2.0**-8, 32)
+    assert s.max() <= sch.upper
+    # a Gaussian update's singular values are all above certified_min_sv·‖G‖_F here, and
+    # the certificate puts them at ½ or above
+    assert np.linalg.svd(G, compute_uv=False).min() / np.linalg.norm(G) > sch.certified_min_sv
+    assert s.min() >= 0.5
+
+
+def test_batched_parameter_is_a_stack_of_matrices():
+    rng = np.random.default_rng(3)
+    W0 = rng.standard_normal((3, 8, 12))
+    grads = [rng.standard_normal((3, 8, 12)) for _ in range(2)]
+    got, _ = run(hl.torch.Muon, W0, grads, lr=0.1, ns_dtype=torch.float32)
+    for i in range(3):
+        one, _ = run(hl.torch.Muon, W0[i], [g[i] for g in grads], lr=0.1, ns_dtype=torch.float32)
+        assert np.allclose(got[i], one, rtol=1e-5, atol=1e-6)
+
+
+def test_groups_schedulers_state_dict_and_closure():
+    rng = np.random.default_rng(4)
+    a = torch.nn.Parameter(torch.randn(6, 9, dtype=torch.float32))
+    b = torch.nn.Parameter(torch.randn(9, 6, dtype=torch.float32))
+    opt = hl.torch.Muon([{"params": [a]}, {"params": [b], "lr": 0.0}], lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    b0 = b.detach().clone()
+
+    def closure():
+        opt.zero_grad()
+        loss = (a**2).sum() + (b**2).sum()
+        loss.backward()
+        return loss
+
+    loss = opt.step(closure)
+    assert float(loss.detach()) > 0 and torch.equal(b.detach(), b0 * (1 - 0.0))  # lr 0 group: still
+    sched.step()
+    assert opt.param_groups[0]["lr"] == 0.05
+    # resume from a state_dict: the next steps are bit-identical
+    sd = copy.deepcopy(opt.state_dict())  # (state_dict() holds the live buffers)
+    twin_a = torch.nn.Parameter(a.detach().clone())
+    twin_b = torch.nn.Parameter(b.detach().clone())
+    twin = hl.torch.Muon([{"params": [twin_a]}, {"params": [twin_b], "lr": 0.0}], lr=0.1)
+    twin.load_state_dict(sd)
+    g = torch.as_tensor(rng.standard_normal((6, 9)), dtype=torch.float32)
+    for p, q in ((a, twin_a),):
+        p.grad, q.grad = g.clone(), g.clone()
+    b.grad = twin_b.grad = None
+    opt.step()
+    twin.step()
+    assert torch.equal(a, twin_a)
+    assert set(opt.state[a]) == {"momentum_buffer"}
+
+
+def test_bad_arguments():
+    p = torch.nn.Parameter(torch.randn(4, 5))
+    with pytest.raises(ValueError, match="optimises matrices"):
+        hl.torch.Muon([torch.nn.Parameter(torch.randn(4))])
+    with pytest.raises(ValueError, match="Adjust learning rate function"):
+        hl.torch.Muon([p], adjust_lr_fn="bogus")
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        hl.torch.Muon([p], schedule="bogus")
+    with pytest.raises(ValueError, match="steps must be an integer"):
+        hl.torch.Muon([p], ns_steps=0)
+    with pytest.raises(ValueError, match="Learning rate should be"):
+        hl.torch.Muon([p], lr=-1.0)
+    with pytest.raises(ValueError, match="replaces the schedule"):
+        hl.torch.Muon([p], ns_coefficients=(1.0, 0.0, 0.0), schedule="polar_express")
+    with pytest.raises(RuntimeError, match="complex"):
+        hl.torch.Muon([torch.nn.Parameter(torch.randn(3, 3, dtype=torch.complex64))])
+    opt = hl.torch.Muon([p])
+    p.grad = torch.randn(4, 5).to_sparse()
+    with pytest.raises(RuntimeError, match="sparse"):
+        opt.step()
+
+
+# -- JAX ---------------------------------------------------------------------------------------
+
+
+def test_jax_muon_matches_torch_muon_and_the_reference():
+    require("jax")
+    import jax
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(5)
+    W0 = rng.standard_normal((20, 36))
+    grads = [rng.standard_normal((20, 36)) for _ in range(4)]
+    for ns_dtype, tol in ((jnp.float32, 2e-5), (jnp.bfloat16, 2e-3)):
+        tx = hl.jax.muon(0.05, nesterov=True, ns_dtype=ns_dtype)
+        params = {"W": jnp.asarray(W0, jnp.float32)}
+        state = tx.init(params)
+        update = jax.jit(tx.update)
+        for G in grads:
+            u, state = update({"W": jnp.asarray(G, jnp.float32)}, state, params)
+            params = hl.jax.apply_updates(params, u)
+        got = np.asarray(params["W"], np.float64)
+        tdt = torch.float32 if ns_dtype == jnp.float32 else torch.bfloat16
+        ref, _ = run(hl.torch.Muon, W0, grads, lr=0.05, ns_dtype=tdt)
+        assert np.linalg.norm(got - ref) <= tol * np.linalg.norm(ref)
+    assert int(state.count) == 4
+
+
+def test_jax_muon_schedule_and_errors():
+    require("jax")
+    import jax.numpy as jnp
+
+    calls = []
+
+    def lr(count):
+        calls.append(count)
+        return 0.1 / (1 + count)
+
+    tx = hl.jax.muon(lr, weight_decay=0.0, ns_dtype=jnp.float32)
+    params = {"W": jnp.ones((3, 5)) + jnp.eye(3, 5)}
+    state = tx.init(params)
+    u1, state = tx.update({"W": jnp.ones((3, 5))}, state, params)
+    u2, state = tx.update({"W": jnp.ones((3, 5))}, state, params)
+    # same gradient and buffer direction: the second step is half as long (lr 0.1 → 0.05),
+    # up to the float32 rounding of X₀ carried through 5 non-contracting steps at σ = 1
+    r = float(jnp.linalg.norm(u2["W"]) / jnp.linalg.norm(u1["W"]))
+    assert abs(r - 0.5) < 1e-2 and len(calls) == 2
+    with pytest.raises(ValueError, match="optimises matrices"):
+        tx.init({"b": jnp.zeros(3)})
+    with pytest.raises(ValueError, match="needs params"):
+        tx.update({"W": jnp.ones((3, 5))}, state)
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        hl.jax.muon(schedule="bogus")
