@@ -150,7 +150,7 @@ def bench_apply(b: H.Bench, cfg: Any, gflops64: float) -> list[dict[str, Any]]:
                         "two_gemm": t_g2,
                         "sequential": t_seq,
                         "sequential_numpy_loop": t_seq_np,
-                        "ratio_cwy_over_two_gemm": cw / g2,
+                        "ratio_cwy_over_two_gemm": H.paired_ratio(t, "cwy", "two_gemm"),
                         "speedup_cwy_vs_sequential": None if sq is None else sq / cw,
                         "gemm_eff_cwy_apply": fl_apply(N, L, B) / cw / 1e9 / gflops64,
                         "gemm_eff_two_gemm": fl_two_gemm(N, L, B) / g2 / 1e9 / gflops64,
@@ -180,7 +180,7 @@ def bench_vjp(b: H.Bench, cfg: Any, gflops64: float) -> dict[str, Any]:
         "B": B,
         "forward_from_v": fwd,
         "vjp": vjp,
-        "ratio_vjp_over_forward": vjp["median_s"] / fwd["median_s"],
+        "ratio_vjp_over_forward": H.paired_ratio(t, "vjp", "forward"),
         "gemm_eff_forward": (fl_build(N, L) + fl_apply(N, L, B)) / fwd["median_s"] / 1e9 / gflops64,
         "gemm_eff_vjp": fl_vjp(N, L, B) / vjp["median_s"] / 1e9 / gflops64,
     }

@@ -80,12 +80,12 @@ def bench_forming_q(b: H.Bench, cfg: Any, gflops64: float) -> list[dict[str, Any
             cfg.seq_skip_s,
         )
         t = r["cwy_matrix"]["median_s"]
-        r["speedup_vs_expm"] = r["expm"]["median_s"] / t
-        r["speedup_vs_cayley"] = r["cayley_solve"]["median_s"] / t
+        r["speedup_vs_expm"] = H.paired_ratio(r, "expm", "cwy_matrix")
+        r["speedup_vs_cayley"] = H.paired_ratio(r, "cayley_solve", "cwy_matrix")
         seq = r["sequential"]
         r["speedup_vs_sequential"] = None if seq.get("skipped") else seq["median_s"] / t
-        r["ratio_lapack_reflectors_ours_over_orgqr"] = (
-            r["cwy_matrix_lapack_reflectors"]["median_s"] / r["lapack_orgqr"]["median_s"]
+        r["ratio_lapack_reflectors_ours_over_orgqr"] = H.paired_ratio(
+            r, "cwy_matrix_lapack_reflectors", "lapack_orgqr"
         )
         r["gemm_eff_cwy_matrix"] = fl_matrix_from_v(N, N) / t / 1e9 / gflops64
         # useful flops of forming Q from LAPACK's (trapezoidal) reflectors: orgqr's 4N³/3

@@ -156,6 +156,15 @@ def measure(
     return out
 
 
+def paired_ratio(res: dict[str, dict[str, Any]], num: str, den: str) -> float:
+    """Median over the rounds of :func:`measure` of time(num) / time(den): each round times
+    both methods back to back, so a slow spell of the machine (another process, a frequency
+    change) scales both and cancels in the ratio, which the ratio of the two medians does not
+    do."""
+    a, b = res[num]["times_s"], res[den]["times_s"]
+    return statistics.median(x / y for x, y in zip(a, b, strict=True))
+
+
 class Bench:
     """A progress bar (one step per timed method) with the timing profile and the notes of a
     run. ``with Bench(...) as b:`` closes the bar."""
