@@ -18,6 +18,7 @@ product, as σ in :mod:`householderla.svd`).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import array_api_compat as aac
@@ -293,9 +294,11 @@ class CompactWYOperator(LinearOperatorMixin):
             return None
         f.sequential_used = True  # the next product builds the factors and reuses them
         V = self._V if self._V.dtype == h.dtype else self._xp.astype(self._V, h.dtype)
-        # skipping the zeros of a trapezoidal V saves ~2L²B of the 4NLB flops; "auto" detects
-        # them (an N·L comparison, ~10 µs of torch calls) only where that can pay off
-        worth = f.structure != "auto" or 2 * L * L * B >= SEQ_DETECT_FLOPS
+        # skipping the zeros of a trapezoidal V saves ~2L²B of the 4NLB flops per matrix;
+        # "auto" detects them (an N·L comparison per matrix and ~10 µs of torch calls) only
+        # where that can pay off
+        P = math.prod(self._V.shape[:-2])  # matrices in the batch
+        worth = f.structure != "auto" or 2 * L * L * B * P >= SEQ_DETECT_FLOPS
         trap = f.trapezoidal() if worth else False
         return apply_sequential(V, h, transpose=self._transposed, trapezoidal=trap, xp=self._xp)
 
