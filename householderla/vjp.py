@@ -162,7 +162,9 @@ def _matrix_vjp(V: Any, G: Any, xp: Any, theta: Any, *, mode: str) -> Any:
     N, L = check_reflectors(V)
     if is_half(xp, dtype):  # in float32 (exact copies), V̄ rounded once
         out = _matrix_vjp(widen(V, xp), widen(G, xp), xp, theta, mode=mode)
-        return (*_back(dtype, xp, out[0]), out[1]) if theta is not None else _back(dtype, xp, out)[0]
+        if theta is not None:
+            return (*_back(dtype, xp, out[0]), out[1])
+        return _back(dtype, xp, out)[0]
     batches = [("V", V.shape[:-2])]
     if theta is not None:
         theta, p, V = _phases(theta, V, xp, N if mode == "square" else L)

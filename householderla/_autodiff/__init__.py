@@ -15,11 +15,12 @@ rule                   arguments                                  returns
 
 ``sdiag`` is None for reflections (diag S = ½) or the constant diagonal of S for LAPACK's
 complex reflectors (no cotangent). ``out`` (optional, ``h=None`` only) is the dtype the dense
-matrix is rounded to once: the half dtype of V, whose factors are float32. Tables: :mod:`.plain` (the backend-neutral forward,
-nothing recorded), :mod:`.torch` (``torch.autograd.Function``s whose backward calls our
-explicit VJPs; torch.func-ready) and :mod:`.jax` (``jax.custom_vjp`` rules, compiled once per
-shape). :func:`route` picks the table from the arrays of a call, :func:`call` runs a rule.
-Tables are imported on first use, so torch and JAX are imported only when their arrays arrive.
+matrix is rounded to once: the half dtype of V, whose factors are float32. Tables:
+:mod:`.plain` (the backend-neutral forward, nothing recorded), :mod:`.torch`
+(``torch.autograd.Function``s whose backward calls our explicit VJPs; torch.func-ready) and
+:mod:`.jax` (``jax.custom_vjp`` rules, compiled once per shape). :func:`route` picks the
+table from the arrays of a call, :func:`call` runs a rule. Tables are imported on first use,
+so torch and JAX are imported only when their arrays arrive.
 This package imports the layers below it (``_lib``, ``_agnostic``, ``_kernels``,
 ``_interop``), never a public module.
 """
