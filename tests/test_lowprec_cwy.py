@@ -217,10 +217,11 @@ def test_vjps_half(bk, name):
 
 
 @pytest.mark.parametrize("name", HALF)
-@pytest.mark.parametrize("what", ["apply", "matrix", "tcwy"])
+@pytest.mark.parametrize("what", ["apply", "matrix", "tcwy", "sequential"])
 def test_framework_gradients_half(bk, name, what):
     """loss.backward() (torch) and jax.grad through ``hl.cwy(V) @ h`` (and ``.matrix()``,
-    T-CWY) in half precision: the float64 gradient of the same inputs, rounded."""
+    T-CWY, ``householder_apply``) in half precision: the float64 gradient of the same
+    inputs, rounded."""
     if not (bk.name.startswith("torch") or bk.name.startswith("jax")):
         pytest.skip("autodiff frameworks only (torch, JAX)")
     half_dtype(bk, name)
@@ -233,11 +234,15 @@ def test_framework_gradients_half(bk, name, what):
     def f(v, h):
         if what == "matrix":
             return hl.cwy(v).matrix()
+        if what == "sequential":
+            return hl.householder_apply(v, h)
         return (hl.tcwy(v) if what == "tcwy" else hl.cwy(v)) @ h
 
     V, h = f64(Vh), f64(hh)
     if what == "matrix":
         ref = (hl.vjp.cwy_matrix(V, W), None)
+    elif what == "sequential":
+        ref = hl.vjp.householder_apply(V, h, W)
     else:
         ref = (hl.vjp.tcwy_apply if what == "tcwy" else hl.vjp.cwy_apply)(V, h, W)
     if bk.name.startswith("torch"):

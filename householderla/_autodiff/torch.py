@@ -88,17 +88,20 @@ class CWYFactorsDiag(torch.autograd.Function):
 
 
 class LowRankApply(torch.autograd.Function):
-    """(U, T, h) ↦ R(h) − U_out M U_inᵀ h (``h=None``: the dense matrix)."""
+    """(U, T, h) ↦ R(h) − U_out M U_inᵀ h (``h=None``: the dense matrix, rounded once to
+    ``out`` when given: the half dtype of V, whose factors are float32)."""
 
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(U: Any, T: Any, h: Any, transpose: bool, mode: str, out: Any) -> torch.Tensor:
+    def forward(
+        U: Any, T: Any, h: Any, transpose: bool, mode: str, out: Any = None
+    ) -> torch.Tensor:
         return K.lowrank_apply(U, T, h, _xp, transpose=transpose, mode=mode, out=out)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
-        U, T, h, transpose, mode, _ = inputs
+        U, T, h, transpose, mode = inputs[:5]  # (``out``: the dense matrix's dtype, or absent)
         ctx.save_for_backward(U, T, h)
         ctx.transpose, ctx.mode = transpose, mode
 
