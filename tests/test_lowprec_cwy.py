@@ -38,7 +38,8 @@ EPS32 = 2.0**-23
 
 
 def cols_close(got, ref, u, slack):
-    """|got − ref| ≤ u|ref| + slack·‖h‖₂ per column (module docstring)."""
+    """|got − ref| ≤ u|ref| + slack entrywise (slack: the float32 computation's error bound
+    of the module docstring, already scaled by ‖h‖₂)."""
     return np.all(np.abs(got - ref) <= u * np.abs(ref) + slack)
 
 
