@@ -1,11 +1,15 @@
-"""Half precision (issue 13, item 1): accuracy of ``hl.polar`` on bfloat16/float16 input.
+"""Half precision (issue 13, item 1): accuracy of ``hl.polar``, ``hl.cwy`` and ``hl.tcwy`` on
+bfloat16/float16 input.
 
 Target: ‖QᵀQ − I‖_F of our half-precision result ≤ 2× that of the exact (float64) polar
 factor rounded to the same dtype, at N = 256 … 4096 (shapes N × N/4). Inputs: a Gaussian
 matrix (κ ≈ 3) and a tangent step X + ξ, ‖ξ‖₂ = 0.3, from a point of the Stiefel manifold;
 rounded to the half dtype first, so that the exact answer is the polar factor of the very
 numbers the call receives. Backends: torch (CUDA when present, else CPU) and JAX (its default
-device). A second table re-measures the rounding model of the fixed-step mode
+device). The compact WY rows: ‖QᵀQ − I‖_F of ``hl.cwy(V).matrix()`` (N × N) and of
+``hl.tcwy(V).matrix()`` (N × N/4) for Gaussian V (N × N/4) rounded to the half dtype, against
+the float64 product of the same half-precision reflectors rounded once to that dtype (the same
+≤ 2× target). A second table re-measures the rounding model of the fixed-step mode
 (``householderla._agnostic.polar_schedules.rounding_gamma``): the largest
 ‖fl(p(X)) − p(X)‖₂ / (u(|a|h + |b|h³ + |c|h⁵)) over the steps of Muon's and Polar Express's
 schedules, against the γ(M) the certificates use. Timings of one call are recorded for the
@@ -109,6 +113,44 @@ def accuracy_rows(b: H.Bench, sizes: list[int]) -> list[H.Row]:
     return rows
 
 
+def cwy_rows(b: H.Bench, sizes: list[int]) -> list[H.Row]:
+    """‖QᵀQ − I‖_F of cwy(V).matrix() and tcwy(V).matrix() in half precision against the exact
+    (float64) matrix of the same half-precision V rounded once to that dtype."""
+    rows = []
+    rng = np.random.default_rng(2)
+    bks = backends()
+    for N in sizes:
+        V = rng.standard_normal((N, N // 4))
+        for label, to_half, to_f64 in bks:
+            for name in ("bfloat16", "float16"):
+                Vh = to_half(V, name)
+                Ve = to_f64(Vh)  # the reflectors the call receives
+                for mapname, fn in (("cwy", hl.cwy), ("tcwy", hl.tcwy)):
+                    Qe = fn(Ve).matrix()
+                    floor = H.orth_err(to_f64(to_half(Qe, name)))
+                    t0 = time.perf_counter()
+                    Qf = to_f64(fn(Vh).matrix())  # (synchronises the device)
+                    dt = time.perf_counter() - t0
+                    err = H.orth_err(Qf)
+                    dev = float(np.max(np.abs(Qf - Qe) / (U[name] * np.abs(Qe) + 1e-30)))
+                    r = err / floor
+                    rows.append(
+                        H.Row(
+                            f"‖QᵀQ−I‖_F {mapname}(V).matrix() {name}, {label}, V {N}×{N // 4}",
+                            f"exact {mapname} matrix rounded to {name}",
+                            f"{floor:.2e}",
+                            f"{err:.2e}",
+                            f"{r:.2f}×",
+                            "≤ 2×",
+                            "yes" if r <= 2.0 else "NO",
+                            data={"ours": err, "floor": floor, "ratio": r, "seconds": dt,
+                                  "max_entry_error_in_u": dev},
+                        )
+                    )  # fmt: skip
+                b.step(f"cwy {label} {name} N={N}")
+    return rows
+
+
 def gamma_rows(b: H.Bench, sizes: list[tuple[int, int]]) -> list[H.Row]:
     """The rounding model, measured: max over steps of ‖fl(p(X)) − p(X)‖₂ / (u·bound)."""
     import torch
@@ -170,15 +212,18 @@ def main(argv: list[str] | None = None) -> int:
     machine = H.machine_info()
     monitor = H.LoadMonitor()
     n_acc = len(cfg["sizes"]) * 2 * 2 * len(backends())
-    with H.Bench(H.Profile(), n_acc + 2 * len(cfg["gamma_sizes"]), "lowprec") as b:
-        table = accuracy_rows(b, cfg["sizes"]) + gamma_rows(b, cfg["gamma_sizes"])
+    n_cwy = len(cfg["sizes"]) * 2 * len(backends())
+    with H.Bench(H.Profile(), n_acc + n_cwy + 2 * len(cfg["gamma_sizes"]), "lowprec") as b:
+        table = accuracy_rows(b, cfg["sizes"]) + cwy_rows(b, cfg["sizes"])
+        table += gamma_rows(b, cfg["gamma_sizes"])
     load = monitor.result(machine["cores_available"])
     mline = H.machine_line(machine)
     md = H.table_markdown(table, mline, args.quick, COLUMNS)
     md += (
         "\nratio = ours / anchor. Accuracy rows: anchor = the float64 polar factor of the "
         "same half-precision input, rounded once to that dtype (the floor of any "
-        "half-precision orthonormal matrix). Rounding-model rows: anchor = γ(M), ours = the "
+        "half-precision orthonormal matrix); for cwy/tcwy the float64 matrix of the same "
+        "half-precision reflectors, rounded once. Rounding-model rows: anchor = γ(M), ours = the "
         "largest measured ratio.\n"
     )
     print(md)

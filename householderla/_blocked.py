@@ -26,6 +26,8 @@ from __future__ import annotations
 from typing import Any
 
 from ._autodiff import call, route
+from ._lib.mixed import widen
+from ._lib.namespace import is_half
 
 __all__ = ["BLOCK", "MIN_L", "apply_blocks", "block_factors", "use_blocks"]
 
@@ -55,6 +57,7 @@ def block_factors(
     (4·N·L·B − 2·L²·B flops for the apply instead of 4·N·L·B); s = 0 otherwise."""
     L = V.shape[-1]
     r = route(xp, V)
+    V = widen(V, xp)  # half precision: float32 factors
     out = []
     for s in range(0, L, BLOCK):
         row, e = (s if trapezoidal else 0), min(s + BLOCK, L)
@@ -68,10 +71,13 @@ def apply_blocks(blocks: list[tuple[int, Any, Any]], h: Any, xp: Any, transpose:
     """Q h = Q₁(Q₂(⋯(Q_m h))) (``transpose``: Qᵀ h = Q_mᵀ(⋯(Q₁ᵀ h))) for h (..., N, B); a
     block whose factors start at row s > 0 leaves rows < s as they are."""
     order = blocks if transpose else blocks[::-1]
+    dtype = h.dtype
+    if is_half(xp, dtype):  # half-precision h: all blocks in float32, one rounding at the end
+        h = xp.astype(h, blocks[0][1].dtype)
     for s, U, T in order:
         if U.dtype != h.dtype:
             U, T = xp.astype(U, h.dtype), xp.astype(T, h.dtype)
         x = h[..., s:, :] if s else h
         y = call(route(xp, U, T, x), "lowrank", xp, U, T, x, transpose, "square")
         h = xp.concat([h[..., :s, :], y], axis=-2) if s else y
-    return h
+    return h if h.dtype == dtype else xp.astype(h, dtype)

@@ -20,6 +20,7 @@ from ._agnostic import trapezoidal as S
 from ._agnostic.phases import phase_factor
 from ._autodiff import call, route
 from ._blocked import block_factors, use_blocks
+from ._lib.mixed import widen
 from ._lib.namespace import mH
 from ._lib.tracing import needs_graph
 
@@ -28,20 +29,34 @@ __all__ = ["SMALL_N", "LazyFactors", "factors_of", "lowrank"]
 
 def factors_of(V: Any, xp: Any, sdiag: Any = None) -> tuple[Any, Any]:
     """U and T of ``V`` (and the diagonal ``sdiag`` of S, default ½), through the explicit VJP
-    when autodiff may follow."""
-    U, T, _ = call(route(xp, V), "cwy_factors", xp, V, sdiag)
+    when autodiff may follow. Half-precision V gives float32 factors
+    (:func:`~householderla._lib.mixed.widen`)."""
+    U, T, _ = call(route(xp, V), "cwy_factors", xp, widen(V, xp), sdiag)
     return U, T
 
 
 def lowrank(
-    U: Any, T: Any, h: Any, xp: Any, transpose: bool, mode: str, structured: bool = False
+    U: Any,
+    T: Any,
+    h: Any,
+    xp: Any,
+    transpose: bool,
+    mode: str,
+    structured: bool = False,
+    out: Any = None,
 ) -> Any:
     """R(h) − U_out M U_inᴴ h through the rule table of the call; ``structured`` asks for the
-    blocked trapezoidal products, which only the plain route has."""
+    blocked trapezoidal products, which only the plain route has. ``out``: the dtype of the
+    dense matrix (``h=None``) when it differs from the factors' (half-precision V)."""
     r = route(xp, U, T, h)
     if r == "plain" and structured and h is not None:
+        if h.dtype != U.dtype:  # half-precision h: float32 products, one rounding
+            y = S.lowrank_apply(U, T, xp.astype(h, U.dtype), xp, transpose=transpose, mode=mode)
+            return xp.astype(y, h.dtype)
         return S.lowrank_apply(U, T, h, xp, transpose=transpose, mode=mode)
-    return call(r, "lowrank", xp, U, T, h, transpose, mode)
+    if out is None or out == U.dtype:
+        return call(r, "lowrank", xp, U, T, h, transpose, mode)
+    return call(r, "lowrank", xp, U, T, h, transpose, mode, out)
 
 
 #: Largest N formed by sequential reflections in ``.matrix()`` (see ``_small_matrix``)

@@ -33,7 +33,7 @@ from ._interop.dask import dask_matmul, dask_rmatmul, is_dask_array
 from ._interop.dlpack import from_numpy, plain_cpu_views
 from ._kernels import numba_enabled, numba_for, numba_for_torch
 from ._lib.checks import as_matrix_operand, broadcast_batch
-from ._lib.namespace import conj, device_of, is_complex, mH, mT, resolve
+from ._lib.namespace import conj, device_of, is_complex, is_half, mH, mT, resolve
 from ._lib.tracing import is_eager, needs_graph
 from ._linear_operator import LinearOperatorMixin
 from .householder import apply_sequential, sequential_is_faster
@@ -177,7 +177,7 @@ class CompactWYOperator(LinearOperatorMixin):
                 f"h is a {type(h).__module__}.{type(h).__name__} but the operator holds "
                 f"{held.__module__}.{held.__name__} arrays; convert h first"
             )
-        xp, device, _, (h,) = resolve([("h", h)], self._xp, complex_ok=True)
+        xp, device, _, (h,) = resolve([("h", h)], self._xp, complex_ok=True, half=True)
         if device is not None and self.device is not None and device != self.device:
             raise ValueError(f"h is on device {device} but the operator is on {self.device}")
         if h.dtype != self.dtype:
@@ -250,7 +250,7 @@ class CompactWYOperator(LinearOperatorMixin):
             y = apply_blocks(blocks, hm, xp, self._transposed)
         else:
             U, T = self._U, self._T
-            if U.dtype != h.dtype:
+            if U.dtype != h.dtype and not is_half(xp, h.dtype):  # (half h: float32 U, T)
                 U, T = xp.astype(U, h.dtype), xp.astype(T, h.dtype)
             structured = self._use_structured(hm.shape[-1])
             y = lowrank(U, T, hm, xp, self._transposed, self._mode, structured)
@@ -280,8 +280,10 @@ class CompactWYOperator(LinearOperatorMixin):
         f = self._factors
         if f.U is not None or f.sequential_used or self._mode != "square":
             return None
-        if is_complex(h.dtype):
-            return None  # the Numba kernels are real: complex products go through U, T
+        if is_complex(h.dtype) or is_half(self._xp, h.dtype):
+            # the Numba kernels are real float32/float64: complex and half-precision
+            # products go through U, T
+            return None
         if not aac.is_numpy_namespace(self._xp) and not (
             aac.is_torch_namespace(self._xp)
             and not needs_graph(self._V, h)
@@ -390,9 +392,9 @@ class CompactWYOperator(LinearOperatorMixin):
         dense = self._direct_dense()
         if dense is not None:
             return mH(dense, xp) if self._transposed else dense
-        out = lowrank(self._U, self._T, None, xp, False, mode)
-        if self._transposed:
-            return (
-                mH(out, xp) if mode == "embed" else lowrank(self._U, self._T, None, xp, True, mode)
-            )
-        return out
+        # half-precision V: formed from its float32 factors in float32, rounded once
+        dt = self._V.dtype
+        if self._transposed and mode != "embed":
+            return lowrank(self._U, self._T, None, xp, True, mode, out=dt)
+        out = lowrank(self._U, self._T, None, xp, False, mode, out=dt)
+        return mH(out, xp) if self._transposed else out

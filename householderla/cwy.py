@@ -128,12 +128,13 @@ def _prepare(V: Any, structure: Any, xp: Any, theta: Any, axis: int) -> tuple[An
     (None, or real of V's precision with V complex and both broadcast to one batch shape;
     ``axis`` -2 for θ of length N, -1 for length L)."""
     if theta is None:
-        xp, _, _, (V,) = resolve([("V", V)], xp, complex_ok=True)
+        xp, _, _, (V,) = resolve([("V", V)], xp, complex_ok=True, half=True)
     else:
         dt = getattr(theta, "dtype", None)
         if is_complex(dt) if dt is not None else np.iscomplexobj(theta):
             raise TypeError("theta must be real: the phases θ of diag(e^{iθ})")
-        xp, _, dtype, (V, theta) = resolve([("V", V), ("theta", theta)], xp, complex_ok=True)
+        named = [("V", V), ("theta", theta)]
+        xp, _, dtype, (V, theta) = resolve(named, xp, complex_ok=True, half=True)
         V = V if is_complex(V.dtype) else xp.astype(V, complex_dtype(xp, dtype))
         rdtype = real_dtype(xp, V.dtype)
         theta = xp.real(theta) if is_complex(theta.dtype) else theta  # exact: θ was real

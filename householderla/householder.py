@@ -34,7 +34,15 @@ from ._lib.checks import (
 )
 from ._lib.jit import jit_for
 from ._lib.linalg import eye_like
-from ._lib.namespace import accumulation_dtype_for, device_of, is_complex, real_dtype, resolve
+from ._lib.mixed import widen
+from ._lib.namespace import (
+    accumulation_dtype_for,
+    device_of,
+    is_complex,
+    is_half,
+    real_dtype,
+    resolve,
+)
 
 __all__ = [
     "apply_sequential",
@@ -109,9 +117,11 @@ def householder_apply(V: Any, h: Any, *, xp: Any = None) -> Any:
         y = nk.hprod_vector(*views) if nk is not None else None
         if y is not None:
             return plain_cpu_tensor(y)
-    xp, _, _, (V, h) = resolve([("V", V), ("h", h)], xp, complex_ok=True)
+    xp, _, dtype, (V, h) = resolve([("V", V), ("h", h)], xp, complex_ok=True, half=True)
     N, _ = check_reflectors(V)
     hm, vector = as_matrix_operand(h, N)
+    if is_half(xp, dtype):  # in float32 (exact copies), rounded once
+        return xp.astype(householder_apply(widen(V, xp), widen(h, xp), xp=xp), dtype)
     nk = numba_for(xp, V, h)
     if nk is not None:
         return nk.hprod(V, h)
@@ -223,7 +233,7 @@ def householder_product(V: Any, *, xp: Any = None) -> Any:
 
     The reference path; ``cwy(V).matrix()`` computes the same matrix with GEMMs.
     """
-    xp, device, dtype, (V,) = resolve([("V", V)], xp, complex_ok=True)
+    xp, device, dtype, (V,) = resolve([("V", V)], xp, complex_ok=True, half=True)
     N, _ = check_reflectors(V)
     return householder_apply(V, eye_like(xp, N, dtype, device), xp=xp)
 

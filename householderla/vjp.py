@@ -59,10 +59,12 @@ from ._lib.checks import (
 )
 from ._lib.jit import jit_for
 from ._lib.linalg import eye_like, sum_to_shape
+from ._lib.mixed import widen
 from ._lib.namespace import (
     accumulation_dtype_for,
     complex_dtype,
     is_complex,
+    is_half,
     real_dtype,
     resolve,
 )
@@ -126,8 +128,13 @@ def _apply_vjp(
     V: Any, h: Any, g: Any, xp: Any, theta: Any, *, transpose: bool, mode: str, hname: str
 ) -> tuple[Any, ...]:
     real = _real_inputs(V, h)
-    xp, _, _, (V, h, g) = resolve([("V", V), (hname, h), ("g", g)], xp, complex_ok=True)
+    named = [("V", V), (hname, h), ("g", g)]
+    xp, _, dtype, (V, h, g) = resolve(named, xp, complex_ok=True, half=True)
     N, L = check_reflectors(V)
+    if is_half(xp, dtype):  # in float32 (exact copies), each cotangent rounded once
+        V, h, g = (widen(a, xp) for a in (V, h, g))
+        out = _apply_vjp(V, h, g, xp, theta, transpose=transpose, mode=mode, hname=hname)
+        return _back(dtype, xp, *out[:2]) + tuple(out[2:])
     n_in = {"square": N, "embed": L, "project": N}[mode]
     n_out = {"square": N, "embed": N, "project": L}[mode]
     hm, vector = as_matrix_operand(h, n_in, hname)
@@ -151,8 +158,13 @@ def _apply_vjp(
 
 def _matrix_vjp(V: Any, G: Any, xp: Any, theta: Any, *, mode: str) -> Any:
     (real,) = _real_inputs(V)
-    xp, _, _, (V, G) = resolve([("V", V), ("G", G)], xp, complex_ok=True)
+    xp, _, dtype, (V, G) = resolve([("V", V), ("G", G)], xp, complex_ok=True, half=True)
     N, L = check_reflectors(V)
+    if is_half(xp, dtype):  # in float32 (exact copies), V̄ rounded once
+        out = _matrix_vjp(widen(V, xp), widen(G, xp), xp, theta, mode=mode)
+        if theta is not None:
+            return (*_back(dtype, xp, out[0]), out[1])
+        return _back(dtype, xp, out)[0]
     batches = [("V", V.shape[:-2])]
     if theta is not None:
         theta, p, V = _phases(theta, V, xp, N if mode == "square" else L)
@@ -247,22 +259,27 @@ def householder_apply(V: Any, h: Any, g: Any, *, xp: Any = None) -> tuple[Any, A
     """VJP of (V, h) ↦ householder_apply(V, h), by sequential reflections (8·N·L·B flops,
     O(N·B) extra memory: each reflector's input is recovered from its output)."""
     real = _real_inputs(V, h)
-    xp, _, _, (V, h, g) = resolve([("V", V), ("h", h), ("g", g)], xp, complex_ok=True)
+    named = [("V", V), ("h", h), ("g", g)]
+    xp, _, dtype, (V, h, g) = resolve(named, xp, complex_ok=True, half=True)
     N, _ = check_reflectors(V)
     hm, vector = as_matrix_operand(h, N)
     out = broadcast_batch([("V", V.shape[:-2]), ("h", hm.shape[:-2])]) + tuple(hm.shape[-2:])
     check_cotangent(g, out[:-1] if vector else out, "g")
+    if is_half(xp, dtype):  # in float32 (exact copies), each cotangent rounded once
+        V, h, g = (widen(a, xp) for a in (V, h, g))
+        return _back(dtype, xp, *householder_apply_vjp(V, h, g, xp))
     return _as_inputs(real, xp, *householder_apply_vjp(V, h, g, xp))
 
 
 def householder_product(V: Any, G: Any, *, xp: Any = None) -> Any:
     """VJP of V ↦ householder_product(V); G has shape (..., N, N)."""
     real = _real_inputs(V)
-    xp, device, dtype, (V, G) = resolve([("V", V), ("G", G)], xp, complex_ok=True)
+    xp, device, dtype, (V, G) = resolve([("V", V), ("G", G)], xp, complex_ok=True, half=True)
     N, _ = check_reflectors(V)
     check_cotangent(G, tuple(V.shape[:-2]) + (N, N), "G")
-    V_bar, _ = householder_apply_vjp(V, eye_like(xp, N, dtype, device), G, xp)
-    return _as_inputs(real, xp, V_bar)[0]
+    Vw, Gw = widen(V, xp), widen(G, xp)  # half precision: in float32, V̄ rounded once
+    V_bar, _ = householder_apply_vjp(Vw, eye_like(xp, N, Vw.dtype, device), Gw, xp)
+    return _as_inputs(real, xp, *_back(dtype, xp, V_bar))[0]
 
 
 def cwy_factors(V: Any, U_bar: Any, T_bar: Any, *, xp: Any = None) -> Any:
@@ -274,13 +291,14 @@ def cwy_factors(V: Any, U_bar: Any, T_bar: Any, *, xp: Any = None) -> Any:
     """
     real = _real_inputs(V)
     named = [("V", V), ("U_bar", U_bar), ("T_bar", T_bar)]
-    xp, _, _, (V, U_bar, T_bar) = resolve(named, xp, complex_ok=True)
+    xp, _, dtype, (V, U_bar, T_bar) = resolve(named, xp, complex_ok=True, half=True)
     _, L = check_reflectors(V)
     check_cotangent(U_bar, tuple(V.shape), "U_bar")
     check_cotangent(T_bar, tuple(V.shape[:-2]) + (L, L), "T_bar")
+    V, U_bar, T_bar = (widen(a, xp) for a in (V, U_bar, T_bar))  # half: float32 factors
     U, T, r = K.cwy_factors(V, xp)
     V_bar = K.factors_vjp(U, r, U_bar, K.s_bar_from_t_bar(T, T_bar, xp), xp)
-    return _as_inputs(real, xp, V_bar)[0]
+    return _as_inputs(real, xp, *_back(dtype, xp, V_bar))[0]
 
 
 # -- retractions (householderla.retractions) --------------------------------------------------

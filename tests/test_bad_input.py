@@ -44,15 +44,16 @@ def test_nan_propagates_under_jit():
 
 
 @pytest.mark.parametrize(
-    ("value", "match"),
+    ("fn", "value", "match"),
     [
-        (np.ones((4, 2), dtype=bool), "boolean dtype"),
-        (np.ones((4, 2), dtype=np.float16), "dtype float16"),
+        (hl.cwy, np.ones((4, 2), dtype=bool), "V has boolean dtype"),
+        # half precision is taken by cwy/tcwy (tests/test_lowprec_cwy.py), not the inverses
+        (hl.householder_vectors, np.eye(4, dtype=np.float16), "Q has dtype float16"),
     ],
 )
-def test_unsupported_dtypes(value, match):
-    with pytest.raises(TypeError, match=f"V has {match}"):
-        hl.cwy(value)
+def test_unsupported_dtypes(fn, value, match):
+    with pytest.raises(TypeError, match=match):
+        fn(value)
 
 
 def test_complex_rejected_where_only_the_real_case_exists():

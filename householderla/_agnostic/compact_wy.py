@@ -34,7 +34,16 @@ from .._lib.linalg import (
     sum_to_shape,
     where0,
 )
-from .._lib.namespace import accumulation_dtype_for, device_of, is_complex, mH, real_dtype
+from .._lib.mixed import matmul_split
+from .._lib.namespace import (
+    accumulation_dtype_for,
+    device_of,
+    is_complex,
+    is_half,
+    mH,
+    mT,
+    real_dtype,
+)
 from .._lib.tracing import is_eager
 
 MODES = ("square", "embed", "project")
@@ -106,13 +115,22 @@ def _roles(U: Any, T: Any, transpose: bool, mode: str, xp: Any) -> tuple[Any, An
     return M, U_in, U_out
 
 
-def lowrank_apply(U: Any, T: Any, h: Any, xp: Any, *, transpose: bool, mode: str) -> Any:
+def lowrank_apply(
+    U: Any, T: Any, h: Any, xp: Any, *, transpose: bool, mode: str, out: Any = None
+) -> Any:
     """``R(h) − U_out M U_inᴴ h`` for ``h`` (..., K, B); ``h=None`` means the identity.
     ``transpose`` selects M = Tᴴ (the conjugate transpose; Tᵀ for real T).
 
+    Half-precision ``h`` (bfloat16/float16) with float32 factors (those of half-precision V,
+    ``docs/theory/lowprec.rst``): U_inᵀh reads h in its dtype with float32 accumulation
+    (:func:`~householderla._lib.mixed.matmul_split`), the rest runs in float32 and the result
+    is rounded once to h's dtype. ``out`` (with ``h=None`` only): the dtype of the dense
+    matrix, formed in the factors' dtype and rounded once to ``out`` (None: the factors'
+    dtype, formed in their accumulation dtype).
+
     Cost 2·N·L·B (Uᵀh) + L²·B (M·a) + 2·N·L·B (U·b): two GEMMs and a small one.
     """
-    if h is None:
+    if h is None and out is None:
         acc = accumulation_dtype_for(xp, U)
         if acc != U.dtype:
             # the dense matrix of float32 factors, formed in float64 and rounded once: 4× below
@@ -121,6 +139,11 @@ def lowrank_apply(U: Any, T: Any, h: Any, xp: Any, *, transpose: bool, mode: str
             return xp.astype(
                 lowrank_apply(Ua, Ta, None, xp, transpose=transpose, mode=mode), U.dtype
             )
+    if h is None and out is not None and out != U.dtype:
+        y = lowrank_apply(U, T, None, xp, transpose=transpose, mode=mode, out=U.dtype)
+        return xp.astype(y, out)
+    if h is not None and h.dtype != U.dtype and is_half(xp, h.dtype):
+        return _half_apply(U, T, h, xp, transpose=transpose, mode=mode)
     M, U_in, U_out = _roles(U, T, transpose, mode, xp)
     a = mH(U_in, xp) if h is None else mH(U_in, xp) @ h
     b = M @ a
@@ -129,12 +152,28 @@ def lowrank_apply(U: Any, T: Any, h: Any, xp: Any, *, transpose: bool, mode: str
     if h is None:
         n_in = U_in.shape[-2]
         h = eye_like(xp, n_in, U.dtype, device_of(U))
+    return _residual(h, ub, n_out, mode, xp)
+
+
+def _residual(h: Any, ub: Any, n_out: int, mode: str, xp: Any) -> Any:
+    """R(h) − U b: h − Ub ("square"), [h; 0] − Ub ("embed"), h[:n_out] − Ub ("project")."""
     if mode == "square":
         return h - ub
     if mode == "embed":  # [h; 0] − U b
         m = h.shape[-2]
         return xp.concat([h - ub[..., :m, :], -ub[..., m:, :]], axis=-2)
     return h[..., :n_out, :] - ub  # project
+
+
+def _half_apply(U: Any, T: Any, h: Any, xp: Any, *, transpose: bool, mode: str) -> Any:
+    """:func:`lowrank_apply` for half-precision h and real float32 factors: a = U_inᵀh with
+    h read in its dtype and float32 accumulation, b = M a and U_out b in float32, R(h) − U b
+    in float32 (h's values are exact there), one rounding to h's dtype."""
+    M, U_in, U_out = _roles(U, T, transpose, mode, xp)
+    a = mT(matmul_split(xp, mT(h), U_in))  # (hᵀ U_in)ᵀ: half operand, float32 result
+    ub = U_out @ (M @ a)
+    y = _residual(xp.astype(h, U.dtype), ub, U_out.shape[-2], mode, xp)
+    return xp.astype(y, h.dtype)
 
 
 def _u_bar(Ubar_out: Any, Ubar_in: Any, m: int, mode: str, xp: Any) -> Any:
@@ -168,6 +207,12 @@ def lowrank_vjp(
     keeps h and g apart (no concatenation along the batch columns, which would move a batch
     sharded over its columns between devices).
     """
+    h_dtype = None if h is None else h.dtype
+    if is_half(xp, g.dtype) or (h is not None and is_half(xp, h.dtype)):
+        # half-precision h / g with float32 factors: the backward runs in float32 (the
+        # values are exact there) and h̄ is rounded once to h's dtype
+        g = g if g.dtype == U.dtype else xp.astype(g, U.dtype)
+        h = h if h is None or h.dtype == U.dtype else xp.astype(h, U.dtype)
     M, U_in, U_out = _roles(U, T, transpose, mode, xp)
     fused = (
         fuse and mode == "square" and h is not None and tuple(h.shape[:-1]) == tuple(g.shape[:-1])
@@ -202,6 +247,7 @@ def lowrank_vjp(
             )
             Rg = xp.concat([g, pad], axis=-2)
         h_bar = sum_to_shape(Rg - U_in @ d, tuple(h.shape), xp)
+        h_bar = h_bar if h_bar.dtype == h_dtype else xp.astype(h_bar, h_dtype)
     Mbar = -(c @ mH(a, xp))
     T_bar = mH(Mbar, xp) if transpose else Mbar
     S_bar = b @ dT if transpose else d @ mH(b, xp)

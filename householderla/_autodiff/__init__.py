@@ -6,7 +6,7 @@ Every differentiable primitive of the package has one rule per table, with one s
 rule                   arguments                                  returns
 =====================  =========================================  ==========================
 ``cwy_factors``        ``(xp, V, sdiag)``                         ``(U, T, r)``
-``lowrank``            ``(xp, U, T, h, transpose, mode)``         ``R(h) − U_out M U_inᵀ h``
+``lowrank``            ``(xp, U, T, h, transpose, mode, out)``    ``R(h) − U_out M U_inᵀ h``
 ``householder_apply``  ``(xp, V, h)``                             ``H(v₁)…H(v_L) h``
 ``polar``              ``(xp, X, num_iters, restart)``            ``(Q, info)``
 ``cayley``             ``(xp, X, Z, step)``                       ``(Y, drift)``
@@ -14,11 +14,13 @@ rule                   arguments                                  returns
 =====================  =========================================  ==========================
 
 ``sdiag`` is None for reflections (diag S = ½) or the constant diagonal of S for LAPACK's
-complex reflectors (no cotangent). Tables: :mod:`.plain` (the backend-neutral forward,
-nothing recorded), :mod:`.torch` (``torch.autograd.Function``s whose backward calls our
-explicit VJPs; torch.func-ready) and :mod:`.jax` (``jax.custom_vjp`` rules, compiled once per
-shape). :func:`route` picks the table from the arrays of a call, :func:`call` runs a rule.
-Tables are imported on first use, so torch and JAX are imported only when their arrays arrive.
+complex reflectors (no cotangent). ``out`` (optional, ``h=None`` only) is the dtype the dense
+matrix is rounded to once: the half dtype of V, whose factors are float32. Tables:
+:mod:`.plain` (the backend-neutral forward, nothing recorded), :mod:`.torch`
+(``torch.autograd.Function``s whose backward calls our explicit VJPs; torch.func-ready) and
+:mod:`.jax` (``jax.custom_vjp`` rules, compiled once per shape). :func:`route` picks the
+table from the arrays of a call, :func:`call` runs a rule. Tables are imported on first use,
+so torch and JAX are imported only when their arrays arrive.
 This package imports the layers below it (``_lib``, ``_agnostic``, ``_kernels``,
 ``_interop``), never a public module.
 """

@@ -148,22 +148,22 @@ def _apply_bwd(transpose: bool, mode: str, res: Any, g: Any) -> tuple[Any, Any, 
 lowrank_apply.defvjp(_apply_fwd, _apply_bwd)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+@partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
 @_highest
-def lowrank_matrix(U: Any, T: Any, transpose: bool, mode: str) -> Any:
-    """The dense matrix R(I) − U_out M U_inᵀ."""
+def lowrank_matrix(U: Any, T: Any, transpose: bool, mode: str, out: Any) -> Any:
+    """The dense matrix R(I) − U_out M U_inᵀ (rounded once to ``out`` unless None)."""
     U, T = _j(U, T)
-    return K.lowrank_apply(U, T, None, jnp, transpose=transpose, mode=mode)
+    return K.lowrank_apply(U, T, None, jnp, transpose=transpose, mode=mode, out=out)
 
 
 @_highest
-def _matrix_fwd(U: Any, T: Any, transpose: bool, mode: str) -> tuple[Any, Any]:
+def _matrix_fwd(U: Any, T: Any, transpose: bool, mode: str, out: Any) -> tuple[Any, Any]:
     U, T = _j(U, T)
-    return K.lowrank_apply(U, T, None, jnp, transpose=transpose, mode=mode), (U, T)
+    return K.lowrank_apply(U, T, None, jnp, transpose=transpose, mode=mode, out=out), (U, T)
 
 
 @_highest
-def _matrix_bwd(transpose: bool, mode: str, res: Any, G: Any) -> tuple[Any, Any]:
+def _matrix_bwd(transpose: bool, mode: str, out: Any, res: Any, G: Any) -> tuple[Any, Any]:
     U, T, G = _j(*res, G)
     (G,) = _jax_ct(G)
     U_bar, _, T_bar, _ = K.lowrank_vjp(U, T, None, G, jnp, transpose=transpose, mode=mode)
@@ -285,7 +285,7 @@ qr_q.defvjp(_qr_fwd, _qr_bwd)
 cwy_factors = jax.jit(cwy_factors)
 cwy_factors_diag = jax.jit(cwy_factors_diag)
 lowrank_apply = jax.jit(lowrank_apply, static_argnums=(3, 4))
-lowrank_matrix = jax.jit(lowrank_matrix, static_argnums=(2, 3))
+lowrank_matrix = jax.jit(lowrank_matrix, static_argnums=(2, 3, 4))
 householder_apply = jax.jit(householder_apply)
 cayley_smw = jax.jit(cayley_smw)
 qr_q = jax.jit(qr_q)
@@ -305,9 +305,11 @@ def _cayley_rule(xp: Any, X: Any, Z: Any, step: Any) -> tuple[Any, Any]:
     return cayley_smw(*same_vma(X, Z, step))
 
 
-def _lowrank_rule(xp: Any, U: Any, T: Any, h: Any, transpose: bool, mode: str) -> Any:
+def _lowrank_rule(
+    xp: Any, U: Any, T: Any, h: Any, transpose: bool, mode: str, out: Any = None
+) -> Any:
     if h is None:
-        return lowrank_matrix(U, T, transpose, mode)
+        return lowrank_matrix(U, T, transpose, mode, out)
     return lowrank_apply(*same_vma(U, T, h), transpose, mode)
 
 

@@ -16,8 +16,8 @@ def cwy_factors(xp: Any, V: Any, sdiag: Any = None) -> tuple[Any, Any, Any]:
     return K.cwy_factors(V, xp, check=False, sdiag=sdiag)
 
 
-def lowrank(xp: Any, U: Any, T: Any, h: Any, transpose: bool, mode: str) -> Any:
-    return K.lowrank_apply(U, T, h, xp, transpose=transpose, mode=mode)
+def lowrank(xp: Any, U: Any, T: Any, h: Any, transpose: bool, mode: str, out: Any = None) -> Any:
+    return K.lowrank_apply(U, T, h, xp, transpose=transpose, mode=mode, out=out)
 
 
 def householder_apply(xp: Any, V: Any, h: Any) -> Any:

@@ -88,17 +88,20 @@ class CWYFactorsDiag(torch.autograd.Function):
 
 
 class LowRankApply(torch.autograd.Function):
-    """(U, T, h) ↦ R(h) − U_out M U_inᵀ h (``h=None``: the dense matrix)."""
+    """(U, T, h) ↦ R(h) − U_out M U_inᵀ h (``h=None``: the dense matrix, rounded once to
+    ``out`` when given: the half dtype of V, whose factors are float32)."""
 
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(U: Any, T: Any, h: Any, transpose: bool, mode: str) -> torch.Tensor:
-        return K.lowrank_apply(U, T, h, _xp, transpose=transpose, mode=mode)
+    def forward(
+        U: Any, T: Any, h: Any, transpose: bool, mode: str, out: Any = None
+    ) -> torch.Tensor:
+        return K.lowrank_apply(U, T, h, _xp, transpose=transpose, mode=mode, out=out)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
-        U, T, h, transpose, mode = inputs
+        U, T, h, transpose, mode = inputs[:5]  # (``out``: the dense matrix's dtype, or absent)
         ctx.save_for_backward(U, T, h)
         ctx.transpose, ctx.mode = transpose, mode
 
@@ -108,7 +111,7 @@ class LowRankApply(torch.autograd.Function):
         U_bar, h_bar, T_bar, _ = K.lowrank_vjp(
             U, T, h, g, _xp, transpose=ctx.transpose, mode=ctx.mode
         )
-        return U_bar, T_bar, h_bar, None, None
+        return U_bar, T_bar, h_bar, None, None, None
 
 
 # -- sequential Householder products -----------------------------------------------------------
@@ -255,7 +258,9 @@ RULES = {
     "cwy_factors": lambda xp, V, sdiag=None: (
         CWYFactors.apply(V) if sdiag is None else CWYFactorsDiag.apply(V, sdiag)
     ),
-    "lowrank": lambda xp, U, T, h, transpose, mode: LowRankApply.apply(U, T, h, transpose, mode),
+    "lowrank": lambda xp, U, T, h, transpose, mode, out=None: LowRankApply.apply(
+        U, T, h, transpose, mode, out
+    ),
     "householder_apply": lambda xp, V, h: HouseholderApply.apply(V, h),
     "polar": _polar,
     "cayley": lambda xp, X, Z, step: CayleySMW.apply(X, Z, step),

@@ -160,6 +160,9 @@ def finite_reflectors(V: Any, xp: Any, name: str = "V") -> Any:
     if any(d.platform != "cpu" for d in V.devices()):
         return V
     view = np.asarray(V)
+    if view.dtype.kind == "V" or view.dtype.name == "bfloat16":
+        # ml_dtypes' bfloat16 (no np.finfo): float32 holds its values and its range
+        view = view.astype(np.float32)
     a = np.abs(view)
     if not np.any((a < np.finfo(view.dtype).tiny) & (a > 0)):
         return V
@@ -169,7 +172,8 @@ def finite_reflectors(V: Any, xp: Any, name: str = "V") -> Any:
         scaled = (np.ldexp(view.real, k) + 1j * np.ldexp(view.imag, k)).astype(view.dtype)
     else:
         scaled = np.ldexp(view, k)
-    return xp.asarray(scaled, device=next(iter(V.devices())))
+    scaled = xp.asarray(scaled, device=next(iter(V.devices())))
+    return scaled if scaled.dtype == V.dtype else xp.astype(scaled, V.dtype)
 
 
 def _numpy_view(x: Any) -> Any:

@@ -20,7 +20,18 @@ from typing import Any
 
 import array_api_compat as aac
 
-__all__ = ["addmm", "has_wide_matmul", "matmul_acc", "matmul_split"]
+from .namespace import is_half
+
+__all__ = ["addmm", "has_wide_matmul", "matmul_acc", "matmul_split", "widen"]
+
+
+def widen(x: Any, xp: Any) -> Any:
+    """``x`` itself, or a float32 copy of a half-precision (bfloat16/float16) ``x``: what the
+    compact WY factors of half-precision V are computed from (``docs/theory/lowprec.rst``:
+    rounding the Gram matrix, the norms or T = S⁻¹ to half precision would cost the
+    orthogonality). The cast is exact, and torch and JAX differentiate it natively (its
+    backward rounds the cotangent once to ``x``'s dtype)."""
+    return xp.astype(x, xp.float32) if is_half(xp, x.dtype) else x
 
 
 def has_wide_matmul(xp: Any, x: Any) -> bool:

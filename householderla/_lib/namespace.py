@@ -5,8 +5,9 @@ namespace of its array arguments (or takes ``xp=``), converts non-array argument
 scalars) into that namespace on the same device, promotes integers to the namespace's default
 real floating dtype, and rejects complex, boolean and non-float32/float64 floating inputs with
 a message that names the argument. Half precision (bfloat16, float16) is accepted by the
-functions that pass ``half=True`` (polar, the retractions and their VJPs), which compute in
-float32 (:func:`accumulation_dtype`) and round once to the input's dtype. Nothing here imports
+functions that pass ``half=True`` (the CWY and T-CWY operators, the sequential Householder
+products, polar, the retractions and their VJPs), which compute in float32
+(:func:`accumulation_dtype`) and round once to the input's dtype. Nothing here imports
 torch, jax, cupy or dask: backends are recognised through :mod:`array_api_compat`'s ``is_*``
 helpers on objects the caller passed in.
 """
@@ -141,8 +142,8 @@ def _float_dtype_of(
     if is_half(xp, dtype):
         raise TypeError(
             f"{name} has dtype {dtype}; this function supports float32 and float64 (half "
-            "precision is supported by polar, the retractions and their VJPs). Cast it to "
-            "float32 first."
+            "precision is supported by cwy, tcwy, householder_apply, householder_product, "
+            "polar, the retractions and their VJPs). Cast it to float32 first."
         )
     raise TypeError(
         f"{name} has dtype {dtype}; supported are float32 and float64 (integers are promoted "
@@ -324,11 +325,12 @@ def real_dtype(xp: Any, dtype: Any) -> Any:
 
 
 def complex_dtype(xp: Any, dtype: Any) -> Any:
-    """The complex dtype of the same precision: float32 -> complex64, float64 -> complex128;
-    complex dtypes are returned as they are."""
+    """The complex dtype of the same precision: float32 -> complex64, float64 -> complex128,
+    bfloat16/float16 -> complex64 (the narrowest complex dtype of the standard); complex
+    dtypes are returned as they are."""
     if is_complex(dtype):
         return dtype
-    return xp.complex64 if dtype == xp.float32 else xp.complex128
+    return xp.complex128 if dtype == xp.float64 else xp.complex64
 
 
 def conj(x: Any, xp: Any) -> Any:
