@@ -242,11 +242,11 @@ def bench_grid(b: H.Bench, cfg: dict[str, Any], rng: np.random.Generator) -> lis
 def flop_counts(n: int, m: int) -> dict[str, int]:
     k = np.arange(n, n - m, -1)  # lengths of the m trapezoidal columns
     return {
-        "fp_seed001": (4 * n - m + 2) * m,
-        "bp_seed001_tape": (7 * n - 2 * m + 3) * m,
-        "bp_seed001_regen": (11 * n - 3 * m + 5) * m,
-        "fp_seed002": int(np.sum(4 * k)),
-        "bp_seed002": int(np.sum(3 * n + 6 * k) + np.sum(4 * k)),  # Hgrad + regenerated Hprod
+        "fp_ornn": (4 * n - m + 2) * m,
+        "bp_ornn_tape": (7 * n - 2 * m + 3) * m,
+        "bp_ornn_regen": (11 * n - 3 * m + 5) * m,
+        "fp_svdrnn": int(np.sum(4 * k)),
+        "bp_svdrnn": int(np.sum(3 * n + 6 * k) + np.sum(4 * k)),  # Hgrad + regenerated Hprod
         "fp_ours": int(np.sum(4 * k)),
         "bp_ours": int(np.sum(11 * k)),
     }
@@ -277,10 +277,10 @@ def bench_flops(b: H.Bench, cfg: dict[str, Any], nk: Any, rng: np.random.Generat
                     "fp": tf,
                     "bp": tb,
                     "flops": c,
-                    "gflops_fp_seed001": c["fp_seed001"] / tf["min_s"] / 1e9,
-                    "gflops_bp_seed001_regen": c["bp_seed001_regen"] / tb["min_s"] / 1e9,
-                    "gflops_fp_seed002": c["fp_seed002"] / tf["min_s"] / 1e9,
-                    "gflops_bp_seed002": c["bp_seed002"] / tb["min_s"] / 1e9,
+                    "gflops_fp_ornn": c["fp_ornn"] / tf["min_s"] / 1e9,
+                    "gflops_bp_ornn_regen": c["bp_ornn_regen"] / tb["min_s"] / 1e9,
+                    "gflops_fp_svdrnn": c["fp_svdrnn"] / tf["min_s"] / 1e9,
+                    "gflops_bp_svdrnn": c["bp_svdrnn"] / tb["min_s"] / 1e9,
                 }
             )
     return rows
@@ -374,8 +374,8 @@ def report(res: dict[str, Any]) -> str:
     for r in res["flops"]:
         out.append(
             f"| {r['n']} | {r['m']} | {r['dtype']} | {_us(r['fp']['min_s'])} | "
-            f"{r['gflops_fp_seed001']:.2f} | {_us(r['bp']['min_s'])} | "
-            f"{r['gflops_bp_seed001_regen']:.2f} | {r['gflops_bp_seed002']:.2f} | "
+            f"{r['gflops_fp_ornn']:.2f} | {_us(r['bp']['min_s'])} | "
+            f"{r['gflops_bp_ornn_regen']:.2f} | {r['gflops_bp_svdrnn']:.2f} | "
             f"{r['bp']['min_s'] / r['fp']['min_s']:.2f} |"
         )
     return "\n".join(out)
