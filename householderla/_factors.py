@@ -20,8 +20,9 @@ from ._agnostic import trapezoidal as S
 from ._agnostic.phases import phase_factor
 from ._autodiff import call, route
 from ._blocked import block_factors, use_blocks
+from ._lib.linalg import eye_like
 from ._lib.mixed import widen
-from ._lib.namespace import mH
+from ._lib.namespace import device_of, mH
 from ._lib.tracing import needs_graph
 
 __all__ = ["SMALL_N", "LazyFactors", "factors_of", "lowrank"]
@@ -70,7 +71,8 @@ class LazyFactors:
     without a graph (first used under ``no_grad``) are rebuilt when a later use needs one.
     Also holds the ``structure`` of V and, for "auto", the result of detecting it (once),
     ``sdiag`` (None: reflections; see the module docstring), a constant of the operator, and
-    the phases θ of a right factor diag(e^{iθ}) (None: no such factor).
+    the phases θ of a right factor diag(e^{iθ}) (None: no such factor), and the
+    ``shortcut`` of repeated plain products (W = U T, or the dense Q; ``product_factor``).
     """
 
     __slots__ = (
@@ -78,12 +80,14 @@ class LazyFactors:
         "U",
         "V",
         "_trapezoidal",
+        "applied",
         "blocks",
         "direct",
         "direct_type",
         "phase",
         "sdiag",
         "sequential_used",
+        "shortcut",
         "structure",
         "theta",
         "xp",
@@ -96,7 +100,8 @@ class LazyFactors:
         # the right phase factor D(θ) = diag(e^{iθ}) of a unitary operator, or None
         self.theta = theta
         self.phase = None if theta is None else phase_factor(theta, xp)
-        self.U = self.T = None
+        self.U = self.T = self.shortcut = None
+        self.applied = 0  # columns multiplied by the single pair (U, T) without W so far
         self.blocks: list[tuple[int, Any, Any]] | None = None  # blocked factors (``_blocked``)
         self._trapezoidal: bool | None = None
         self.sequential_used = False
@@ -141,12 +146,38 @@ class LazyFactors:
     def get(self) -> tuple[Any, Any]:
         if self._stale(self.U):
             self.U, self.T = factors_of(self.V, self.xp, self.sdiag)
-            self.direct = None
+            self.direct, self.shortcut, self.applied = None, None, 0
             U, T = self.U, self.T
             small = self.V.ndim == 2 and self.V.shape[-1] < S.MIN_COLUMNS  # never blocked
             if self.direct_type is not None and small and not needs_graph(self.V, U):
                 self.direct = (U, T, mH(U, self.xp), mH(T, self.xp))
         return self.U, self.T
+
+    def product_factor(self, B: int) -> Any:
+        """What makes a plain (no autodiff) product of the single pair with B columns cheaper
+        once it pays, or None until then: ``(False, W, Wᴴ)`` with W = U T, so that
+        Q h = h − W (Uᴴ h) and Qᴴ h = h − U (Wᴴ h) are two GEMMs without T·(Uᴴh) (2·L²·B
+        flops), or, when L > N/2, ``(True, Q, Qᴴ)`` with the dense Q = I − W Uᴴ, one GEMM of
+        2·N²·B flops instead of 4·N·L·B + 2·L²·B. Building costs 2·N·L² (W) or 2·N·L² + 2·N²·L
+        (Q) flops once; it is done when the columns of the products so far add up to N, when
+        the flops they would have saved (2·L² per column; for Q at least 4·N·L + 2·L² − 2·N²
+        ≥ 2·L² + 2·N·L) match that cost (ski rental: never more than about twice the best
+        choice made knowing the future). At L = N = 1024, B = 64 (NumPy, one thread) a
+        product takes 13 ms with U, T; 8.6 ms with W; the dense Q halves the two GEMMs."""
+        if self.shortcut is None:
+            self.applied += B
+            N, L = self.V.shape[-2], self.V.shape[-1]
+            if self.applied < N:
+                return None
+            xp, U = self.xp, self.U
+            W = U @ self.T
+            if 2 * L > N:
+                eye = eye_like(xp, N, U.dtype, device_of(U))
+                Q = eye - W @ mH(U, xp)
+                self.shortcut = (True, Q, mH(Q, xp))
+            else:
+                self.shortcut = (False, W, mH(W, xp))
+        return self.shortcut
 
 
 def _direct_type(V: Any, xp: Any) -> type | None:

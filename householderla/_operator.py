@@ -26,6 +26,7 @@ import numpy as np
 
 from ._agnostic import forming as F
 from ._agnostic import trapezoidal as S
+from ._autodiff import route
 from ._blocked import apply_blocks
 from ._compose import compose, is_operator
 from ._factors import SMALL_N, LazyFactors, lowrank
@@ -211,7 +212,10 @@ class CompactWYOperator(LinearOperatorMixin):
         (:mod:`householderla._interop.dask`). On NumPy, the first product of an operator whose
         factors are not built yet may run the reflections one at a time (Numba kernel) when
         :func:`~householderla.householder.sequential_is_faster` says so for its shape; later
-        products build and reuse U, T.
+        products build and reuse U, T. A plain product (no autodiff) of an operator used
+        again and again switches, once the columns it has multiplied add up to N, to two GEMMs
+        with W = U T, or for L > N/2 to one GEMM with the dense Q
+        (:meth:`~householderla._factors.LazyFactors.product_factor`).
         """
         f = self._factors
         direct = f.direct
@@ -226,9 +230,15 @@ class CompactWYOperator(LinearOperatorMixin):
             and h.shape[0] == direct[0].shape[0]
             and (f.direct_type.__name__ == "ndarray" or self._torch_direct(h))
         ):
-            # the three products and nothing else: Q h = h − U (T (Uᴴ h)), Qᴴ h with Tᴴ
+            # the products and nothing else: Q h = h − U (T (Uᴴ h)), Qᴴ h with Tᴴ; with
+            # W = U T once it pays (LazyFactors.product_factor) h − W (Uᴴ h), h − U (Wᴴ h)
             U, T, Ut, Tt = direct
-            return h - U @ ((Tt if self._transposed else T) @ (Ut @ h))
+            P = f.shortcut or f.product_factor(1 if h.ndim == 1 else h.shape[1])
+            if P is None:
+                return h - U @ ((Tt if self._transposed else T) @ (Ut @ h))
+            if P[0]:  # the dense Q
+                return P[2] @ h if self._transposed else P[1] @ h
+            return h - U @ (P[2] @ h) if self._transposed else h - P[1] @ (Ut @ h)
         xp = self._xp
         if is_dask_array(h):
             return dask_matmul(self, h)
@@ -253,7 +263,16 @@ class CompactWYOperator(LinearOperatorMixin):
             if U.dtype != h.dtype and not is_half(xp, h.dtype):  # (half h: float32 U, T)
                 U, T = xp.astype(U, h.dtype), xp.astype(T, h.dtype)
             structured = self._use_structured(hm.shape[-1])
-            y = lowrank(U, T, hm, xp, self._transposed, self._mode, structured)
+            P = None
+            if self._mode == "square" and not structured and U.dtype == hm.dtype:
+                if route(xp, U, T, hm) == "plain":
+                    P = f.shortcut or f.product_factor(hm.shape[-1])
+            if P is not None and P[0]:  # one GEMM with the dense Q (or Qᴴ)
+                y = (P[2] if self._transposed else P[1]) @ hm
+            elif P is not None:  # two GEMMs: h − W (Uᴴ h), Qᴴ: h − U (Wᴴ h)
+                y = hm - (U @ (P[2] @ hm) if self._transposed else P[1] @ (mH(U, xp) @ hm))
+            else:
+                y = lowrank(U, T, hm, xp, self._transposed, self._mode, structured)
         if phase is not None and self._transposed:  # Dᴴ Q₀ᴴ h
             y = xp.conj(phase)[..., :, None] * y
         return y[..., 0] if vector else y

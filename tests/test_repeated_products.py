@@ -1,0 +1,113 @@
+"""Repeated products of one operator switch to cheaper factors (issue 19, item 2).
+
+A plain product (no autodiff) of a built operator computes Q h = h − U (T (Uᴴ h)); once the
+columns its products have multiplied add up to N, the operator keeps W = U T (two GEMMs) or,
+for L > N/2, the dense Q (one GEMM) — ``LazyFactors.product_factor``. These tests check that
+the switch happens where it should, that every product before and after it equals the dense
+product of the reflections, and that products recorded for autodiff never take it.
+
+Tolerance: 100·eps·N on entries of O(1) — the product of an orthogonal Q (or of W = U T with
+‖U T Uᴴ‖ = ‖I − Q‖ ≤ 2) with a vector of O(1) entries, each entry a sum of N products whose
+rounding errors add up to a few eps·N.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import require, to_numpy
+from helpers import product_of_reflections
+
+import householderla as hl
+
+
+def _vs(seed: int, *shape: int, complex_: bool = False) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal(shape)
+    return a + 1j * rng.standard_normal(shape) if complex_ else a
+
+
+def _tol(N: int) -> float:
+    return 100 * np.finfo(np.float64).eps * N
+
+
+def _built(op):
+    op.U  # noqa: B018 - the factors, as a user who reuses the operator has them
+    return op
+
+
+@pytest.mark.no_dask("the operator's own products; Dask operands go chunk by chunk")
+@pytest.mark.parametrize(("N", "L", "dense"), [(12, 12, True), (12, 7, True), (12, 6, False)])
+@pytest.mark.parametrize("complex_", [False, True])
+def test_products_before_and_after_the_switch_equal_the_definition(bk, N, L, dense, complex_):
+    """Products with 1, then 4 columns (two products of 4 reach N = 12 after the first): the
+    first products use U, T, later ones the shortcut (dense Q exactly when L > N/2); Q h, Qᴴ h
+    and vectors equal the dense product of the reflections throughout."""
+    dt = np.complex128 if complex_ else np.float64
+    V = _vs(0, N, L, complex_=complex_)
+    Q = product_of_reflections(V)
+    op = _built(hl.cwy(bk.asarray(V, dt)))
+    f = op._factors
+    plain = f.direct_type is not None or bk.xp.__name__.endswith("array_api_strict")
+    for step, B in enumerate([1, 4, 4, 4, 4]):
+        h = _vs(10 + step, N, B, complex_=complex_)
+        for A, ref in ((op, Q), (op.H, Q.conj().T), (op.T, Q.T)):
+            y = to_numpy(A @ bk.asarray(h, dt))
+            np.testing.assert_allclose(y, ref @ h, atol=_tol(N))
+        v = h[:, 0]
+        np.testing.assert_allclose(to_numpy(op @ bk.asarray(v, dt)), Q @ v, atol=_tol(N))
+    if plain and not bk.name.startswith("jax"):
+        # every product above was plain: the shortcut exists, of the kind L decides
+        assert f.shortcut is not None and f.shortcut[0] is dense
+    if bk.name.startswith("jax"):
+        assert f.shortcut is None  # JAX products go through their custom_vjp rules
+
+
+@pytest.mark.no_dask("the operator's own products")
+def test_no_shortcut_before_the_columns_add_up_to_n(bk):
+    """Products whose columns add up to less than N keep U, T (W would not have paid yet)."""
+    if bk.name.startswith("jax"):
+        pytest.skip("JAX products never take the shortcut (tested above)")
+    N, L = 16, 16
+    op = _built(hl.cwy(bk.asarray(_vs(1, N, L))))
+    for _ in range(3):
+        op @ bk.asarray(_vs(2, N, 5))
+    assert op._factors.shortcut is None
+    op @ bk.asarray(_vs(3, N, 1))  # 16 columns in all
+    assert op._factors.shortcut is not None
+
+
+def test_autodiff_products_never_take_the_shortcut_and_keep_their_gradient():
+    """torch: products recorded for autograd use U, T through the explicit VJPs even after
+    the shortcut exists (it holds no graph); the gradient matches a dense autograd oracle."""
+    torch = require("torch")
+    N, L = 10, 10
+    V = torch.tensor(_vs(4, N, L), requires_grad=True)
+    op = hl.cwy(V)
+    with torch.no_grad():
+        for _ in range(4):
+            op @ torch.tensor(_vs(5, N, 4))
+    h = torch.tensor(_vs(6, N, 3))
+    y = op @ h  # a graph is recorded: factors rebuilt with a graph, no shortcut
+    assert y.requires_grad
+    (y * torch.tensor(_vs(7, N, 3))).sum().backward()
+    V2 = torch.tensor(_vs(4, N, L), requires_grad=True)
+    Qd = torch.eye(N, dtype=torch.float64)
+    for k in range(L):
+        v = V2[:, k : k + 1]
+        Qd = Qd @ (torch.eye(N, dtype=torch.float64) - 2 * v @ v.T / (v.T @ v))
+    ((Qd @ h) * torch.tensor(_vs(7, N, 3))).sum().backward()
+    np.testing.assert_allclose(V.grad.numpy(), V2.grad.numpy(), atol=_tol(N))
+
+
+def test_shortcut_does_not_write_the_inputs():
+    """Read-only V and h (NumPy): the switch builds new arrays only."""
+    N = 8
+    V, h = _vs(8, N, N), _vs(9, N, 8)
+    V.setflags(write=False)
+    h.setflags(write=False)
+    op = _built(hl.cwy(V))
+    for _ in range(3):
+        y = op @ h
+    np.testing.assert_allclose(y, product_of_reflections(V) @ h, atol=_tol(N))
+    assert op._factors.shortcut is not None
