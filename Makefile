@@ -40,7 +40,7 @@ docs: $(STAMP)
 	$(PY) -m sphinx -W --keep-going -q -b doctest -d docs/_build/doctrees docs docs/_build/doctest
 
 # every benchmark script, tiny sizes: a smoke test that they run (timings are not checked)
-BENCH_SCRIPTS := run retractions sequential structured svd training_step stiefel dispatch lapack small dask_tall lowprec muon
+BENCH_SCRIPTS := run forming retractions sequential structured svd training_step stiefel dispatch lapack small dask_tall lowprec muon
 
 bench-quick: $(STAMP)
 	for s in $(BENCH_SCRIPTS); do $(PY) -m benchmarks.$$s --quick --out $(VENV)/bench-quick || exit 1; done

@@ -228,7 +228,14 @@ def machine_info() -> dict[str, Any]:
         "loadavg_at_start": _loadavg(),
         "thread_env": {
             k: os.environ[k]
-            for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+            for k in (
+                "OPENBLAS_NUM_THREADS",
+                "OMP_NUM_THREADS",
+                "MKL_NUM_THREADS",
+                "OMP_WAIT_POLICY",
+                "GOMP_SPINCOUNT",
+                "OPENBLAS_THREAD_TIMEOUT",
+            )
             if k in os.environ
         },
         **{name: _version(name) for name in VERSIONS},
@@ -247,9 +254,9 @@ def limit_threads(n: int) -> str:
     (threadpoolctl) to ``n`` threads for the rest of the process; says what was done."""
     threadpool_limits(limits=n)
     if "torch" not in sys.modules:
-        return f"{n} thread (threadpoolctl)"
+        return f"{n} thread{'' if n == 1 else 's'} (threadpoolctl)"
     sys.modules["torch"].set_num_threads(n)
-    return f"{n} thread (threadpoolctl, torch.set_num_threads)"
+    return f"{n} thread{'' if n == 1 else 's'} (threadpoolctl, torch.set_num_threads)"
 
 
 def machine_line(m: dict[str, Any], gemm: dict[str, Any] | None = None, extra: str = "") -> str:

@@ -213,8 +213,8 @@ class CompactWYOperator(LinearOperatorMixin):
         factors are not built yet may run the reflections one at a time (Numba kernel) when
         :func:`~householderla.householder.sequential_is_faster` says so for its shape; later
         products build and reuse U, T. A plain product (no autodiff) of an operator used
-        again and again switches, once the columns it has multiplied add up to N, to two GEMMs
-        with W = U T, or for L > N/2 to one GEMM with the dense Q
+        again and again with L > N/2 reflectors switches, once the columns it has multiplied
+        add up to N, to one GEMM with the dense Q
         (:meth:`~householderla._factors.LazyFactors.product_factor`).
         """
         f = self._factors
@@ -230,15 +230,13 @@ class CompactWYOperator(LinearOperatorMixin):
             and h.shape[0] == direct[0].shape[0]
             and (f.direct_type.__name__ == "ndarray" or self._torch_direct(h))
         ):
-            # the products and nothing else: Q h = h − U (T (Uᴴ h)), Qᴴ h with Tᴴ; with
-            # W = U T once it pays (LazyFactors.product_factor) h − W (Uᴴ h), h − U (Wᴴ h)
+            # the products and nothing else: Q h = h − U (T (Uᴴ h)), Qᴴ h with Tᴴ, or the
+            # dense Q once it pays (LazyFactors.product_factor)
             U, T, Ut, Tt = direct
             P = f.shortcut or f.product_factor(1 if h.ndim == 1 else h.shape[1])
             if P is None:
                 return h - U @ ((Tt if self._transposed else T) @ (Ut @ h))
-            if P[0]:  # the dense Q
-                return P[2] @ h if self._transposed else P[1] @ h
-            return h - U @ (P[2] @ h) if self._transposed else h - P[1] @ (Ut @ h)
+            return P[1] @ h if self._transposed else P[0] @ h  # the dense Q
         xp = self._xp
         if is_dask_array(h):
             return dask_matmul(self, h)
@@ -267,10 +265,8 @@ class CompactWYOperator(LinearOperatorMixin):
             if self._mode == "square" and not structured and U.dtype == hm.dtype:
                 if route(xp, U, T, hm) == "plain":
                     P = f.shortcut or f.product_factor(hm.shape[-1])
-            if P is not None and P[0]:  # one GEMM with the dense Q (or Qᴴ)
-                y = (P[2] if self._transposed else P[1]) @ hm
-            elif P is not None:  # two GEMMs: h − W (Uᴴ h), Qᴴ: h − U (Wᴴ h)
-                y = hm - (U @ (P[2] @ hm) if self._transposed else P[1] @ (mH(U, xp) @ hm))
+            if P is not None:  # one GEMM with the dense Q (or Qᴴ)
+                y = (P[1] if self._transposed else P[0]) @ hm
             else:
                 y = lowrank(U, T, hm, xp, self._transposed, self._mode, structured)
         if phase is not None and self._transposed:  # Dᴴ Q₀ᴴ h
