@@ -82,6 +82,7 @@ class LazyFactors:
         "_trapezoidal",
         "applied",
         "blocks",
+        "dense_pays",
         "direct",
         "direct_type",
         "phase",
@@ -101,7 +102,9 @@ class LazyFactors:
         self.theta = theta
         self.phase = None if theta is None else phase_factor(theta, xp)
         self.U = self.T = self.shortcut = None
-        self.applied = 0  # columns multiplied by the single pair (U, T) without W so far
+        self.applied = 0  # columns multiplied by the single pair (U, T) so far
+        # more than N/2 reflectors: repeated products may switch to the dense Q
+        self.dense_pays = 2 * V.shape[-1] > V.shape[-2]
         self.blocks: list[tuple[int, Any, Any]] | None = None  # blocked factors (``_blocked``)
         self._trapezoidal: bool | None = None
         self.sequential_used = False
@@ -165,9 +168,9 @@ class LazyFactors:
         takes 13 ms with U, T and 3.7 ms with Q. For L ≤ N/2, keeping W = U T instead
         (two GEMMs without T·(Uᴴh)) was measured no faster: it reads W besides U."""
         if self.shortcut is None:
-            N, L = self.V.shape[-2], self.V.shape[-1]
-            if 2 * L <= N:
+            if not self.dense_pays:
                 return None
+            N = self.V.shape[-2]
             self.applied += B
             if self.applied < N:
                 return None

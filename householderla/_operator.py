@@ -233,8 +233,8 @@ class CompactWYOperator(LinearOperatorMixin):
             # the products and nothing else: Q h = h − U (T (Uᴴ h)), Qᴴ h with Tᴴ, or the
             # dense Q once it pays (LazyFactors.product_factor)
             U, T, Ut, Tt = direct
-            P = f.shortcut or f.product_factor(1 if h.ndim == 1 else h.shape[1])
-            if P is None:
+            P = f.shortcut or (f.dense_pays and f.product_factor(1 if h.ndim == 1 else h.shape[1]))
+            if not P:
                 return h - U @ ((Tt if self._transposed else T) @ (Ut @ h))
             return P[1] @ h if self._transposed else P[0] @ h  # the dense Q
         xp = self._xp
