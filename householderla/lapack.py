@@ -115,4 +115,7 @@ def from_lapack(a: Any, tau: Any, *, thin: bool = False, xp: Any = None) -> CWY 
     # complex τ: S = diag(1/(τ‖v‖²)) + striu(UᴴU), a constant diagonal (no cotangent)
     sdiag = normalized_sdiag(V, tau) if is_complex(V.dtype) else None
     # V is lower trapezoidal and finite by construction: no second pass of cwy()'s checks
-    return (TCWY if thin else CWY)(V, xp, structure="trapezoidal", sdiag=sdiag)
+    # τ itself drives LAPACK's panel algorithms where no autodiff follows
+    # (householderla._agnostic.lapack_panels); a constant, as sdiag
+    tau = tau.detach() if hasattr(tau, "detach") else tau
+    return (TCWY if thin else CWY)(V, xp, structure="trapezoidal", sdiag=sdiag, tau=tau)
