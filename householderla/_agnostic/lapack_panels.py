@@ -19,12 +19,12 @@ non-Hermitian H(i)) needs nothing else. T_p uses τ as given, so the products ar
   C (..., m, B), after the factors' (m − s_p)·2nb² per panel (≈ 2·m·k·nb; matmul Grams).
 * :func:`form_panels`: the first ``ncols`` columns of Q as ``?orgqr``/``?ungqr`` do, backwards
   from the identity, panel b updating only the trailing block its reflectors reach:
-  Q[s:, s:] −= V_p (T_p [V_p[:e−s]ᴴ, V_p[e−s:]ᴴ Q[e:, e:]]), Q[s:e, s:e] = I first
-  (≈ 2·m·k·n − k²·(m + n) + 2k³/3 flops for n columns,
-  orgqr's count, against 2·m²·k for I − U T Uᴴ with the whole T).
+  Q[s:, s:] −= V_p (T_p [V_p[:e−s]ᴴ, V_p[e−s:]ᴴ Q[e:, e:]]), Q[s:e, s:e] = I first:
+  orgqr's 4·m·n·k − 2·(m + n)·k² + 4k³/3 flops for n columns (2·m·k² − 2k³/3 for the thin
+  Q), against m·k² + k³/3 + 2·m·k·n for the whole T and I − U T U₁ᴴ.
 
 The whole T would cost m·k² (Gram) + k³/3 flops to build — at m = 1024, k = 256 as much as a
-product with B = 64 columns — against ≈ 2·m·k·nb for the panel T's (nb = 32: 1/8 of it).
+product with B = 64 columns — against ≈ 2·m·k·nb for the panel T's (nb = 32: a quarter).
 Forming backwards from the identity keeps ‖QᴴQ − I‖ at orgqr's level (tests/test_lapack.py).
 Every function takes ``xp``; NumPy, torch and CuPy update in place, other namespaces by
 concatenation; no autodiff (the callers use these only where none follows).
