@@ -122,6 +122,7 @@ class LazyFactors:
         return {k: getattr(self, k) for k in self.__slots__ if k != "xp"}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        self.tau, self.panels_used = None, False  # (states pickled before these existed)
         for k, v in state.items():
             setattr(self, k, v)
         self.xp = aac.array_namespace(self.V)
