@@ -17,13 +17,14 @@ import array_api_compat as aac
 
 from ._agnostic import compact_wy as K
 from ._agnostic import trapezoidal as S
+from ._agnostic.lapack_panels import apply_panels, conj_of, form_panels, panel_factors
 from ._agnostic.phases import phase_factor
 from ._autodiff import call, route
 from ._blocked import block_factors, use_blocks
 from ._lib.linalg import eye_like
 from ._lib.mixed import widen
 from ._lib.namespace import device_of, mH
-from ._lib.tracing import needs_graph
+from ._lib.tracing import is_eager, needs_graph
 
 __all__ = ["SMALL_N", "LazyFactors", "factors_of", "lowrank"]
 
@@ -71,8 +72,10 @@ class LazyFactors:
     without a graph (first used under ``no_grad``) are rebuilt when a later use needs one.
     Also holds the ``structure`` of V and, for "auto", the result of detecting it (once),
     ``sdiag`` (None: reflections; see the module docstring), a constant of the operator, and
-    the phases θ of a right factor diag(e^{iθ}) (None: no such factor), and the
-    ``shortcut`` of repeated plain products (the dense Q; ``product_factor``).
+    the phases θ of a right factor diag(e^{iθ}) (None: no such factor), LAPACK's ``tau``
+    (:func:`householderla.from_lapack`; None otherwise), with which the first product and
+    ``.matrix()`` run LAPACK's panel algorithms (:meth:`first_panel_product`), and the
+    ``shortcut`` of repeated plain products (the dense Q; :meth:`product_factor`).
     """
 
     __slots__ = (
@@ -85,19 +88,28 @@ class LazyFactors:
         "dense_pays",
         "direct",
         "direct_type",
+        "panels_used",
         "phase",
         "sdiag",
         "sequential_used",
         "shortcut",
         "structure",
+        "tau",
         "theta",
         "xp",
     )
 
     def __init__(
-        self, V: Any, xp: Any, structure: str = "auto", sdiag: Any = None, theta: Any = None
+        self,
+        V: Any,
+        xp: Any,
+        structure: str = "auto",
+        sdiag: Any = None,
+        theta: Any = None,
+        tau: Any = None,
     ) -> None:
         self.V, self.xp, self.structure, self.sdiag = V, xp, structure, sdiag
+        self.tau, self.panels_used = tau, False  # LAPACK's τ (..., L) of V, or None
         # the right phase factor D(θ) = diag(e^{iθ}) of a unitary operator, or None
         self.theta = theta
         self.phase = None if theta is None else phase_factor(theta, xp)
@@ -118,6 +130,10 @@ class LazyFactors:
         return {k: getattr(self, k) for k in self.__slots__ if k != "xp"}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        # (states pickled before these existed)
+        self.tau, self.panels_used, self.shortcut, self.applied = None, False, None, 0
+        V = state["V"]
+        self.dense_pays = 2 * V.shape[-1] > V.shape[-2]
         for k, v in state.items():
             setattr(self, k, v)
         self.xp = aac.array_namespace(self.V)
@@ -145,6 +161,50 @@ class LazyFactors:
         if self._stale(None if self.blocks is None else self.blocks[0][1]):
             self.blocks = block_factors(self.V, self.xp, self.trapezoidal(), self.sdiag)
         return self.blocks
+
+    def panels_apply(self, h: Any) -> bool:
+        """Whether LAPACK's panels (:mod:`householderla._agnostic.lapack_panels`) serve a
+        product or ``.matrix()`` with ``h``: LAPACK's τ known, no autodiff to follow, eager
+        arrays of V's dtype, not JAX (its products always go through the custom_vjp rules)."""
+        return (
+            self.tau is not None
+            and h.dtype == self.V.dtype
+            and not aac.is_jax_namespace(self.xp)
+            and is_eager(h)
+            and is_eager(self.V)
+            and not needs_graph(self.V, h)
+        )
+
+    def first_panel_product(self, h: Any, transposed: bool, mode: str) -> Any:
+        """Q h (Qᴴ h) for h (..., K, B) by LAPACK's panels (``?ormqr``) on the operator's first
+        product, when neither the whole factors nor the blocks exist yet: panel T's of nb
+        columns cost ≈ 2·m·L·nb flops instead of m·L² + L³/3, and nothing is cached; later
+        products build and reuse the blocked or whole factors. ``mode``: "square" (m × m
+        Q), "embed" (Q[:, :L] x) or "project" (Q[:, :L]ᴴ y). None where panels do not apply."""
+        if self.panels_used or self.U is not None or self.blocks is not None:
+            return None
+        if not self.panels_apply(h):
+            return None
+        self.panels_used = True
+        V, xp = self.V, self.xp
+        m, L = V.shape[-2], V.shape[-1]
+        Vc = conj_of(V, xp)
+        Ts = panel_factors(V, self.tau, xp, Vc)
+        if mode == "embed":  # Q [x; 0]
+            pad = xp.zeros((*h.shape[:-2], m - L, h.shape[-1]), dtype=h.dtype, device=device_of(h))
+            h = xp.concat([h, pad], axis=-2)
+        y = apply_panels(V, Ts, h, xp, transposed, Vc)
+        return y[..., :L, :] if mode == "project" else y
+
+    def panel_matrix(self, ncols: int | None) -> Any:
+        """The first ``ncols`` (None: all) columns of Q formed as ``?orgqr`` from LAPACK's τ,
+        or None where panels do not apply (see :meth:`panels_apply`)."""
+        if not self.panels_apply(self.V):
+            return None
+        V, xp = self.V, self.xp
+        Vc = conj_of(V, xp)
+        ncols = V.shape[-2] if ncols is None else ncols
+        return form_panels(V, panel_factors(V, self.tau, xp, Vc), ncols, xp, Vc)
 
     def get(self) -> tuple[Any, Any]:
         if self._stale(self.U):

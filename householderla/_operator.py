@@ -64,13 +64,14 @@ class CompactWYOperator(LinearOperatorMixin):
         conjugated: bool = False,
         sdiag: Any = None,
         theta: Any = None,
+        tau: Any = None,
     ) -> None:
         self._V = V  # the given vectors, resolved but never copied or written
         self._xp = xp
         self._transposed = transposed  # Qᴴ (Qᵀ for real V)
         self._conjugated = conjugated  # conj(·) of that; only ever True for complex V
         if factors is None:
-            factors = LazyFactors(V, xp, structure, sdiag, theta)
+            factors = LazyFactors(V, xp, structure, sdiag, theta, tau)
         self._factors = factors
 
     # -- array-like metadata -------------------------------------------------------------
@@ -250,6 +251,9 @@ class CompactWYOperator(LinearOperatorMixin):
         y = self._first_product_sequential(h)
         if y is not None:
             return y
+        y = self._factors.first_panel_product(hm, self._transposed, self._mode)
+        if y is not None:  # LAPACK's (a, τ): ?ormqr's panels, no whole factor built
+            return y[..., 0] if vector else y
         phase = self._factors.phase
         if phase is not None and not self._transposed:  # Q₀ D h
             hm = phase[..., :, None] * hm
@@ -357,6 +361,9 @@ class CompactWYOperator(LinearOperatorMixin):
         small = self._small_matrix(V, xp, ncols)
         if small is not None:
             return small
+        panels = self._factors.panel_matrix(ncols)  # LAPACK's (a, τ): ?orgqr's algorithm
+        if panels is not None:
+            return panels
         sdiag = self._factors.sdiag
         if self._factors.trapezoidal():
             return F.structured_matrix(V, xp, ncols, sdiag=sdiag)

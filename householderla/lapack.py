@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._agnostic.lapack import lapack_reflectors, normalized_sdiag, tau_mismatch
+from ._agnostic.lapack import lapack_reflectors, normalized_sdiag, sq_norms, tau_mismatch
 from ._lib.checks import check_finite
 from ._lib.namespace import is_complex, resolve
 from ._lib.tracing import is_eager
@@ -58,12 +58,18 @@ def from_lapack(a: Any, tau: Any, *, thin: bool = False, xp: Any = None) -> CWY 
 
     Notes
     -----
-    V = tril(a[..., :k], −1) + I (τ = 0 columns zeroed) is lower trapezoidal, so the
-    operator uses the blocked trapezoidal products and orgqr-style forming
-    (``structure="trapezoidal"``): m·k² + k³/3 flops to build, 4·m·k·B − k²·B per ``@`` with
-    B columns. H(vᵢ) = I − 2vᵢvᵢᵀ/‖vᵢ‖² is LAPACK's H(i) whenever τᵢ = 2/‖vᵢ‖², and Schreiber
-    & Van Loan, "A storage-efficient WY representation for products of Householder
-    transformations", SIAM J. Sci. Stat. Comput. 1989, give the compact form used.
+    V = tril(a[..., :k], −1) + I (τ = 0 columns zeroed) is lower trapezoidal. Where no
+    autodiff follows (NumPy, torch without grad, array-api-strict, CuPy), a fresh operator's
+    first product and ``.matrix()`` run LAPACK's own algorithms on τ itself
+    (:mod:`householderla._agnostic.lapack_panels`): panels of nb = 32 reflectors, each with
+    T_p = (I + diag(τ_p) striu(V_pᴴV_p))⁻¹ diag(τ_p) (``?larft``) and applied to its
+    trapezoid rows only (``?larfb``), ≈ 2·m·k·nb + 4·m·k·B − 2·k²·B flops for ``@`` with B
+    columns, not the m·k² + k³/3 of the whole T; ``.matrix()`` accumulates Q backwards from
+    the identity as ``?orgqr`` does, at its ‖QᴴQ − I‖. Later products, JAX and autodiff use
+    the CWY factors, built once and reused (4·m·k·B − k²·B per ``@``). H(vᵢ) = I −
+    2vᵢvᵢᵀ/‖vᵢ‖² is LAPACK's H(i) whenever τᵢ = 2/‖vᵢ‖², and Schreiber & Van Loan, "A
+    storage-efficient WY representation for products of Householder transformations", SIAM
+    J. Sci. Stat. Comput. 1989, give the compact form used.
 
     Examples
     --------
@@ -96,10 +102,13 @@ def from_lapack(a: Any, tau: Any, *, thin: bool = False, xp: Any = None) -> CWY 
         raise TypeError(f"thin must be True or False; got {thin!r}")
     check_finite(tau, xp, "tau")
     V = lapack_reflectors(a, tau)
-    check_finite(V, xp, "a (below the diagonal)")
+    ss = None  # ‖vᵢ‖², one pass: finiteness of V, the τ check and complex S's diagonal
     if is_eager(V) and V.shape[-1] and V.shape[-2]:
         Vc, tc = (V.detach(), tau.detach()) if hasattr(V, "detach") else (V, tau)  # a value check
-        bad = float(xp.max(tau_mismatch(Vc, tc)))
+        ss = sq_norms(Vc)
+        if not bool(xp.all(xp.isfinite(ss))):  # NaN/Inf in V (or an overflowing ‖vᵢ‖²)
+            check_finite(V, xp, "a (below the diagonal)")
+        bad = float(xp.max(tau_mismatch(Vc, tc, ss)))
         eps = float(xp.finfo(V.dtype).eps)
         if not bad <= 10 * m * eps and is_complex(V.dtype):
             raise ValueError(
@@ -112,7 +121,13 @@ def from_lapack(a: Any, tau: Any, *, thin: bool = False, xp: Any = None) -> CWY 
                 "tau is not LAPACK's 2/||v||^2 for the reflectors stored in a (relative "
                 f"mismatch {bad:.2g}): H(i) = I - tau_i v_i v_i^T would not be orthogonal"
             )
+        ss = ss if Vc is V else None  # (torch: S's diagonal from V itself, as before)
+    else:
+        check_finite(V, xp, "a (below the diagonal)")
     # complex τ: S = diag(1/(τ‖v‖²)) + striu(UᴴU), a constant diagonal (no cotangent)
-    sdiag = normalized_sdiag(V, tau) if is_complex(V.dtype) else None
+    sdiag = normalized_sdiag(V, tau, ss) if is_complex(V.dtype) else None
     # V is lower trapezoidal and finite by construction: no second pass of cwy()'s checks
-    return (TCWY if thin else CWY)(V, xp, structure="trapezoidal", sdiag=sdiag)
+    # τ itself drives LAPACK's panel algorithms where no autodiff follows
+    # (householderla._agnostic.lapack_panels); a constant, as sdiag
+    tau = tau.detach() if hasattr(tau, "detach") else tau
+    return (TCWY if thin else CWY)(V, xp, structure="trapezoidal", sdiag=sdiag, tau=tau)

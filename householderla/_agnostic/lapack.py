@@ -23,7 +23,7 @@ import numpy as np
 from .._lib.namespace import device_of, is_complex
 from .._lib.tracing import is_eager
 
-__all__ = ["lapack_reflectors", "normalized_sdiag", "tau_mismatch"]
+__all__ = ["lapack_reflectors", "normalized_sdiag", "sq_norms", "tau_mismatch"]
 
 
 def lapack_reflectors(a: Any, tau: Any) -> Any:
@@ -54,13 +54,13 @@ def _unit_lower_numpy(a: Any) -> Any:
     return V
 
 
-def tau_mismatch(V: Any, tau: Any) -> Any:
+def tau_mismatch(V: Any, tau: Any, ss: Any = None) -> Any:
     """max over columns with τᵢ ≠ 0 of |τᵢ‖vᵢ‖²/2 − 1| (0 when H(i) is exactly the
     reflection by vᵢ), shape (...). For complex τ: ||1 − τᵢ‖vᵢ‖²| − 1| (0 when H(i) is
     unitary). ‖vᵢ‖² ≥ 1 (unit diagonal), so no underflow; a column whose ‖vᵢ‖² overflows
-    gives inf."""
+    gives inf. ``ss``: :func:`sq_norms` (V) when the caller has it."""
     xp = aac.array_namespace(V, tau)
-    ss = _sq_norms(V, xp)
+    ss = sq_norms(V) if ss is None else ss
     if is_complex(tau.dtype):
         err = xp.abs(xp.abs(1 - tau * ss) - 1)
     else:
@@ -68,17 +68,18 @@ def tau_mismatch(V: Any, tau: Any) -> Any:
     return xp.max(xp.where(tau != 0, err, xp.zeros_like(err)), axis=-1)
 
 
-def normalized_sdiag(V: Any, tau: Any) -> Any:
+def normalized_sdiag(V: Any, tau: Any, ss: Any = None) -> Any:
     """sᵢ = 1/(τᵢ‖vᵢ‖²) (..., k), the diagonal of S for unit columns (½ for a reflection;
-    ½ also where τᵢ = 0, whose column V zeroes)."""
+    ½ also where τᵢ = 0, whose column V zeroes). ``ss``: :func:`sq_norms` (V) if known."""
     xp = aac.array_namespace(V, tau)
-    ts = tau * _sq_norms(V, xp)
+    ts = tau * (sq_norms(V) if ss is None else ss)
     nz = tau != 0
     return xp.where(nz, 1 / xp.where(nz, ts, xp.ones_like(ts)), 0.5 * xp.ones_like(ts))
 
 
-def _sq_norms(V: Any, xp: Any) -> Any:
-    """‖vᵢ‖² (..., k), real-valued (in V's dtype)."""
+def sq_norms(V: Any) -> Any:
+    """‖vᵢ‖² (..., k), real-valued (in V's dtype): one pass over V."""
+    xp = aac.array_namespace(V)
     return (
         xp.sum(V * xp.conj(V), axis=-2) if is_complex(V.dtype) else xp.linalg.vecdot(V, V, axis=-2)
     )
