@@ -6,8 +6,8 @@ Sherman–Morrison–Woodbury, Likhosherstov et al., AISTATS 2021 App. B Lemma 1
 (qf(X + tZ)) and ``riemannian_gradient`` (A X, Likhosherstov et al., AISTATS 2021, §2.2.2). All
 batched over leading dimensions, float32 and float64, on every Array API namespace; float32 input is
 computed in float64 on CPU backends and rounded once; bfloat16 and float16 input in float32
-(``docs/theory/lowprec.rst``). ``polar`` and ``polar_retraction`` take complex64/complex128 too
-(Hermitian transposes; complex64 in complex128 on CPU, ``docs/theory/complex.rst``). The
+(``docs/theory/lowprec.rst``). All five take complex64/complex128 too (Hermitian transposes, a
+real step; complex64 in complex128 on CPU, ``docs/theory/complex.rst``). The
 mathematics is in ``docs/theory/retractions.rst``.
 
 Autodiff: with torch tensors that need a graph (or are wrapped by ``torch.func``) and always
@@ -302,10 +302,10 @@ def cayley_retraction(
     Parameters
     ----------
     X : array, shape (..., N, M), M ≤ N
-        A point of St(N, M).
+        A point of St(N, M): real (float32/64, bfloat16, float16) or complex (complex64/128).
     Z : array, shape of X
-        The direction: a tangent vector at X (XᵀZ skew); a non-tangent Z moves along its
-        tangent part (I − X sym(XᵀZ) part removed by the lift below).
+        The direction: a tangent vector at X (XᴴZ skew-Hermitian); a non-tangent Z moves along
+        its tangent part (I − X herm(XᴴZ) part removed by the lift below).
     step : float or array broadcasting to X's batch shape
         t (default 1).
     drift_tol : float, optional
@@ -327,7 +327,8 @@ def cayley_retraction(
     the Riemannian gradient of either metric, ``Z = -riemannian_gradient(X, G, metric=m)`` gives
     exactly the Cayley step of that metric (the canonical lift of its gradient is its own skew
     matrix). The map is orthogonal, so the result inherits XᵀX; the guard compares the already
-    formed XᵀX (O(M²)) with I. Z = 0 or t = 0 returns X exactly.
+    formed XᵀX (O(M²)) with I. Z = 0 or t = 0 returns X exactly. Complex X: ᴴ for ᵀ throughout
+    (W skew-Hermitian, Cayley(tW) unitary, t real; ``docs/theory/complex.rst``).
 
     Examples
     --------
@@ -339,7 +340,7 @@ def cayley_retraction(
     >>> bool(np.allclose(Y.T @ Y, np.eye(3)))
     True
     """
-    xp, device, dtype, (X, Z) = resolve([("X", X), ("Z", Z)], xp, half=True)
+    xp, device, dtype, (X, Z) = resolve([("X", X), ("Z", Z)], xp, half=True, complex_ok=True)
     check_stiefel_shape(X)
     check_like(Z, X, "Z")
     t = as_step(step, xp, step_dtype(xp, dtype), device, tuple(X.shape[:-2]))
@@ -350,13 +351,14 @@ def cayley_retraction(
     r = route(xp, X, Z, t)
     xp = kernel_namespace(xp)
     work, (Xw, Zw) = _work(xp, X, Z)
-    tw = t if isinstance(t, float) or t.dtype == work else xp.astype(t, work)
+    wr = real_dtype(xp, work)  # the step is real
+    tw = t if isinstance(t, float) or t.dtype == wr else xp.astype(t, wr)
     # tZ enters only as a product: Z/c and tc (c a power of two near max|Z|) give the same
     # map with Gram products of unit scale (Z at 1e±160 used to give NaN or 1e-4 errors)
     c = RK.power_of_two_max(Zw, xp)
     Y, drift = call(r, "cayley", xp, Xw, Zw / c, tw * c)
     if drift_tol is None:
-        drift_tol = DRIFT_FACTOR * X.shape[-1] ** 0.5 * float(xp.finfo(dtype).eps)
+        drift_tol = DRIFT_FACTOR * X.shape[-1] ** 0.5 * float(xp.finfo(real_dtype(xp, dtype)).eps)
     # a Python branch when the drift is concrete; lax.cond / where when any input is traced
     # or vmapped (a traced step alone makes it a tracer)
     guard = drift > drift_tol
@@ -365,12 +367,14 @@ def cayley_retraction(
 
 
 def qr_retraction(X: Any, Z: Any, step: Any = 1.0, *, xp: Any = None) -> Any:
-    """QR retraction qf(X + tZ): the Q factor of the thin QR with R's diagonal positive.
+    """QR retraction qf(X + tZ): the Q factor of the thin QR with R's diagonal real positive.
 
     Parameters
     ----------
-    X : array, shape (..., N, M), M ≤ N Z : array, shape of X step : float or array broadcasting to
-    X's batch shape
+    X : array, shape (..., N, M), M ≤ N
+        Real or complex (complex64/complex128).
+    Z : array, shape of X
+    step : float or array broadcasting to X's batch shape (real)
 
     Returns
     -------
@@ -380,13 +384,14 @@ def qr_retraction(X: Any, Z: Any, step: Any = 1.0, *, xp: Any = None) -> Any:
     Notes
     -----
     Likhosherstov et al., AISTATS 2021, §2.2.2 (``g^QR``). Householder QR of the namespace
-    (``linalg.qr``), then columns of Q (rows of R) with R_kk < 0 are negated, which makes the
-    factorisation unique for full rank. 4·M²(N − M/3) flops; float32 is computed in float64 on CPU.
+    (``linalg.qr``), then columns of Q (rows of R) with R_kk < 0 are negated (complex: Q ← Q
+    diag(φ), φ_k the phase of r_kk), which makes the factorisation unique for full rank.
+    4·M²(N − M/3) flops; float32 (complex64) is computed in float64 (complex128) on CPU.
     R(X, tZ) = X + tZ + O(t²) for tangent Z.
     """
     if is_dask_array(X):  # tall, row-chunked X: Dask's TSQR (docs/dask.rst)
         return tsqr_retraction(X, Z, step)
-    xp, device, dtype, (X, Z) = resolve([("X", X), ("Z", Z)], xp, half=True)
+    xp, device, dtype, (X, Z) = resolve([("X", X), ("Z", Z)], xp, half=True, complex_ok=True)
     check_stiefel_shape(X)
     check_like(Z, X, "Z")
     t = as_step(step, xp, step_dtype(xp, dtype), device, tuple(X.shape[:-2]))
@@ -412,22 +417,27 @@ def riemannian_gradient(X: Any, G: Any, *, metric: str = "canonical", xp: Any = 
 
     Parameters
     ----------
-    X : array, shape (..., N, M) G : array, shape of X metric : {"canonical", "euclidean"}
+    X : array, shape (..., N, M)
+        Real or complex (complex64/complex128; then ᴴ replaces ᵀ below).
+    G : array, shape of X
+    metric : {"canonical", "euclidean"}
 
     Returns
     -------
     array, shape (..., N, M)
-        Canonical: Â = G Xᵀ, A X = G − X GᵀX; Euclidean: Â = G Xᵀ − ½ X Xᵀ G Xᵀ,
-        A X = G − X sym(XᵀG) (the tangent projection of G). Both for XᵀX = I; in general
-        the exact A X (= G XᵀX − X GᵀX, ...) is returned, which is tangent (XᵀAX is skew).
+        Canonical: Â = G Xᴴ, A X = G − X GᴴX; Euclidean: Â = G Xᴴ − ½ X Xᴴ G Xᴴ,
+        A X = G − X herm(XᴴG), herm(B) = (B + Bᴴ)/2 (the tangent projection of G). Both for
+        XᴴX = I; in general the exact A X (= G XᴴX − X GᴴX, ...) is returned, which is tangent
+        (XᴴAX is skew-Hermitian).
 
     Notes
     -----
     Likhosherstov et al., AISTATS 2021, §2.2.2; the gradient for the inner products ⟨Z₁, Z₂⟩ =
-    tr(Z₁ᵀ(I − ½XXᵀ)Z₂) (canonical) and tr(Z₁ᵀZ₂) (Euclidean). 8·N·M² flops, no N×N matrix.
+    Re tr(Z₁ᴴ(I − ½XXᴴ)Z₂) (canonical) and Re tr(Z₁ᴴZ₂) (Euclidean). 8·N·M² flops, no N×N
+    matrix.
     """
     euclidean = check_metric(metric)
-    xp, _, dtype, (X, G) = resolve([("X", X), ("G", G)], xp, half=True)
+    xp, _, dtype, (X, G) = resolve([("X", X), ("G", G)], xp, half=True, complex_ok=True)
     check_stiefel_shape(X)
     check_like(G, X, "G")
     check_finite_columns(X, xp, "X")

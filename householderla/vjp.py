@@ -388,21 +388,26 @@ def cayley_retraction(
     """VJP of (X, Z, step) ↦ cayley_retraction(X, Z, step) (the SMW map, without the drift
     guard): (X̄, Z̄, step_bar), ``step_bar`` shaped as ``step``.
 
-    Through G = −(I − ½XXᵀ)Z (the skew lift, :func:`householderla.cayley_retraction`): with
-    K = I + ½CᵀB, Λ = K⁻ᵀBᵀȲ, D = ½CΛ − Ȳ, V = X + Y: X̄' = Ȳ − CΛ + ηs D W₂ᵀ − ½VΛ₁ᵀ,
-    Ḡ = η D W₁ᵀ + ½VΛ₂ᵀ/s, step_bar = ⟨D, U⟩; then Z̄ = ½X(XᵀḠ) − Ḡ and
-    X̄ = X̄' + ½(Ḡ ZᵀX + Z ḠᵀX). 26·N·M² + O(M³) flops (forward: 12·N·M²), no N × N matrix.
+    Through G = −(I − ½XXᴴ)Z (the skew-Hermitian lift, :func:`householderla.cayley_retraction`):
+    with K = I + ½CᴴB, Λ = K⁻ᴴBᴴȲ, D = ½CΛ − Ȳ, V = X + Y: X̄' = Ȳ − CΛ + ηs D W₂ᴴ − ½VΛ₁ᴴ,
+    Ḡ = η D W₁ᴴ + ½VΛ₂ᴴ/s, step_bar = ⟨D, U⟩; then Z̄ = ½X(XᴴḠ) − Ḡ and
+    X̄ = X̄' + ½(Ḡ ZᴴX + Z ḠᴴX) (ᴴ = ᵀ for real X; complex cotangents and ⟨A, B⟩ =
+    Re tr(AᴴB) as in ``docs/theory/complex.rst``, a real X or Z gets the real part).
+    26·N·M² + O(M³) flops (forward: 12·N·M²), no N × N matrix.
     """
-    xp, dtype, t, tw, Xw, Zw, Yb = _retraction_inputs(X, Z, step, Ybar, xp, "Z", False)
+    real = _real_inputs(X, Z)
+    xp, dtype, t, tw, Xw, Zw, Yb = _retraction_inputs(X, Z, step, Ybar, xp, "Z")
     Xbar, Zbar, sb = jit_for(xp, _cayley_vjp)(xp, Xw, Zw, tw, Yb)
-    return (*_back(dtype, xp, Xbar, Zbar), _step_bar(sb, t, dtype, xp))
+    return (*_as_inputs(real, xp, *_back(dtype, xp, Xbar, Zbar)), _step_bar(sb, t, dtype, xp))
 
 
 def qr_retraction(X: Any, Z: Any, step: Any, Ybar: Any, *, xp: Any = None) -> tuple[Any, Any, Any]:
     """VJP of (X, Z, step) ↦ qr_retraction(X, Z, step): with Y = X + step·Z = QR,
-    E = QᵀȲ and F = triu(E) + tril(Eᵀ, −1): Ȳ' = (Ȳ − QF)R⁻ᵀ, X̄ = Ȳ', Z̄ = step·Ȳ',
-    step_bar = ⟨Ȳ', Z⟩. Full column rank required. ~6·N·M² flops after the QR."""
-    xp, dtype, t, tw, Xw, Zw, Yb = _retraction_inputs(X, Z, step, Ybar, xp, "Z", False)
+    E = QᴴȲ and F = triu(E, 1) + diag(Re E) + tril(Eᴴ, −1): Ȳ' = (Ȳ − QF)R⁻ᴴ, X̄ = Ȳ',
+    Z̄ = step·Ȳ', step_bar = ⟨Ȳ', Z⟩ (ᴴ = ᵀ and F = triu(E) + tril(Eᵀ, −1) for real Y).
+    Full column rank required. ~6·N·M² flops after the QR."""
+    real = _real_inputs(X, Z)
+    xp, dtype, t, tw, Xw, Zw, Yb = _retraction_inputs(X, Z, step, Ybar, xp, "Z")
     Ybar_in = jit_for(xp, _qr_vjp)(xp, Xw + tw * Zw, Yb)
-    sb = _step_bar(xp.sum(Ybar_in * Zw, axis=(-2, -1)), t, dtype, xp)
-    return (*_back(dtype, xp, Ybar_in, tw * Ybar_in), sb)
+    sb = _step_bar(RK.inner(Ybar_in, Zw, xp), t, dtype, xp)
+    return (*_as_inputs(real, xp, *_back(dtype, xp, Ybar_in, tw * Ybar_in)), sb)

@@ -194,6 +194,163 @@ def test_dask_complex_is_refused_naming_the_argument():
     X = da.from_array(crandn(np.random.default_rng(0), 8, 2), chunks=(4, 2))
     with pytest.raises(TypeError, match="X has dtype complex128"):
         hl.polar(X)
+    with pytest.raises(TypeError, match="X has dtype complex128"):
+        hl.qr_retraction(X, X, 0.1)
+
+
+# -- Riemannian gradients --------------------------------------------------------------------
+
+
+def _inner(A, B):
+    """⟨A, B⟩ = Re tr(AᴴB) per matrix."""
+    return np.sum(np.real(np.conj(A) * B), axis=(-2, -1))
+
+
+@pytest.mark.parametrize("metric", ["canonical", "euclidean"])
+def test_riemannian_gradient_is_tangent_and_represents_the_gradient(bk, metric):
+    """ξ = riemannian_gradient(X, G) is tangent (XᴴΞ + ΞᴴX = 0), has the closed form
+    G − XGᴴX (canonical) or G − X·herm(XᴴG) (Euclidean), and represents ⟨G, ·⟩ in its metric:
+    g(ξ, η) = ⟨G, η⟩ for tangent η, with g_c(ξ, η) = ⟨ξ, (I − ½XXᴴ)η⟩ and g_e = ⟨·, ·⟩.
+    All to 50·eps·‖G‖ (a few N × M × M products in complex128)."""
+    rng = np.random.default_rng(stable_seed("rgrad", metric))
+    X = haar_stiefel(rng, 7, 3, (2,))
+    G = crandn(rng, 2, 7, 3)
+    xi = to_numpy(
+        bk.call(
+            lambda x, g: hl.riemannian_gradient(x, g, metric=metric),
+            bk.asarray(X, C128),
+            bk.asarray(G, C128),
+        )
+    )
+    assert xi.dtype == C128
+    t = 50 * EPS[C128] * np.linalg.norm(G)
+    S = herm_t(X) @ xi
+    assert np.max(np.abs(S + herm_t(S))) <= t
+    XhG = herm_t(X) @ G
+    ref = G - X @ herm_t(G) @ X if metric == "canonical" else G - X @ (0.5 * (XhG + herm_t(XhG)))
+    assert np.max(np.abs(xi - ref)) <= t
+    eta = tangent(rng, X)
+    lhs = (
+        _inner(xi, eta - 0.5 * X @ (herm_t(X) @ eta)) if metric == "canonical" else _inner(xi, eta)
+    )
+    np.testing.assert_allclose(lhs, _inner(G, eta), atol=t * np.linalg.norm(eta))
+    assert np.max(np.abs(xi.imag)) > 0.1
+
+
+def test_riemannian_gradient_dtypes():
+    rng = np.random.default_rng(13)
+    X, G = haar_stiefel(rng, 6, 2), crandn(rng, 6, 2)
+    assert hl.riemannian_gradient(X.astype(C64), G.astype(C64)).dtype == C64
+    assert hl.riemannian_gradient(np.eye(6, 2), G).dtype == C128  # real X, complex G
+    assert hl.riemannian_gradient(np.eye(6, 2), G.real).dtype == np.float64
+
+
+# -- Cayley and QR retractions ----------------------------------------------------------------
+
+
+def dense_cayley(X, A, t):
+    """(I + tA/2)⁻¹(I − tA/2)X, dense."""
+    eye = np.eye(X.shape[-2])
+    return np.linalg.solve(eye + 0.5 * t * A, (eye - 0.5 * t * A) @ X)
+
+
+@pytest.mark.parametrize("metric", ["canonical", "euclidean"])
+def test_cayley_smw_equals_dense_cayley_and_is_unitary(bk, metric):
+    """Z = −riemannian_gradient(X, G, metric) gives the Cayley step of that metric, with the
+    skew-Hermitian A = G̃Xᴴ − XG̃ᴴ (G̃ = G, or G − ½X XᴴG): SMW equals the dense N × N Cayley
+    transform to 100·eps·‖tA‖, and YᴴY = I to 20·M·eps (the map is unitary)."""
+    rng = np.random.default_rng(stable_seed("cayley", metric))
+    X = haar_stiefel(rng, 8, 3, (2,))
+    G = crandn(rng, 2, 8, 3)
+    Z = -hl.riemannian_gradient(X, G, metric=metric)
+    Gt = G if metric == "canonical" else G - 0.5 * X @ (herm_t(X) @ G)
+    A = Gt @ herm_t(X) - X @ herm_t(Gt)
+    assert np.max(np.abs(A + herm_t(A))) <= 1e-14 * np.linalg.norm(A)  # skew-Hermitian
+    t = 0.4
+    Y = to_numpy(
+        bk.call(
+            lambda x, z: hl.cayley_retraction(x, z, t), bk.asarray(X, C128), bk.asarray(Z, C128)
+        )
+    )
+    assert Y.dtype == C128
+    ref = dense_cayley(X, A, t)
+    assert np.max(np.abs(Y - ref)) <= 100 * EPS[C128] * max(1.0, t * np.linalg.norm(A))
+    assert orth_error(Y) <= 20 * 3 * EPS[C128]
+
+
+def test_qr_retraction_has_real_positive_diagonal(bk):
+    """Y = X + tZ = QR with diag(R) real and positive: R = QᴴY is upper triangular with a real
+    positive diagonal (imaginary parts ≤ 20·eps·‖Y‖), Q has orthonormal columns, and Q equals
+    NumPy's Q up to the column phases r_kk/|r_kk| of NumPy's R."""
+    rng = np.random.default_rng(14)
+    X = haar_stiefel(rng, 7, 3, (2,))
+    Z = crandn(rng, 2, 7, 3)
+    Q = to_numpy(
+        bk.call(lambda x, z: hl.qr_retraction(x, z, 0.5), bk.asarray(X, C128), bk.asarray(Z, C128))
+    )
+    Y = X + 0.5 * Z
+    R = herm_t(Q) @ Y
+    d = np.diagonal(R, axis1=-2, axis2=-1)
+    scale = 20 * EPS[C128] * np.linalg.norm(Y)
+    assert np.all(d.real > 0) and np.max(np.abs(d.imag)) <= scale
+    assert np.max(np.abs(np.tril(R, -1))) <= scale
+    assert orth_error(Q) <= 20 * 3 * EPS[C128]
+    q, r = np.linalg.qr(Y)
+    rd = np.diagonal(r, axis1=-2, axis2=-1)
+    np.testing.assert_allclose(Q, q * (rd / np.abs(rd))[..., None, :], atol=scale)
+
+
+def _retractions():
+    return {
+        "polar": hl.polar_retraction,
+        "cayley": hl.cayley_retraction,
+        "qr": hl.qr_retraction,
+    }
+
+
+@pytest.mark.parametrize("name", ["cayley", "qr"])
+def test_retraction_first_order_and_unitary(bk, name):
+    """R(X, tZ) = X + tZ + O(t²) for tangent Z (slope 2 between t = 1e-2 and 1e-3), on the
+    manifold, in complex128; Z = 0 gives X."""
+    f = _retractions()[name]
+    rng = np.random.default_rng(stable_seed("first order", name))
+    X = haar_stiefel(rng, 7, 3, (2,))
+    Z = tangent(rng, X)
+    errs = []
+    for t in (1e-2, 1e-3):
+        Y = to_numpy(
+            bk.call(lambda x, z, t=t: f(x, z, t), bk.asarray(X, C128), bk.asarray(Z, C128))
+        )
+        assert Y.dtype == C128 and orth_error(Y) <= 20 * 3 * EPS[C128]
+        errs.append(np.max(np.abs(Y - X - t * Z)))
+    slope = np.log10(errs[0] / errs[1])
+    assert 1.8 <= slope <= 2.2, errs
+    Y0 = to_numpy(bk.call(lambda x, z: f(x, z, 0.3), bk.asarray(X, C128), bk.asarray(0 * Z, C128)))
+    assert np.max(np.abs(Y0 - X)) <= 20 * 3 * EPS[C128]
+
+
+@pytest.mark.parametrize("name", ["polar", "cayley", "qr"])
+def test_retraction_dtypes(name):
+    """complex64 in, complex64 out (computed in complex128: as accurate as a rounding of the
+    complex128 result); real X with complex Z: complex128; real input: unchanged, real."""
+    f = _retractions()[name]
+    rng = np.random.default_rng(15)
+    X = haar_stiefel(rng, 6, 2)
+    Z = tangent(rng, X)
+    Y64 = f(X.astype(C64), Z.astype(C64), 0.1)
+    assert Y64.dtype == C64
+    Y128 = f(X.astype(C64).astype(C128), Z.astype(C64).astype(C128), 0.1)
+    assert np.max(np.abs(Y64 - Y128)) <= EPS[C64]
+    Yrc = f(np.eye(6, 2), Z, 0.1)
+    assert Yrc.dtype == C128 and orth_error(Yrc) <= 1e-14
+    Xr = np.eye(6, 2)
+    Zr = rng.standard_normal((6, 2))
+    Zr = Zr - Xr @ (0.5 * (Xr.T @ Zr + Zr.T @ Xr))
+    Yr = f(Xr, Zr, 0.1)
+    assert Yr.dtype == np.float64
+    np.testing.assert_allclose(f(Xr.astype(C128), Zr.astype(C128), 0.1), Yr, atol=1e-14)
+    with pytest.raises(TypeError, match="step has complex dtype"):
+        f(X, Z, np.asarray(0.1j))
 
 
 # -- VJPs: the dot-product test on every backend --------------------------------------------
@@ -206,6 +363,18 @@ def _vjp_maps():
         "polar_retraction": (
             hl.polar_retraction,
             hl.vjp.polar_retraction,
+            lambda rng, X, Z: [X, Z, np.float64(0.3)],
+        ),
+        # the VJP is of the SMW map: the drift guard (a cleanup off the manifold, where the
+        # differences step) is switched off
+        "cayley_retraction": (
+            lambda X, Z, t: hl.cayley_retraction(X, Z, t, drift_tol=float("inf")),
+            hl.vjp.cayley_retraction,
+            lambda rng, X, Z: [X, Z, np.float64(0.3)],
+        ),
+        "qr_retraction": (
+            hl.qr_retraction,
+            hl.vjp.qr_retraction,
             lambda rng, X, Z: [X, Z, np.float64(0.3)],
         ),
     }
@@ -224,13 +393,14 @@ def test_vjp_dot_product_against_central_differences(bk, name):
 
 def test_vjp_real_inputs_get_real_cotangents():
     rng = np.random.default_rng(10)
-    X, Z, g = rng.standard_normal((6, 3)), crandn(rng, 6, 3), crandn(rng, 6, 3)
-    Xb, Zb, sb = hl.vjp.polar_retraction(X, Z, 0.2, g)
-    Xb_c, Zb_c, sb_c = hl.vjp.polar_retraction(X.astype(C128), Z, 0.2, g)
-    assert Xb.dtype == np.float64 and Zb.dtype == C128 and np.isrealobj(sb)
-    np.testing.assert_allclose(Xb, Xb_c.real, atol=1e-14)
-    np.testing.assert_allclose(Zb, Zb_c, atol=1e-14)
-    np.testing.assert_allclose(sb, sb_c, atol=1e-14)
+    X, Z, g = np.linalg.qr(rng.standard_normal((6, 3)))[0], crandn(rng, 6, 3), crandn(rng, 6, 3)
+    for vjp in (hl.vjp.polar_retraction, hl.vjp.cayley_retraction, hl.vjp.qr_retraction):
+        Xb, Zb, sb = vjp(X, Z, 0.2, g)
+        Xb_c, Zb_c, sb_c = vjp(X.astype(C128), Z, 0.2, g)
+        assert Xb.dtype == np.float64 and Zb.dtype == C128 and np.isrealobj(sb)
+        np.testing.assert_allclose(Xb, Xb_c.real, atol=1e-14)
+        np.testing.assert_allclose(Zb, Zb_c, atol=1e-14)
+        np.testing.assert_allclose(sb, sb_c, atol=1e-14)
     assert hl.vjp.polar(X, g).dtype == np.float64
 
 
@@ -241,10 +411,14 @@ def _torch_maps(torch):
     return {
         "polar": lambda X, Z: hl.polar(X + 0.3 * Z),
         "polar_retraction": lambda X, Z: hl.polar_retraction(X, Z, 0.3),
+        "cayley_retraction": lambda X, Z: hl.cayley_retraction(X, Z, 0.3, drift_tol=float("inf")),
+        "qr_retraction": lambda X, Z: hl.qr_retraction(X, Z, 0.3),
     }
 
 
-@pytest.mark.parametrize("name", ["polar", "polar_retraction"])
+@pytest.mark.parametrize(
+    "name", ["polar", "polar_retraction", "cayley_retraction", "qr_retraction"]
+)
 def test_torch_gradcheck_and_gradgradcheck(name):
     torch = require("torch")
     f = _torch_maps(torch)[name]
@@ -259,11 +433,12 @@ def test_torch_grad_is_the_plain_vjp():
     torch = require("torch")
     rng = np.random.default_rng(11)
     X, Z, g = haar_stiefel(rng, 6, 3), crandn(rng, 6, 3), crandn(rng, 6, 3)
-    Xt, Zt = (torch.tensor(a, requires_grad=True) for a in (X, Z))
-    hl.polar_retraction(Xt, Zt, 0.4).backward(torch.tensor(g))
-    Xb, Zb, _ = hl.vjp.polar_retraction(X, Z, 0.4, g)
-    np.testing.assert_allclose(Xt.grad.numpy(), Xb, atol=1e-13)
-    np.testing.assert_allclose(Zt.grad.numpy(), Zb, atol=1e-13)
+    for name, vjp in (("polar", hl.vjp.polar_retraction), ("qr", hl.vjp.qr_retraction)):
+        Xt, Zt = (torch.tensor(a, requires_grad=True) for a in (X, Z))
+        _retractions()[name](Xt, Zt, 0.4).backward(torch.tensor(g))
+        Xb, Zb, _ = vjp(X, Z, 0.4, g)
+        np.testing.assert_allclose(Xt.grad.numpy(), Xb, atol=1e-13)
+        np.testing.assert_allclose(Zt.grad.numpy(), Zb, atol=1e-13)
 
 
 # -- JAX: jax.grad against central differences along real and imaginary directions ----------
@@ -279,6 +454,8 @@ def _jax_maps():
     return {
         "polar": lambda X, Z: hl.polar(X + 0.3 * Z),
         "polar_retraction": lambda X, Z: hl.polar_retraction(X, Z, 0.3),
+        "cayley_retraction": lambda X, Z: hl.cayley_retraction(X, Z, 0.3, drift_tol=float("inf")),
+        "qr_retraction": lambda X, Z: hl.qr_retraction(X, Z, 0.3),
     }
 
 
@@ -319,10 +496,10 @@ def test_jax_grad_is_the_conjugate_of_the_plain_vjp():
     jnp = jax.numpy
     rng = np.random.default_rng(12)
     X, Z, g = haar_stiefel(rng, 6, 3), crandn(rng, 6, 3), crandn(rng, 6, 3)
-    _, pullback = jax.vjp(
-        lambda X, Z: hl.polar_retraction(X, Z, 0.4), jnp.asarray(X), jnp.asarray(Z)
-    )
-    Xj, Zj = pullback(jnp.asarray(np.conj(g)))
-    Xb, Zb, _ = hl.vjp.polar_retraction(X, Z, 0.4, g)
-    np.testing.assert_allclose(np.asarray(Xj), np.conj(Xb), atol=1e-13)
-    np.testing.assert_allclose(np.asarray(Zj), np.conj(Zb), atol=1e-13)
+    for name, vjp in (("polar", hl.vjp.polar_retraction), ("qr", hl.vjp.qr_retraction)):
+        f = _retractions()[name]
+        _, pullback = jax.vjp(lambda X, Z, f=f: f(X, Z, 0.4), jnp.asarray(X), jnp.asarray(Z))
+        Xj, Zj = pullback(jnp.asarray(np.conj(g)))
+        Xb, Zb, _ = vjp(X, Z, 0.4, g)
+        np.testing.assert_allclose(np.asarray(Xj), np.conj(Xb), atol=1e-13)
+        np.testing.assert_allclose(np.asarray(Zj), np.conj(Zb), atol=1e-13)

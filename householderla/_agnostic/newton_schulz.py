@@ -269,8 +269,9 @@ def polar_impl(
     # half X on the host path: split.up(a, like_w) puts a host array on X's device in the
     # work dtype (float X: like X itself, as before)
     like_w = Xw if Xw.dtype == work else xp.empty(0, dtype=work, device=device_of(X))
-    # the real scales p, s go to the device in the real work dtype
-    p_like = xp.empty(0, dtype=real_dtype(xp, work), device=device_of(X))
+    # the real scales p, s go to the device in the real work dtype (complex X: a new array)
+    wr = real_dtype(xp, work)
+    p_like = Xw if Xw.dtype == wr else xp.empty(0, dtype=wr, device=device_of(X))
     ms = split.small  # the namespace of the M × M work
     plan = split.jit(stage_plan, (0, 4))
     if eager and ms is np and Xw.ndim == 2:
