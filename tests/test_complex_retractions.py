@@ -23,9 +23,13 @@ from conftest import require, to_numpy
 from helpers import (
     EPS,
     assert_vjp_matches_central_differences,
+    examples,
+    few_shapes,
     orth_error,
     stable_seed,
 )
+from hypothesis import given
+from hypothesis import strategies as st
 from scipy.stats import unitary_group
 
 import householderla as hl
@@ -85,6 +89,29 @@ def test_polar_is_unitary_and_matches_scipy(bk, dtype, shape):
     ref = np.stack([scipy.linalg.polar(x)[0] for x in Xs]).reshape(shape)
     assert np.max(np.abs(Q - ref)) <= 100 * kappa(Xs) * eps
     assert np.max(np.abs(Q.imag)) > 0.1  # a complex result, not a real one
+
+
+@given(
+    shape=st.tuples(st.sampled_from([(), (2,)]), st.integers(1, 8), st.integers(1, 8)),
+    seed=st.integers(0, 2**31 - 1),
+)
+@examples(10)
+def test_polar_decomposition_theorem(bk, shape, seed):
+    """For every full-rank complex X (tall or wide): Q = polar(X) has orthonormal columns (rows),
+    and P = QᴴX is Hermitian positive definite (X = QP is the polar decomposition: that
+    characterises Q). Gaussian X has full rank with probability 1; the tolerances scale with
+    κ(X) (P's Hermitian part is exact only up to κ·eps)."""
+    batch, N, M = few_shapes(bk, shape, [((), 6, 3), ((2,), 4, 4), ((), 3, 5)], seed)
+    rng = np.random.default_rng(seed)
+    X = crandn(rng, *batch, N, M)
+    Q = to_numpy(bk.call(hl.polar, bk.asarray(X, C128)))
+    Xt, Qt = (X, Q) if N >= M else (herm_t(X), herm_t(Q))
+    k, m = kappa(X), min(N, M)
+    assert orth_error(Qt) <= 20 * m * EPS[C128]
+    P = herm_t(Qt) @ Xt
+    scale = np.linalg.norm(X)
+    assert np.max(np.abs(P - herm_t(P))) <= 100 * k * m * EPS[C128] * scale
+    assert np.all(np.linalg.eigvalsh(0.5 * (P + herm_t(P))) > 0)
 
 
 def test_polar_of_a_unitary_or_stiefel_matrix_is_itself(bk):
@@ -356,6 +383,10 @@ def test_retraction_dtypes(name):
 # -- VJPs: the dot-product test on every backend --------------------------------------------
 
 
+#: a step per matrix of the batch (2,): its cotangent is real, one per matrix
+STEPS = np.array([0.3, -0.2])
+
+
 def _vjp_maps():
     """name -> (forward, hl.vjp function, inputs from (rng, X, Z))."""
     return {
@@ -363,19 +394,19 @@ def _vjp_maps():
         "polar_retraction": (
             hl.polar_retraction,
             hl.vjp.polar_retraction,
-            lambda rng, X, Z: [X, Z, np.float64(0.3)],
+            lambda rng, X, Z: [X, Z, STEPS],
         ),
         # the VJP is of the SMW map: the drift guard (a cleanup off the manifold, where the
         # differences step) is switched off
         "cayley_retraction": (
             lambda X, Z, t: hl.cayley_retraction(X, Z, t, drift_tol=float("inf")),
             hl.vjp.cayley_retraction,
-            lambda rng, X, Z: [X, Z, np.float64(0.3)],
+            lambda rng, X, Z: [X, Z, STEPS],
         ),
         "qr_retraction": (
             hl.qr_retraction,
             hl.vjp.qr_retraction,
-            lambda rng, X, Z: [X, Z, np.float64(0.3)],
+            lambda rng, X, Z: [X, Z, STEPS],
         ),
     }
 
