@@ -15,7 +15,7 @@ import functools
 import math
 from typing import Any
 
-from .._lib.linalg import eye_like
+from .._lib.linalg import abs2, eye_like
 from .._lib.namespace import device_of, is_complex, real_dtype
 
 __all__ = [
@@ -77,8 +77,7 @@ def spectral_bounds(A: Any, c0: Any, xp: Any) -> tuple[Any, Any, Any]:
     d = xp.real(d) if is_complex(d.dtype) else d  # a Hermitian diagonal is real
     radius = xp.sum(xp.abs(A), axis=-1) - xp.abs(d)
     En, m = _shifted(A, c0, xp)
-    Ea = xp.abs(En) if is_complex(En.dtype) else En
-    fro = xp.sqrt(xp.sum(Ea * Ea, axis=(-2, -1)))
+    fro = xp.sqrt(xp.sum(abs2(En, xp), axis=(-2, -1)))
     delta = m * fro
     lo = xp.maximum(xp.min(d - radius, axis=-1), c0 - delta)
     hi = xp.minimum(xp.max(d + radius, axis=-1), c0 + delta)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._lib.linalg import eye_like, inv_upper_triangular
+from .._lib.linalg import abs2, eye_like, inv_upper_triangular, real_dot
 from .._lib.namespace import accumulation_dtype, device_of, is_complex, is_half, mH
 
 
@@ -46,20 +46,15 @@ def power_of_two_max(A: Any, xp: Any) -> Any:
     return 2.0**e
 
 
-def real_part(x: Any, xp: Any) -> Any:
-    """Re x; real arrays are returned as they are."""
-    return xp.real(x) if is_complex(x.dtype) else x
-
-
 def inner(A: Any, B: Any, xp: Any) -> Any:
-    """⟨A, B⟩ = Re tr(AᴴB) per matrix over the last two axes (the real inner product in
-    which complex cotangents are taken, ``docs/theory/complex.rst``), real shape (...)."""
-    return xp.sum(real_part(xp.conj(A) * B, xp) if is_complex(A.dtype) else A * B, axis=(-2, -1))
+    """⟨A, B⟩ = Re tr(AᴴB) per matrix (the real inner product in which complex cotangents
+    are taken, ``docs/theory/complex.rst``), real, shape (...)."""
+    return real_dot(A, B, xp, axis=(-2, -1))[..., 0, 0]
 
 
 def sq_norm(A: Any, xp: Any) -> Any:
-    """‖A‖_F² per matrix, real shape (...)."""
-    return inner(A, A, xp)
+    """‖A‖_F² per matrix, real, shape (...)."""
+    return xp.sum(abs2(A, xp), axis=(-2, -1))
 
 
 def _trace(A: Any, xp: Any) -> Any:
@@ -70,7 +65,8 @@ def _trace(A: Any, xp: Any) -> Any:
 def _balance(GtG: Any, xp: Any) -> Any:
     """s = a power of two near the RMS column norm of G̃ (1 for G̃ = 0), shape (..., 1, 1):
     balances the blocks of K; the result does not depend on s, and powers of two are exact."""
-    m = real_part(_trace(GtG, xp), xp) / GtG.shape[-1]
+    m = _trace(GtG, xp)
+    m = (xp.real(m) if is_complex(m.dtype) else m) / GtG.shape[-1]  # a Hermitian trace
     pos = m > 0
     e = xp.round(0.5 * xp.log2(xp.where(pos, m, xp.ones_like(m))))
     return (2.0**e)[..., None, None]
