@@ -110,36 +110,48 @@ def dense_cayley(X: np.ndarray, G: np.ndarray, eta: float) -> np.ndarray:
     return np.linalg.solve(eye + 0.5 * eta * A, X - 0.5 * eta * (A @ X))
 
 
+def _polar_methods(X: np.ndarray) -> dict[str, Callable[[], Any]]:
+    """The one-shot polar methods every dtype has (ours, LAPACK QR, SciPy's SVD polar)."""
+    return {
+        "polar-NS (ours)": lambda: hl.polar(X),
+        "scipy.linalg.qr (LAPACK)": lambda: scipy.linalg.qr(X, mode="economic", check_finite=False)[
+            0
+        ],
+        "scipy.linalg.polar (SVD)": lambda: scipy.linalg.polar(X)[0],
+    }
+
+
+def _polar_rows(b: H.Bench, label: str, X: np.ndarray, methods: dict) -> list[dict]:
+    """One side-by-side row per method: time, ‖QᴴQ − I‖_F, our iteration count."""
+    N, M = X.shape
+    _, info = hl.polar(X, return_info=True)
+    ts = b.side_by_side(f"{label} {N}×{M} {X.dtype.name}", methods)
+    return [
+        {
+            "N": N,
+            "M": M,
+            "dtype": X.dtype.name,
+            "method": name,
+            "orth_err": orth_err(fn()),
+            "iterations": info["iterations"] if name.startswith("polar-NS") else None,
+            **ts[name],
+        }
+        for name, fn in methods.items()
+    ]
+
+
 def bench_polar(b: H.Bench, cfg: dict[str, Any], rng: np.random.Generator) -> list[dict]:
     rows = []
     for N, M in cfg["polar_shapes"]:
         X64 = rng.standard_normal((N, M))
         for dtype in (np.float32, np.float64):
             X = X64.astype(dtype)
-            _, info = hl.polar(X, return_info=True)
-            methods: dict[str, Callable[[], Any]] = {
-                "polar-NS (ours)": lambda X=X: hl.polar(X),
-                "numpy.linalg.qr": lambda X=X: np.linalg.qr(X)[0],
-                "scipy.linalg.qr (LAPACK)": lambda X=X: scipy.linalg.qr(
-                    X, mode="economic", check_finite=False
-                )[0],
-                "scipy.linalg.polar (SVD)": lambda X=X: scipy.linalg.polar(X)[0],
-                "reference NS (Frobenius, 10 it.)": lambda X=X: reference_polar(X),
-            }
-            ts = b.side_by_side(f"polar {N}×{M} {np.dtype(dtype).name}", methods)
-            for name, fn in methods.items():
-                t = ts[name]
-                rows.append(
-                    {
-                        "N": N,
-                        "M": M,
-                        "dtype": np.dtype(dtype).name,
-                        "method": name,
-                        "orth_err": orth_err(fn()),
-                        "iterations": info["iterations"] if name.startswith("polar-NS") else None,
-                        **t,
-                    }
-                )
+            ours, lapack, svd = _polar_methods(X).items()
+            methods = dict(
+                [ours, ("numpy.linalg.qr", lambda X=X: np.linalg.qr(X)[0]), lapack, svd]
+                + [("reference NS (Frobenius, 10 it.)", lambda X=X: reference_polar(X))]
+            )
+            rows += _polar_rows(b, "polar", X, methods)
     return rows
 
 
@@ -231,27 +243,7 @@ def bench_complex(b: H.Bench, cfg: dict[str, Any], rng: np.random.Generator) -> 
         X128 = _crandn(rng, N, M)
         for dtype in (np.complex64, np.complex128):
             X = X128.astype(dtype)
-            _, info = hl.polar(X, return_info=True)
-            methods: dict[str, Callable[[], Any]] = {
-                "polar-NS (ours)": lambda X=X: hl.polar(X),
-                "scipy.linalg.qr (LAPACK)": lambda X=X: scipy.linalg.qr(
-                    X, mode="economic", check_finite=False
-                )[0],
-                "scipy.linalg.polar (SVD)": lambda X=X: scipy.linalg.polar(X)[0],
-            }
-            ts = b.side_by_side(f"complex polar {N}×{M} {np.dtype(dtype).name}", methods)
-            for name, fn in methods.items():
-                polar_rows.append(
-                    {
-                        "N": N,
-                        "M": M,
-                        "dtype": np.dtype(dtype).name,
-                        "method": name,
-                        "orth_err": orth_err(fn()),
-                        "iterations": info["iterations"] if name.startswith("polar-NS") else None,
-                        **ts[name],
-                    }
-                )
+            polar_rows += _polar_rows(b, "complex polar", X, _polar_methods(X))
     N, M = cfg["complex_vjp_shape"]
     X = np.linalg.qr(_crandn(rng, N, M))[0]
     Z = _crandn(rng, N, M)

@@ -22,6 +22,7 @@ import scipy.linalg
 from conftest import require, to_numpy
 from helpers import (
     EPS,
+    assert_jax_grad_matches_real_and_imaginary_differences,
     assert_vjp_matches_central_differences,
     examples,
     few_shapes,
@@ -509,17 +510,7 @@ def test_jax_grad_against_real_and_imaginary_differences(name, jit):
 
     grad = jax.grad(loss, argnums=(0, 1))
     grads = (jax.jit(grad) if jit else grad)(*map(jnp.asarray, args))
-    eps = 1e-6
-    for i, a in enumerate(args):
-        d = rng.standard_normal(np.shape(a))
-        for direction in (d + 0j, 1j * d):
-            plus, minus = list(args), list(args)
-            plus[i], minus[i] = a + eps * direction, a - eps * direction
-            fd = float(loss(*map(jnp.asarray, plus))) - float(loss(*map(jnp.asarray, minus)))
-            fd /= 2 * eps
-            an = float(np.real(np.sum(np.asarray(grads[i]) * direction)))
-            scale = np.linalg.norm(np.asarray(grads[i])) * np.linalg.norm(d)
-            assert abs(fd - an) <= 1e-7 * max(scale, 1.0), (i, direction.dtype, fd, an)
+    assert_jax_grad_matches_real_and_imaginary_differences(loss, args, grads, rng)
 
 
 def test_jax_grad_is_the_conjugate_of_the_plain_vjp():
