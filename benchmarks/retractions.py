@@ -22,6 +22,9 @@ Tables:
    1.5}), float64: the certified count, the error and the QR floor of the same matrix.
 3. *Cayley, SMW vs dense* (canonical metric, M = 16, N growing): time and peak memory.
 4. *Backward / forward* time ratio of the explicit VJPs.
+5. *Complex* (``complex64``, ``complex128``): one-shot polar of a complex Gaussian X against
+   ``scipy.linalg.qr`` (LAPACK ``?geqrf``/``?ungqr``) and ``scipy.linalg.polar``, and the
+   backward / forward ratio of the complex retractions' VJPs (``docs/theory/complex.rst``).
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ FULL = {
     "cayley_N": [256, 1024, 4096],
     "cayley_M": 16,
     "vjp_shape": (4096, 256),
+    "complex_shapes": [(1000, 10), (2048, 256)],
+    "complex_vjp_shape": (2048, 128),
     "profile": H.Profile(sample_s=2e-3, min_total=0.3, max_total=2.0, max_rep=15),
 }
 QUICK = {
@@ -51,9 +56,12 @@ QUICK = {
     "cayley_N": [128, 512],
     "cayley_M": 16,
     "vjp_shape": (1000, 32),
+    "complex_shapes": [(500, 10)],
+    "complex_vjp_shape": (500, 16),
     "profile": H.Profile(sample_s=0.0, min_total=0.05, max_total=0.5, max_rep=5),
 }
 METHODS = 5  # one-shot polar methods per (shape, dtype)
+COMPLEX_METHODS = 3
 
 
 def planned(cfg: dict[str, Any]) -> int:
@@ -62,6 +70,8 @@ def planned(cfg: dict[str, Any]) -> int:
         + len(cfg["tangent_shapes"]) * 3
         + len(cfg["cayley_N"]) * 2
         + 8
+        + len(cfg["complex_shapes"]) * 2 * COMPLEX_METHODS
+        + 3
     )
 
 
@@ -100,36 +110,48 @@ def dense_cayley(X: np.ndarray, G: np.ndarray, eta: float) -> np.ndarray:
     return np.linalg.solve(eye + 0.5 * eta * A, X - 0.5 * eta * (A @ X))
 
 
+def _polar_methods(X: np.ndarray) -> dict[str, Callable[[], Any]]:
+    """The one-shot polar methods every dtype has (ours, LAPACK QR, SciPy's SVD polar)."""
+    return {
+        "polar-NS (ours)": lambda: hl.polar(X),
+        "scipy.linalg.qr (LAPACK)": lambda: scipy.linalg.qr(X, mode="economic", check_finite=False)[
+            0
+        ],
+        "scipy.linalg.polar (SVD)": lambda: scipy.linalg.polar(X)[0],
+    }
+
+
+def _polar_rows(b: H.Bench, label: str, X: np.ndarray, methods: dict) -> list[dict]:
+    """One side-by-side row per method: time, ‖QᴴQ − I‖_F, our iteration count."""
+    N, M = X.shape
+    _, info = hl.polar(X, return_info=True)
+    ts = b.side_by_side(f"{label} {N}×{M} {X.dtype.name}", methods)
+    return [
+        {
+            "N": N,
+            "M": M,
+            "dtype": X.dtype.name,
+            "method": name,
+            "orth_err": orth_err(fn()),
+            "iterations": info["iterations"] if name.startswith("polar-NS") else None,
+            **ts[name],
+        }
+        for name, fn in methods.items()
+    ]
+
+
 def bench_polar(b: H.Bench, cfg: dict[str, Any], rng: np.random.Generator) -> list[dict]:
     rows = []
     for N, M in cfg["polar_shapes"]:
         X64 = rng.standard_normal((N, M))
         for dtype in (np.float32, np.float64):
             X = X64.astype(dtype)
-            _, info = hl.polar(X, return_info=True)
-            methods: dict[str, Callable[[], Any]] = {
-                "polar-NS (ours)": lambda X=X: hl.polar(X),
-                "numpy.linalg.qr": lambda X=X: np.linalg.qr(X)[0],
-                "scipy.linalg.qr (LAPACK)": lambda X=X: scipy.linalg.qr(
-                    X, mode="economic", check_finite=False
-                )[0],
-                "scipy.linalg.polar (SVD)": lambda X=X: scipy.linalg.polar(X)[0],
-                "reference NS (Frobenius, 10 it.)": lambda X=X: reference_polar(X),
-            }
-            ts = b.side_by_side(f"polar {N}×{M} {np.dtype(dtype).name}", methods)
-            for name, fn in methods.items():
-                t = ts[name]
-                rows.append(
-                    {
-                        "N": N,
-                        "M": M,
-                        "dtype": np.dtype(dtype).name,
-                        "method": name,
-                        "orth_err": orth_err(fn()),
-                        "iterations": info["iterations"] if name.startswith("polar-NS") else None,
-                        **t,
-                    }
-                )
+            ours, lapack, svd = _polar_methods(X).items()
+            methods = dict(
+                [ours, ("numpy.linalg.qr", lambda X=X: np.linalg.qr(X)[0]), lapack, svd]
+                + [("reference NS (Frobenius, 10 it.)", lambda X=X: reference_polar(X))]
+            )
+            rows += _polar_rows(b, "polar", X, methods)
     return rows
 
 
@@ -211,6 +233,40 @@ def bench_vjp(b: H.Bench, cfg: dict[str, Any], rng: np.random.Generator) -> list
     return rows
 
 
+def _crandn(rng: np.random.Generator, N: int, M: int) -> np.ndarray:
+    return rng.standard_normal((N, M)) + 1j * rng.standard_normal((N, M))
+
+
+def bench_complex(b: H.Bench, cfg: dict[str, Any], rng: np.random.Generator) -> dict[str, list]:
+    polar_rows = []
+    for N, M in cfg["complex_shapes"]:
+        X128 = _crandn(rng, N, M)
+        for dtype in (np.complex64, np.complex128):
+            X = X128.astype(dtype)
+            polar_rows += _polar_rows(b, "complex polar", X, _polar_methods(X))
+    N, M = cfg["complex_vjp_shape"]
+    X = np.linalg.qr(_crandn(rng, N, M))[0]
+    Z = _crandn(rng, N, M)
+    Z = 0.3 * (Z - X @ (0.5 * (X.conj().T @ Z + Z.conj().T @ X))) / np.linalg.norm(Z, 2)
+    g = _crandn(rng, N, M)
+    pairs = {
+        "polar_retraction": (hl.polar_retraction, hl.vjp.polar_retraction),
+        "cayley_retraction": (hl.cayley_retraction, hl.vjp.cayley_retraction),
+        "qr_retraction": (hl.qr_retraction, hl.vjp.qr_retraction),
+    }
+    vjp_rows = []
+    for name, (f, v) in pairs.items():
+        t = b.side_by_side(
+            f"complex VJP {name}",
+            {"fwd": lambda f=f: f(X, Z, 0.1), "bwd": lambda v=v: v(X, Z, 0.1, g)},
+        )
+        tf, tb = t["fwd"]["median_s"], t["bwd"]["median_s"]
+        vjp_rows.append(
+            {"map": name, "N": N, "M": M, "forward_s": tf, "vjp_s": tb, "ratio": tb / tf}
+        )
+    return {"polar": polar_rows, "vjp": vjp_rows}
+
+
 def _fmt_t(s: float) -> str:
     return f"{s * 1e3:9.3f} ms" if s < 1 else f"{s:9.3f} s "
 
@@ -268,6 +324,28 @@ def report(res: dict[str, Any]) -> str:
     out += ["", "4. explicit VJP time / forward time", f"{'map':<20} {'shape':>10} {'ratio':>6}"]
     for r in res["vjp"]:
         out.append(f"{r['map']:<20} {r['N']:>5}×{r['M']:<4} {r['ratio']:6.2f}")
+    out += [
+        "",
+        "5. complex: one-shot polar of a complex Gaussian X (‖QᴴQ − I‖_F), VJP / forward",
+        f"{'shape':>10} {'dtype':>10} {'method':<26} {'time':>12} {'‖QᴴQ−I‖_F':>11} "
+        f"{'/LAPACK QR':>10} {'iters':>5}",
+    ]
+    cp = res["complex"]["polar"]
+    for r in cp:
+        floor = next(
+            x["orth_err"]
+            for x in cp
+            if (x["N"], x["M"], x["dtype"]) == (r["N"], r["M"], r["dtype"])
+            and x["method"].startswith("scipy.linalg.qr")
+        )
+        out.append(
+            f"{r['N']:>5}×{r['M']:<4} {r['dtype']:>10} {r['method']:<26} {_fmt_t(r['median_s'])} "
+            f"{r['orth_err']:11.2e} {r['orth_err'] / floor:10.2f} "
+            f"{'' if r['iterations'] is None else r['iterations']:>5}"
+        )
+    out.append(f"{'map (complex128)':<20} {'shape':>10} {'ratio':>6}")
+    for r in res["complex"]["vjp"]:
+        out.append(f"{r['map']:<20} {r['N']:>5}×{r['M']:<4} {r['ratio']:6.2f}")
     return "\n".join(out)
 
 
@@ -284,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         res["tangent"] = bench_tangent(b, cfg, rng)
         res["cayley"] = bench_cayley(b, cfg, rng)
         res["vjp"] = bench_vjp(b, cfg, rng)
+        res["complex"] = bench_complex(b, cfg, rng)
     res["load"] = monitor.result(res["machine"]["cores_available"])
     res["wall_s"] = time.perf_counter() - t0
     text = report(res)

@@ -15,7 +15,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import LONG, require, to_numpy
-from helpers import assert_vjp_matches_central_differences, stable_seed
+from helpers import (
+    assert_jax_grad_matches_real_and_imaginary_differences,
+    assert_vjp_matches_central_differences,
+    stable_seed,
+)
 
 import householderla as hl
 
@@ -203,17 +207,7 @@ def test_jax_grad_against_real_and_imaginary_differences(name, jit):
     loss = _loss(f, W)
     grad = jax.grad(loss, argnums=tuple(range(len(args))))
     grads = (jax.jit(grad) if jit else grad)(*map(jnp.asarray, args))
-    eps = 1e-6
-    for i, a in enumerate(args):
-        d = rng.standard_normal(np.shape(a))
-        for direction in (d + 0j, 1j * d):
-            plus, minus = list(args), list(args)
-            plus[i], minus[i] = a + eps * direction, a - eps * direction
-            fd = float(loss(*map(jnp.asarray, plus))) - float(loss(*map(jnp.asarray, minus)))
-            fd /= 2 * eps
-            an = float(np.real(np.sum(np.asarray(grads[i]) * direction)))
-            scale = np.linalg.norm(np.asarray(grads[i])) * np.linalg.norm(d)
-            assert abs(fd - an) <= 1e-7 * max(scale, 1.0), (i, direction.dtype, fd, an)
+    assert_jax_grad_matches_real_and_imaginary_differences(loss, args, grads, rng)
 
 
 def test_jax_grad_is_the_conjugate_of_the_plain_vjp():

@@ -1,28 +1,60 @@
 """Backend-neutral kernels of the Cayley (SMW), QR and polar retractions and their VJPs.
 
 Cayley (Likhosherstov et al., AISTATS 2021 App. B, Lemma 1): with G̃ = G (canonical) or G̃ = G −
-½X(XᵀG) (Euclidean), A = G̃Xᵀ − XG̃ᵀ = B Cᵀ with B = η[G̃, sX], C = [X, −G̃/s] (N × 2M, s > 0 a
+½X(XᴴG) (Euclidean), A = G̃Xᴴ − XG̃ᴴ = B Cᴴ with B = η[G̃, sX], C = [X, −G̃/s] (N × 2M, s > 0 a
 balancing power of two), and
 
-    Cayley(ηA) X = X − B K⁻¹ Cᵀ X,   K = I + ½ CᵀB  (2M × 2M).
+    Cayley(ηA) X = X − B K⁻¹ Cᴴ X,   K = I + ½ CᴴB  (2M × 2M).
 
-CᵀB and CᵀX need only P = XᵀX, W₀ = XᵀG and GᵀG: 10·N·M² flops, no N×N matrix. The
-derivations (both metrics, the VJPs) are in ``docs/theory/retractions.rst``. Every function
-takes ``xp`` explicitly and works in the dtype it is given.
+CᴴB and CᴴX need only P = XᴴX, W₀ = XᴴG and GᴴG: 10·N·M² flops, no N×N matrix. ᴴ is the
+conjugate transpose (ᵀ for real arrays): every formula here holds for complex X with A
+skew-Hermitian, and the VJPs are those of the real case with ᵀ → ᴴ (real inner product
+Re tr(AᴴB), ``docs/theory/complex.rst``). The derivations (both metrics, the VJPs) are in
+``docs/theory/retractions.rst``. Every function takes ``xp`` explicitly and works in the dtype
+it is given.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .._lib.linalg import eye_like, inv_upper_triangular
-from .._lib.namespace import device_of, mT
+from .._lib.linalg import abs2, eye_like, inv_upper_triangular, real_dot
+from .._lib.namespace import accumulation_dtype, device_of, is_complex, is_half, mH
 
 
-def gram(X: Any) -> Any:
-    """XᵀX (..., M, M), exactly symmetric."""
-    A = mT(X) @ X
-    return 0.5 * (A + mT(A))
+def gram(X: Any, xp: Any) -> Any:
+    """XᴴX (..., M, M), exactly Hermitian (XᵀX, symmetric, for real X)."""
+    A = mH(X, xp) @ X
+    return 0.5 * (A + mH(A, xp))
+
+
+def step_sum(xp: Any, X: Any, Z: Any, t: Any) -> Any:
+    """X + tZ; in float32 for half-precision X: a half-precision sum would drop every
+    part of the step below u·|X| (a step of 10⁻³·|X| entirely in bfloat16)."""
+    if is_half(xp, X.dtype):
+        work = accumulation_dtype(xp, X.dtype)
+        X, Z = xp.astype(X, work), xp.astype(Z, work)
+    return X + t * Z
+
+
+def power_of_two_max(A: Any, xp: Any) -> Any:
+    """2^round(log₂ max|A|) per matrix, shape (..., 1, 1) (1 for A = 0): dividing by it is
+    exact and brings the entries to about 1, so Gram products neither overflow nor
+    underflow. Its derivative is 0 almost everywhere, so autodiff passes through."""
+    m = xp.max(xp.abs(A), axis=(-2, -1), keepdims=True)
+    e = xp.round(xp.log2(xp.where(m > 0, m, xp.ones_like(m))))
+    return 2.0**e
+
+
+def inner(A: Any, B: Any, xp: Any) -> Any:
+    """⟨A, B⟩ = Re tr(AᴴB) per matrix (the real inner product in which complex cotangents
+    are taken, ``docs/theory/complex.rst``), real, shape (...)."""
+    return real_dot(A, B, xp, axis=(-2, -1))[..., 0, 0]
+
+
+def sq_norm(A: Any, xp: Any) -> Any:
+    """‖A‖_F² per matrix, real, shape (...)."""
+    return xp.sum(abs2(A, xp), axis=(-2, -1))
 
 
 def _trace(A: Any, xp: Any) -> Any:
@@ -33,7 +65,8 @@ def _trace(A: Any, xp: Any) -> Any:
 def _balance(GtG: Any, xp: Any) -> Any:
     """s = a power of two near the RMS column norm of G̃ (1 for G̃ = 0), shape (..., 1, 1):
     balances the blocks of K; the result does not depend on s, and powers of two are exact."""
-    m = _trace(GtG, xp) / GtG.shape[-1]
+    m = _trace(GtG, xp)
+    m = (xp.real(m) if is_complex(m.dtype) else m) / GtG.shape[-1]  # a Hermitian trace
     pos = m > 0
     e = xp.round(0.5 * xp.log2(xp.where(pos, m, xp.ones_like(m))))
     return (2.0**e)[..., None, None]
@@ -41,26 +74,26 @@ def _balance(GtG: Any, xp: Any) -> Any:
 
 def cayley_parts(X: Any, G: Any, step: Any, euclidean: bool, xp: Any) -> dict[str, Any]:
     """Small matrices of the SMW Cayley step (``step`` a float or (..., 1, 1) array)."""
-    P = gram(X)
-    W0 = mT(X) @ G
-    GG = gram(G)
+    P = gram(X, xp)
+    W0 = mH(X, xp) @ G
+    GG = gram(G, xp)
     if euclidean:
         PW0 = P @ W0
-        W = W0 - 0.5 * PW0  # XᵀG̃
-        GtG = GG - mT(W0) @ W0 + 0.25 * (mT(W0) @ PW0)  # G̃ᵀG̃
-        GtG = 0.5 * (GtG + mT(GtG))
+        W0h = mH(W0, xp)
+        W = W0 - 0.5 * PW0  # XᴴG̃
+        GtG = GG - W0h @ W0 + 0.25 * (W0h @ PW0)  # G̃ᴴG̃
+        GtG = 0.5 * (GtG + mH(GtG, xp))
     else:
         W, GtG = W0, GG
     s = _balance(GtG, xp)
     M = X.shape[-1]
     eye2 = eye_like(xp, 2 * M, X.dtype, device_of(X))
-    CtB = xp.concat(
-        [xp.concat([W, s * P], axis=-1), xp.concat([-GtG / s, -mT(W)], axis=-1)], axis=-2
-    )
+    Wh = mH(W, xp)
+    CtB = xp.concat([xp.concat([W, s * P], axis=-1), xp.concat([-GtG / s, -Wh], axis=-1)], axis=-2)
     K = eye2 + (0.5 * step) * CtB
-    R0 = xp.concat([P, -mT(W) / s], axis=-2)
-    Wh = xp.linalg.solve(K, R0)
-    W1, W2 = Wh[..., :M, :], Wh[..., M:, :]
+    R0 = xp.concat([P, -Wh / s], axis=-2)
+    Sol = xp.linalg.solve(K, R0)
+    W1, W2 = Sol[..., :M, :], Sol[..., M:, :]
     # U = G̃W₁ + sXW₂ = G W₁ + X c,  c = sW₂ − ½ε W₀W₁
     c = s * W2 - 0.5 * (W0 @ W1) if euclidean else s * W2
     return {"P": P, "W0": W0, "GG": GG, "s": s, "K": K, "W1": W1, "W2": W2, "c": c}
@@ -73,49 +106,49 @@ def cayley_forward(X: Any, G: Any, step: Any, euclidean: bool, xp: Any) -> tuple
     return X - step * U, d["P"]
 
 
-def tangent_lift(X: Any, Z: Any) -> Any:
-    """G = −(I − ½XXᵀ)Z: the Cayley kernels' A = GXᵀ − XGᵀ is then −W for the canonical
-    skew lift W = ẐXᵀ − XẐᵀ of the direction Z, so Cayley(ηA)X moves along +Z."""
-    return 0.5 * (X @ (mT(X) @ Z)) - Z
+def tangent_lift(X: Any, Z: Any, xp: Any) -> Any:
+    """G = −(I − ½XXᴴ)Z: the Cayley kernels' A = GXᴴ − XGᴴ is then −W for the canonical
+    skew(-Hermitian) lift W = ẐXᴴ − XẐᴴ of the direction Z, so Cayley(ηA)X moves along +Z."""
+    return 0.5 * (X @ (mH(X, xp) @ Z)) - Z
 
 
-def tangent_lift_vjp(X: Any, Z: Any, G_bar: Any) -> tuple[Any, Any]:
-    """(X̄, Z̄) of G = ½X(XᵀZ) − Z: Z̄ = ½X(XᵀḠ) − Ḡ, X̄ = ½(Ḡ ZᵀX + Z ḠᵀX)."""
-    Z_bar = 0.5 * (X @ (mT(X) @ G_bar)) - G_bar
-    X_bar = 0.5 * (G_bar @ (mT(Z) @ X) + Z @ (mT(G_bar) @ X))
+def tangent_lift_vjp(X: Any, Z: Any, G_bar: Any, xp: Any) -> tuple[Any, Any]:
+    """(X̄, Z̄) of G = ½X(XᴴZ) − Z: Z̄ = ½X(XᴴḠ) − Ḡ, X̄ = ½(Ḡ ZᴴX + Z ḠᴴX)."""
+    Z_bar = 0.5 * (X @ (mH(X, xp) @ G_bar)) - G_bar
+    X_bar = 0.5 * (G_bar @ (mH(Z, xp) @ X) + Z @ (mH(G_bar, xp) @ X))
     return X_bar, Z_bar
 
 
 def cayley_along(X: Any, Z: Any, step: Any, xp: Any) -> tuple[Any, Any]:
     """(Cayley(step·W) X along the direction Z, max ‖XᵀX − I‖_F): the SMW map of
     :func:`tangent_lift` (the primal of every autodiff rule of ``cayley_retraction``)."""
-    return cayley_with_drift(X, tangent_lift(X, Z), step, False, xp)
+    return cayley_with_drift(X, tangent_lift(X, Z, xp), step, False, xp)
 
 
 def cayley_along_vjp(X: Any, Z: Any, step: Any, Ybar: Any, xp: Any) -> tuple[Any, Any, Any]:
     """(X̄, Z̄, step_bar per matrix) of :func:`cayley_along`: :func:`cayley_vjp` through the
     lift G = ½X(XᵀZ) − Z."""
-    Xbar, Gbar, sb = cayley_vjp(X, tangent_lift(X, Z), step, Ybar, False, xp)
-    Xb, Zbar = tangent_lift_vjp(X, Z, Gbar)
+    Xbar, Gbar, sb = cayley_vjp(X, tangent_lift(X, Z, xp), step, Ybar, False, xp)
+    Xb, Zbar = tangent_lift_vjp(X, Z, Gbar, xp)
     return Xbar + Xb, Zbar, sb
 
 
 def cayley_with_drift(X: Any, G: Any, step: Any, euclidean: bool, xp: Any) -> tuple[Any, Any]:
-    """(Cayley(step·A) X by SMW, max ‖XᵀX − I‖_F over the batch): the drift feeds the
+    """(Cayley(step·A) X by SMW, max ‖XᴴX − I‖_F over the batch): the drift feeds the
     orthogonality guard of ``cayley_retraction`` and is not differentiated."""
     Y, P = cayley_forward(X, G, step, euclidean, xp)
     E = P - eye_like(xp, P.shape[-1], P.dtype, device_of(P))
-    return Y, xp.max(xp.sqrt(xp.sum(E * E, axis=(-2, -1))))
+    return Y, xp.max(xp.sqrt(sq_norm(E, xp)))
 
 
 def cayley_vjp(
     X: Any, G: Any, step: Any, Ybar: Any, euclidean: bool, xp: Any
 ) -> tuple[Any, Any, Any]:
-    """(X̄, Ḡ, η̄ per batch element) of Y = X − B K⁻¹ CᵀX.
+    """(X̄, Ḡ, η̄ per batch element) of Y = X − B K⁻¹ CᴴX (ᴴ = ᵀ for real arrays; η̄ real).
 
-    With Λ = K⁻ᵀBᵀȲ, D = ½CΛ − Ȳ and V = X + Y:  X̄ = Ȳ − CΛ + ηs D W₂ᵀ − ½V Λ₁ᵀ,
-    Ḡ̃ = η D W₁ᵀ + ½ V Λ₂ᵀ/s,  η̄ = ⟨D, U⟩; Euclidean: Ḡ = Ḡ̃ − ½X XᵀḠ̃ and
-    X̄ −= ½(Ḡ̃ W₀ᵀ + G Ḡ̃ᵀX). Every N × M matrix is kept as X·x + G·g + Ȳ·y with small
+    With Λ = K⁻ᴴBᴴȲ, D = ½CΛ − Ȳ and V = X + Y:  X̄ = Ȳ − CΛ + ηs D W₂ᴴ − ½V Λ₁ᴴ,
+    Ḡ̃ = η D W₁ᴴ + ½ V Λ₂ᴴ/s,  η̄ = ⟨D, U⟩; Euclidean: Ḡ = Ḡ̃ − ½X XᴴḠ̃ and
+    X̄ −= ½(Ḡ̃ W₀ᴴ + G Ḡ̃ᴴX). Every N × M matrix is kept as X·x + G·g + Ȳ·y with small
     coefficients, so the backward costs [X G]ᵀȲ and one N × 3M by 3M × 2M product on top
     of the forward's three Gram products: 22·N·M² flops (the forward: 10·N·M²).
     """
@@ -125,10 +158,14 @@ def cayley_vjp(
     eye = eye_like(xp, M, X.dtype, device_of(X))
     zero = xp.zeros_like(P)
     e = 1.0 if euclidean else 0.0
-    H = mT(xp.concat([X, G], axis=-1)) @ Ybar
-    Hx, Hg = H[..., :M, :], H[..., M:, :]  # XᵀȲ, GᵀȲ
-    BtY = step * xp.concat([Hg - 0.5 * e * (mT(W0) @ Hx), s * Hx], axis=-2)  # BᵀȲ
-    Lam = xp.linalg.solve(mT(K), BtY)
+
+    def h(a: Any) -> Any:
+        return mH(a, xp)
+
+    H = h(xp.concat([X, G], axis=-1)) @ Ybar
+    Hx, Hg = H[..., :M, :], H[..., M:, :]  # XᴴȲ, GᴴȲ
+    BtY = step * xp.concat([Hg - 0.5 * e * (h(W0) @ Hx), s * Hx], axis=-2)  # BᴴȲ
+    Lam = xp.linalg.solve(h(K), BtY)
     L1, L2 = Lam[..., :M, :], Lam[..., M:, :]
 
     def mul(t: tuple[Any, ...], m: Any) -> tuple[Any, ...]:
@@ -137,7 +174,7 @@ def cayley_vjp(
     def add(*ts: tuple[Any, ...]) -> tuple[Any, ...]:
         return tuple(sum(parts[1:], parts[0]) for parts in zip(*ts, strict=True))
 
-    def xt(t: tuple[Any, ...]) -> Any:  # Xᵀ(X·x + G·g + Ȳ·y)
+    def xt(t: tuple[Any, ...]) -> Any:  # Xᴴ(X·x + G·g + Ȳ·y)
         return P @ t[0] + W0 @ t[1] + Hx @ t[2]
 
     # triples (x, g, y) stand for the N × M matrix X·x + G·g + Ȳ·y
@@ -145,60 +182,76 @@ def cayley_vjp(
     V = (2.0 * eye - step * c, -step * W1, zero)
     CL = (L1 + (0.5 * e) * (W0 @ L2) / s, -L2 / s, zero)
     D = (0.5 * CL[0], 0.5 * CL[1], -eye)
-    Xbar = add((-CL[0], -CL[1], eye), mul(D, (step * s) * mT(W2)), mul(V, -0.5 * mT(L1)))
-    Gbar = add(mul(D, step * mT(W1)), mul(V, (0.5 / s) * mT(L2)))
+    Xbar = add((-CL[0], -CL[1], eye), mul(D, (step * s) * h(W2)), mul(V, -0.5 * h(L1)))
+    Gbar = add(mul(D, step * h(W1)), mul(V, (0.5 / s) * h(L2)))
     if euclidean:
         XtGbar = xt(Gbar)
-        Xbar = add(Xbar, mul(Gbar, -0.5 * mT(W0)), (zero, -0.5 * mT(XtGbar), zero))
+        Xbar = add(Xbar, mul(Gbar, -0.5 * h(W0)), (zero, -0.5 * h(XtGbar), zero))
         Gbar = add(Gbar, (-0.5 * XtGbar, zero, zero))
-    # η̄ = ⟨D, U⟩ through the Gram matrix of the basis [X, G, Ȳ] (U has no Ȳ part)
+    # η̄ = ⟨D, U⟩ = Re tr(DᴴU) through the Gram matrix of the basis [X, G, Ȳ] (U has no Ȳ
+    # part): Σ_k ⟨d_k, (basis_k)ᴴU⟩
     gx = P @ U[0] + W0 @ U[1]
-    gg = mT(W0) @ U[0] + GG @ U[1]
-    gy = mT(Hx) @ U[0] + mT(Hg) @ U[1]
-    step_bar = xp.sum(D[0] * gx + D[1] * gg + D[2] * gy, axis=(-2, -1))
+    gg = h(W0) @ U[0] + GG @ U[1]
+    gy = h(Hx) @ U[0] + h(Hg) @ U[1]
+    step_bar = inner(D[0], gx, xp) + inner(D[1], gg, xp) + inner(D[2], gy, xp)
     coef = xp.concat([xp.concat([a, b], axis=-1) for a, b in zip(Xbar, Gbar, strict=True)], axis=-2)
     out = xp.concat([X, G, Ybar], axis=-1) @ coef
     return out[..., :M], out[..., M:], step_bar
 
 
 def qr_positive(Y: Any, xp: Any) -> tuple[Any, Any]:
-    """Thin QR with R's diagonal ≥ 0 (a zero diagonal entry keeps its column: sign +1)."""
+    """Thin QR with R's diagonal real and ≥ 0 (a zero diagonal entry keeps its column).
+
+    Real: columns of Q (rows of R) with r_kk < 0 are negated. Complex: Q ← Q·diag(φ),
+    R ← diag(φ̄)R with the phases φ_k = r_kk/|r_kk| (Y = QR is unchanged, diag(φ̄)R has the
+    diagonal |r_kk|)."""
     Q, R = xp.linalg.qr(Y)
     eye = eye_like(xp, R.shape[-1], R.dtype, device_of(R))
     d = xp.sum(R * eye, axis=-1)
+    if is_complex(d.dtype):
+        a = xp.abs(d)
+        ph = xp.where(a > 0, d / xp.astype(xp.where(a > 0, a, xp.ones_like(a)), d.dtype), 1.0)
+        return Q * ph[..., None, :], R * xp.conj(ph)[..., :, None]
     sgn = xp.where(d < 0, -xp.ones_like(d), xp.ones_like(d))
     return Q * sgn[..., None, :], R * sgn[..., :, None]
 
 
 def qr_vjp(Y: Any, Qbar: Any, xp: Any) -> Any:
-    """Ȳ of Y ↦ qf(Y) (positive diagonal): Ȳ = (Q̄ − Q F) R⁻ᵀ with E = QᵀQ̄ and
-    F = triu(E) + tril(Eᵀ, −1). 2·M²(N − M/3)·2 (QR) + 6·N·M² flops, no N × N matrix."""
+    """Ȳ of Y ↦ qf(Y) (diagonal of R real positive): Ȳ = (Q̄ − Q F) R⁻ᴴ with E = QᴴQ̄ and
+    F = triu(E, 1) + diag(Re E) + tril(Eᴴ, −1) (= triu(E) + tril(Eᵀ, −1) for real Y).
+    2·M²(N − M/3)·2 (QR) + 6·N·M² flops, no N × N matrix."""
     Q, R = qr_positive(Y, xp)
-    E = mT(Q) @ Qbar
-    F = xp.triu(E) + xp.tril(mT(E), k=-1)
-    return (Qbar - Q @ F) @ mT(inv_upper_triangular(R, xp))
+    E = mH(Q, xp) @ Qbar
+    Eh = mH(E, xp)
+    F = xp.triu(E) + xp.tril(Eh, k=-1)
+    if is_complex(E.dtype):  # the diagonal's imaginary part is the phase gauge: removed
+        eye = eye_like(xp, E.shape[-1], E.dtype, device_of(E))
+        F = F - 0.5 * (E - Eh) * eye
+    return (Qbar - Q @ F) @ mH(inv_upper_triangular(R, xp), xp)
 
 
 def polar_vjp(X: Any, Qbar: Any, xp: Any) -> tuple[Any, Any]:
-    """X̄ of X ↦ X P⁻¹, P = (XᵀX)^{1/2}: X̄ = Q̄P⁻¹ − 2XΩ with PΩ + ΩP = sym(P⁻¹XᵀQ̄P⁻¹),
-    solved in the eigenbasis of XᵀX = V diag(σ²) Vᵀ: Ω̃_ij = sym(VᵀXᵀQ̄V)_ij /
-    (σ_iσ_j(σ_i + σ_j)). Returns (X̄, σ). 8·N·M² + O(M³) flops."""
-    lam, V = xp.linalg.eigh(gram(X))
+    """X̄ of X ↦ X P⁻¹, P = (XᴴX)^{1/2}: X̄ = Q̄P⁻¹ − 2XΩ with PΩ + ΩP = herm(P⁻¹XᴴQ̄P⁻¹),
+    solved in the eigenbasis of XᴴX = V diag(σ²) Vᴴ: Ω̃_ij = herm(VᴴXᴴQ̄V)_ij /
+    (σ_iσ_j(σ_i + σ_j)) (ᴴ = ᵀ for real X). Returns (X̄, σ). 8·N·M² + O(M³) flops."""
+    lam, V = xp.linalg.eigh(gram(X, xp))
     sig = xp.sqrt(xp.maximum(lam, xp.zeros_like(lam)))
-    F = mT(V) @ ((mT(X) @ Qbar) @ V)
-    Fs = 0.5 * (F + mT(F))
+    F = mH(V, xp) @ ((mH(X, xp) @ Qbar) @ V)
+    Fs = 0.5 * (F + mH(F, xp))
     si, sj = sig[..., :, None], sig[..., None, :]
     den = si * sj * (si + sj)
     Om = Fs / xp.where(den > 0, den, xp.ones_like(den))  # rank-deficient X: caller raises
-    Pinv = (V / xp.where(sj > 0, sj, xp.ones_like(sj))) @ mT(V)
-    Xbar = Qbar @ Pinv - X @ (2.0 * (V @ (Om @ mT(V))))
+    Vh = mH(V, xp)
+    Pinv = (V / xp.where(sj > 0, sj, xp.ones_like(sj))) @ Vh
+    Xbar = Qbar @ Pinv - X @ (2.0 * (V @ (Om @ Vh)))
     return Xbar, sig
 
 
-def riemannian_gradient(X: Any, G: Any, euclidean: bool) -> Any:
-    """A X with A = G̃Xᵀ − XG̃ᵀ: G P − X Wᵀ (canonical), G P − X(Wᵀ + ½(W − Wᵀ)P)
-    (Euclidean), W = XᵀG, P = XᵀX. 8·N·M² flops."""
-    P = gram(X)
-    W = mT(X) @ G
-    Mx = mT(W) + 0.5 * ((W - mT(W)) @ P) if euclidean else mT(W)
+def riemannian_gradient(X: Any, G: Any, euclidean: bool, xp: Any) -> Any:
+    """A X with A = G̃Xᴴ − XG̃ᴴ: G P − X Wᴴ (canonical), G P − X(Wᴴ + ½(W − Wᴴ)P)
+    (Euclidean), W = XᴴG, P = XᴴX (ᴴ = ᵀ for real X). 8·N·M² flops."""
+    P = gram(X, xp)
+    W = mH(X, xp) @ G
+    Wh = mH(W, xp)
+    Mx = Wh + 0.5 * ((W - Wh) @ P) if euclidean else Wh
     return G @ P - X @ Mx

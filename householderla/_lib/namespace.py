@@ -133,7 +133,8 @@ def _float_dtype_of(
             return dtype  # complex64 or complex128: the standard has no other
         raise TypeError(
             f"{name} has complex dtype {dtype}; this function implements the real case only "
-            "(complex input is supported by the Householder, CWY and T-CWY maps and their VJPs)"
+            "(complex input is supported by the Householder, CWY and T-CWY maps, polar, the "
+            "retractions, riemannian_gradient and their VJPs)"
         )
     if xp.isdtype(dtype, "integral"):
         return default_float(xp, device)
