@@ -12,7 +12,7 @@ from typing import Any
 from ._agnostic.polar_schedules import SCHEDULES, fixed_polar, schedule, schedule_of
 from ._lib.checks import check_finite_columns
 from ._lib.jit import jit_for
-from ._lib.namespace import mT, resolve
+from ._lib.namespace import is_complex, mT, real_dtype, resolve
 
 __all__ = [
     "ADJUST_LR",
@@ -89,11 +89,14 @@ def orthogonalize(
 
 def fixed_step_polar(X: Any, name: Any, steps: Any, min_sv: Any, return_info: bool, xp: Any) -> Any:
     """``hl.polar(X, schedule=name, steps=..., min_sv=...)``: see :func:`householderla.polar`."""
-    xp, _, dtype, (X,) = resolve([("X", X)], xp, half=True)
+    xp, _, dtype, (X,) = resolve([("X", X)], xp, half=True, complex_ok=True)
     if X.ndim < 2:
         raise ValueError(f"X must have shape (..., N, M); got shape {tuple(X.shape)}")
     tall = X.shape[-2] > X.shape[-1]
-    sched = fixed_step_schedule(name, steps, min_sv, float(xp.finfo(dtype).eps), min(X.shape[-2:]))
+    # complex X: each entry of XXᴴ is a real inner product of length 2M per real and
+    # imaginary part, so the rounding model of M × N real steps is taken at 2M
+    m = min(X.shape[-2:]) * (2 if is_complex(dtype) else 1)
+    sched = fixed_step_schedule(name, steps, min_sv, float(xp.finfo(real_dtype(xp, dtype)).eps), m)
     info = {
         "method": "fixed-step",
         "schedule": sched.name,

@@ -1,4 +1,4 @@
-"""Retractions onto the Stiefel manifold St(N, M) = {X ∈ ℝ^{N×M} : XᵀX = I}.
+"""Retractions onto the Stiefel manifold St(N, M) = {X ∈ 𝔽^{N×M} : XᴴX = I}, 𝔽 = ℝ or ℂ.
 
 ``polar`` (Newton–Schulz with an a priori iteration count, Kong, Wang & Tao, ICLR 2023 eq. 13 and
 Algorithm 3), ``polar_retraction`` (polar(X + tZ)), ``cayley_retraction`` (Cayley(ηA)X by
@@ -6,8 +6,9 @@ Sherman–Morrison–Woodbury, Likhosherstov et al., AISTATS 2021 App. B Lemma 1
 (qf(X + tZ)) and ``riemannian_gradient`` (A X, Likhosherstov et al., AISTATS 2021, §2.2.2). All
 batched over leading dimensions, float32 and float64, on every Array API namespace; float32 input is
 computed in float64 on CPU backends and rounded once; bfloat16 and float16 input in float32
-(``docs/theory/lowprec.rst``). The mathematics is in
-``docs/theory/retractions.rst``.
+(``docs/theory/lowprec.rst``). ``polar`` and ``polar_retraction`` take complex64/complex128 too
+(Hermitian transposes; complex64 in complex128 on CPU, ``docs/theory/complex.rst``). The
+mathematics is in ``docs/theory/retractions.rst``.
 
 Autodiff: with torch tensors that need a graph (or are wrapped by ``torch.func``) and always
 with JAX arrays, ``polar`` (hence ``polar_retraction`` and Cayley's drift guard), the SMW
@@ -40,7 +41,14 @@ from ._lib.checks import (
     check_stiefel_shape,
 )
 from ._lib.jit import jit_for, kernel_namespace, select
-from ._lib.namespace import accumulation_dtype, accumulation_dtype_for, is_half, mT, resolve
+from ._lib.namespace import (
+    accumulation_dtype,
+    accumulation_dtype_for,
+    is_half,
+    mT,
+    real_dtype,
+    resolve,
+)
 from ._lib.tracing import is_eager
 
 __all__ = [
@@ -84,27 +92,10 @@ def as_step(step: Any, xp: Any, dtype: Any, device: Any, batch: tuple[int, ...])
 
 
 def step_dtype(xp: Any, dtype: Any) -> Any:
-    """The dtype a step array takes: X's, or float32 for half-precision X (a step rounded
-    to bfloat16 would be off by up to 2⁻⁹)."""
-    return accumulation_dtype(xp, dtype) if is_half(xp, dtype) else dtype
-
-
-def step_sum(xp: Any, X: Any, Z: Any, t: Any) -> Any:
-    """X + tZ; in float32 for half-precision X: a half-precision sum would drop every
-    part of the step below u·|X| (a step of 10⁻³·|X| entirely in bfloat16)."""
-    if is_half(xp, X.dtype):
-        work = accumulation_dtype(xp, X.dtype)
-        X, Z = xp.astype(X, work), xp.astype(Z, work)
-    return X + t * Z
-
-
-def _power_of_two_max(A: Any, xp: Any) -> Any:
-    """2^round(log₂ max|A|) per matrix, shape (..., 1, 1) (1 for A = 0): dividing by it is
-    exact and brings the entries to about 1, so Gram products neither overflow nor
-    underflow. Its derivative is 0 almost everywhere, so autodiff passes through."""
-    m = xp.max(xp.abs(A), axis=(-2, -1), keepdims=True)
-    e = xp.round(xp.log2(xp.where(m > 0, m, xp.ones_like(m))))
-    return 2.0**e
+    """The dtype a step array takes: X's, its real dtype for complex X (the step is a real
+    number), or float32 for half-precision X (a step rounded to bfloat16 would be off by up
+    to 2⁻⁹)."""
+    return accumulation_dtype(xp, dtype) if is_half(xp, dtype) else real_dtype(xp, dtype)
 
 
 def _work(xp: Any, *arrays: Any) -> tuple[Any, list[Any]]:
@@ -129,14 +120,18 @@ def polar(
     return_info: bool = False,
     xp: Any = None,
 ) -> Any:
-    """Polar factor Q = X (XᵀX)^{-1/2} of tall full-rank X by Newton–Schulz.
+    """Polar factor Q = X (XᴴX)^{-1/2} of tall full-rank X by Newton–Schulz.
 
     Parameters
     ----------
     X : array, shape (..., N, M)
         Full rank. A wide X (M > N) gives the factor with orthonormal rows,
-        (XXᵀ)^{-1/2} X = polar(Xᵀ)ᵀ, as ``scipy.linalg.polar`` does. float32, float64,
-        bfloat16 or float16 (half precision is computed in float32, rounded once).
+        (XXᴴ)^{-1/2} X = polar(Xᵀ)ᵀ, as ``scipy.linalg.polar`` does. float32, float64,
+        bfloat16 or float16 (half precision is computed in float32, rounded once), complex64
+        or complex128 (the unitary factor: ᴴ is the conjugate transpose, XᴴX Hermitian
+        positive definite with real eigenvalues, so the iteration, its bounds and its count are
+        the real ones; complex64 is computed in complex128 on CPU and rounded once). Every
+        option below applies to complex X.
     schedule : {None, "certified", "polar_express", "muon", "newton_schulz"}
         None (default): the polar factor to the accuracy of the dtype (below). A name: the
         *fixed-step mode* for update directions (Muon): ``steps`` odd-polynomial steps on
@@ -204,6 +199,9 @@ def polar(
     >>> Q = hl.polar(X)
     >>> bool(np.allclose(Q.T @ Q, np.eye(3)))
     True
+    >>> Qc = hl.polar(X + 1j * np.random.default_rng(1).standard_normal((6, 3)))
+    >>> bool(np.allclose(Qc.conj().T @ Qc, np.eye(3)))
+    True
     >>> U, info = hl.polar(X, schedule="polar_express", return_info=True)
     >>> [round(v, 3) for v in info["interval_exact"]]
     [0.857, 1.131]
@@ -217,7 +215,7 @@ def polar(
     if is_dask_array(X):  # tall, row-chunked X: Q·polar(R) by Dask's TSQR (docs/dask.rst)
         Q = tsqr_retraction(X, None, 0.0, partial(polar, rank_deficient=rank_deficient))
         return (Q, {"method": "tsqr"}) if return_info else Q
-    xp, _, _, (X,) = resolve([("X", X)], xp, half=True)
+    xp, _, _, (X,) = resolve([("X", X)], xp, half=True, complex_ok=True)
     if X.ndim < 2:
         raise ValueError(f"X must have shape (..., N, M); got shape {tuple(X.shape)}")
     if num_iters is not None and (int(num_iters) != num_iters or num_iters < 0):
@@ -249,15 +247,18 @@ def _polar_svd(X: Any, xp: Any) -> Any:
 
 
 def polar_retraction(X: Any, Z: Any, step: Any = 1.0, *, xp: Any = None) -> Any:
-    """Polar retraction R(X, tZ) = polar(X + tZ) = (X + tZ)((X + tZ)ᵀ(X + tZ))^{-1/2}.
+    """Polar retraction R(X, tZ) = polar(X + tZ) = (X + tZ)((X + tZ)ᴴ(X + tZ))^{-1/2}.
 
     Parameters
     ----------
     X : array, shape (..., N, M), M ≤ N
-        A point of St(N, M) (need not be exactly orthonormal: the result always is).
+        A point of St(N, M) (need not be exactly orthonormal: the result always is). Real
+        (float32, float64, bfloat16, float16) or complex (complex64, complex128); a real X with
+        a complex Z gives a complex result.
     Z : array, shape of X
-        Direction (a tangent vector XᵀZ + ZᵀX = 0 for a retraction).
+        Direction (a tangent vector XᴴZ + ZᴴX = 0 for a retraction).
     step : float or array of shape broadcasting to X's batch shape
+        Real (a complex step raises ``TypeError``).
 
     Returns
     -------
@@ -273,13 +274,13 @@ def polar_retraction(X: Any, Z: Any, step: Any = 1.0, *, xp: Any = None) -> Any:
     """
     if is_dask_array(X):  # tall, row-chunked X: Q·polar(R) by Dask's TSQR (docs/dask.rst)
         return tsqr_retraction(X, Z, step, polar)
-    xp, device, dtype, (X, Z) = resolve([("X", X), ("Z", Z)], xp, half=True)
+    xp, device, dtype, (X, Z) = resolve([("X", X), ("Z", Z)], xp, half=True, complex_ok=True)
     check_stiefel_shape(X)
     check_like(Z, X, "Z")
     t = as_step(step, xp, step_dtype(xp, dtype), device, tuple(X.shape[:-2]))
     check_finite_columns(X, xp, "X")
     check_finite_columns(Z, xp, "Z")
-    Q = polar(step_sum(xp, X, Z, t), xp=xp)
+    Q = polar(RK.step_sum(xp, X, Z, t), xp=xp)
     return Q if Q.dtype == dtype else xp.astype(Q, dtype)
 
 
@@ -352,7 +353,7 @@ def cayley_retraction(
     tw = t if isinstance(t, float) or t.dtype == work else xp.astype(t, work)
     # tZ enters only as a product: Z/c and tc (c a power of two near max|Z|) give the same
     # map with Gram products of unit scale (Z at 1e±160 used to give NaN or 1e-4 errors)
-    c = _power_of_two_max(Zw, xp)
+    c = RK.power_of_two_max(Zw, xp)
     Y, drift = call(r, "cayley", xp, Xw, Zw / c, tw * c)
     if drift_tol is None:
         drift_tol = DRIFT_FACTOR * X.shape[-1] ** 0.5 * float(xp.finfo(dtype).eps)
@@ -391,7 +392,7 @@ def qr_retraction(X: Any, Z: Any, step: Any = 1.0, *, xp: Any = None) -> Any:
     t = as_step(step, xp, step_dtype(xp, dtype), device, tuple(X.shape[:-2]))
     check_finite_columns(X, xp, "X")
     check_finite_columns(Z, xp, "Z")
-    Y = step_sum(xp, X, Z, t)
+    Y = RK.step_sum(xp, X, Z, t)
     check_finite_columns(Y, xp, "X + step*Z")  # finite X, Z, step can still overflow
     if X.shape[-1] == 0:
         return Y
@@ -403,7 +404,7 @@ def qr_retraction(X: Any, Z: Any, step: Any = 1.0, *, xp: Any = None) -> Any:
 
 
 def _riemannian_gradient(xp: Any, X: Any, G: Any, euclidean: bool) -> Any:
-    return RK.riemannian_gradient(X, G, euclidean)
+    return RK.riemannian_gradient(X, G, euclidean, xp)
 
 
 def riemannian_gradient(X: Any, G: Any, *, metric: str = "canonical", xp: Any = None) -> Any:

@@ -305,21 +305,25 @@ def cwy_factors(V: Any, U_bar: Any, T_bar: Any, *, xp: Any = None) -> Any:
 
 
 def _retraction_inputs(
-    X: Any, Z: Any, step: Any, Ybar: Any, xp: Any, zname: str
+    X: Any, Z: Any, step: Any, Ybar: Any, xp: Any, zname: str, complex_ok: bool = True
 ) -> tuple[Any, Any, Any, Any, Any, Any, Any]:
-    xp, device, dtype, (X, Z, Ybar) = resolve([("X", X), (zname, Z), ("Ybar", Ybar)], xp, half=True)
+    named = [("X", X), (zname, Z), ("Ybar", Ybar)]
+    xp, device, dtype, (X, Z, Ybar) = resolve(named, xp, half=True, complex_ok=complex_ok)
     check_stiefel_shape(X)
     check_like(Z, X, zname)
     check_cotangent(Ybar, tuple(X.shape), "Ybar")
     t = R.as_step(step, xp, R.step_dtype(xp, dtype), device, tuple(X.shape[:-2]))
     work = accumulation_dtype_for(xp, X)
     cast = [a if a.dtype == work else xp.astype(a, work) for a in (X, Z, Ybar)]
-    tw = t if isinstance(t, float) or t.dtype == work else xp.astype(t, work)
+    wr = real_dtype(xp, work)  # the step stays real
+    tw = t if isinstance(t, float) or t.dtype == wr else xp.astype(t, wr)
     return xp, dtype, t, tw, *cast
 
 
 def _step_bar(per_matrix: Any, t: Any, dtype: Any, xp: Any) -> Any:
-    """Cotangent of ``step`` (a float or a (..., 1, 1) array) from its per-matrix values."""
+    """Cotangent of ``step`` (a float or a (..., 1, 1) array) from its per-matrix values
+    (real: ``dtype`` is the real dtype of X's)."""
+    dtype = real_dtype(xp, dtype)
     out = (
         xp.sum(per_matrix)
         if isinstance(t, float)
@@ -345,13 +349,16 @@ def _back(dtype: Any, xp: Any, *arrays: Any) -> tuple[Any, ...]:
 
 
 def polar(X: Any, G: Any, *, xp: Any = None) -> Any:
-    """VJP of X ↦ polar(X) = X (XᵀX)^{-1/2}; X (..., N, M) of full rank, G of X's shape.
+    """VJP of X ↦ polar(X) = X (XᴴX)^{-1/2}; X (..., N, M) of full rank, G of X's shape.
 
-    X̄ = G P⁻¹ − 2XΩ with P = (XᵀX)^{1/2} and Ω the solution of the Sylvester equation
-    PΩ + ΩP = sym(P⁻¹XᵀG P⁻¹), solved in the eigenbasis of XᵀX (``eigh`` of M × M).
+    X̄ = G P⁻¹ − 2XΩ with P = (XᴴX)^{1/2} and Ω the solution of the Sylvester equation
+    PΩ + ΩP = herm(P⁻¹XᴴG P⁻¹), solved in the eigenbasis of XᴴX (``eigh`` of M × M);
+    ᴴ = ᵀ for real X. Complex X and G: the cotangents of ``docs/theory/complex.rst``
+    (X̄ = ∂L/∂Re X + i ∂L/∂Im X); real X with complex G gets the real part.
     8·N·M² + O(M³) flops, O(N·M) memory. Rank-deficient X raises ``ValueError`` (eager).
     """
-    xp, _, dtype, (X, G) = resolve([("X", X), ("G", G)], xp, half=True)
+    real = _real_inputs(X)
+    xp, _, dtype, (X, G) = resolve([("X", X), ("G", G)], xp, half=True, complex_ok=True)
     check_stiefel_shape(X)
     check_cotangent(G, tuple(X.shape), "G")
     work = accumulation_dtype_for(xp, X)
@@ -359,18 +366,20 @@ def polar(X: Any, G: Any, *, xp: Any = None) -> Any:
     Xbar, sig = jit_for(xp, _polar_vjp)(xp, Xw, Gw)
     if is_eager(sig) and sig.shape[-1] and not bool(xp.all(sig[..., 0] > 0)):
         raise ValueError("X is rank deficient: the polar factor is not differentiable")
-    return _back(dtype, xp, Xbar)[0]
+    return _as_inputs(real, xp, *_back(dtype, xp, Xbar))[0]
 
 
 def polar_retraction(
     X: Any, Z: Any, step: Any, Ybar: Any, *, xp: Any = None
 ) -> tuple[Any, Any, Any]:
     """VJP of (X, Z, step) ↦ polar(X + step·Z): (X̄, Z̄, step_bar) = (Ȳ', step·Ȳ', ⟨Ȳ', Z⟩)
-    with Ȳ' the :func:`polar` VJP at X + step·Z. ``step_bar`` has the shape of ``step``."""
+    with Ȳ' the :func:`polar` VJP at X + step·Z (⟨A, B⟩ = Re tr(AᴴB) for complex X).
+    ``step_bar`` has the shape of ``step``; a real X or Z gets the real part of its cotangent."""
+    real = _real_inputs(X, Z)
     xp, dtype, t, tw, Xw, Zw, Yb = _retraction_inputs(X, Z, step, Ybar, xp, "Z")
     Ybar_in, _ = jit_for(xp, _polar_vjp)(xp, Xw + tw * Zw, Yb)
-    sb = _step_bar(xp.sum(Ybar_in * Zw, axis=(-2, -1)), t, dtype, xp)
-    return (*_back(dtype, xp, Ybar_in, tw * Ybar_in), sb)
+    sb = _step_bar(RK.inner(Ybar_in, Zw, xp), t, dtype, xp)
+    return (*_as_inputs(real, xp, *_back(dtype, xp, Ybar_in, tw * Ybar_in)), sb)
 
 
 def cayley_retraction(
@@ -384,7 +393,7 @@ def cayley_retraction(
     Ḡ = η D W₁ᵀ + ½VΛ₂ᵀ/s, step_bar = ⟨D, U⟩; then Z̄ = ½X(XᵀḠ) − Ḡ and
     X̄ = X̄' + ½(Ḡ ZᵀX + Z ḠᵀX). 26·N·M² + O(M³) flops (forward: 12·N·M²), no N × N matrix.
     """
-    xp, dtype, t, tw, Xw, Zw, Yb = _retraction_inputs(X, Z, step, Ybar, xp, "Z")
+    xp, dtype, t, tw, Xw, Zw, Yb = _retraction_inputs(X, Z, step, Ybar, xp, "Z", False)
     Xbar, Zbar, sb = jit_for(xp, _cayley_vjp)(xp, Xw, Zw, tw, Yb)
     return (*_back(dtype, xp, Xbar, Zbar), _step_bar(sb, t, dtype, xp))
 
@@ -393,7 +402,7 @@ def qr_retraction(X: Any, Z: Any, step: Any, Ybar: Any, *, xp: Any = None) -> tu
     """VJP of (X, Z, step) ↦ qr_retraction(X, Z, step): with Y = X + step·Z = QR,
     E = QᵀȲ and F = triu(E) + tril(Eᵀ, −1): Ȳ' = (Ȳ − QF)R⁻ᵀ, X̄ = Ȳ', Z̄ = step·Ȳ',
     step_bar = ⟨Ȳ', Z⟩. Full column rank required. ~6·N·M² flops after the QR."""
-    xp, dtype, t, tw, Xw, Zw, Yb = _retraction_inputs(X, Z, step, Ybar, xp, "Z")
+    xp, dtype, t, tw, Xw, Zw, Yb = _retraction_inputs(X, Z, step, Ybar, xp, "Z", False)
     Ybar_in = jit_for(xp, _qr_vjp)(xp, Xw + tw * Zw, Yb)
     sb = _step_bar(xp.sum(Ybar_in * Zw, axis=(-2, -1)), t, dtype, xp)
     return (*_back(dtype, xp, Ybar_in, tw * Ybar_in), sb)

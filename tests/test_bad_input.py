@@ -57,10 +57,11 @@ def test_unsupported_dtypes(fn, value, match):
 
 
 def test_complex_rejected_where_only_the_real_case_exists():
-    """Complex input is accepted by the Householder/CWY maps (tests/test_complex.py) and
-    rejected, naming the argument, by the functions that implement the real case only."""
-    with pytest.raises(TypeError, match="X has complex dtype"):
-        hl.polar(np.ones((4, 2), dtype=complex))
+    """Complex input is accepted by the Householder/CWY maps (tests/test_complex.py) and the
+    retractions (tests/test_complex_retractions.py), and rejected, naming the argument, where
+    only the real case exists: a step length is a real number."""
+    with pytest.raises(TypeError, match="step has complex dtype"):
+        hl.polar_retraction(np.eye(4, 2), np.ones((4, 2), dtype=complex), np.asarray(1j))
 
 
 def test_mismatched_operand_shapes():

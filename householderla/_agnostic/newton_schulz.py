@@ -25,7 +25,7 @@ from .._lib.checks import RankDeficientError, check_finite_columns
 from .._lib.jit import host, jit_for, kernel_namespace, select
 from .._lib.linalg import eye_like
 from .._lib.mixed import has_wide_matmul, matmul_acc, matmul_split
-from .._lib.namespace import accumulation_dtype_for, device_of, is_half, mT
+from .._lib.namespace import accumulation_dtype_for, device_of, is_half, mH, mT, real_dtype
 from .._lib.tracing import is_eager
 from .ns_bounds import (
     LAZY_ITERS,
@@ -43,7 +43,7 @@ from .ns_bounds import (
     spectral_bounds,
     stage_plan,
 )
-from .retraction import gram, polar_vjp
+from .retraction import gram, polar_vjp, sq_norm
 
 __all__ = [
     "LAZY_ITERS",
@@ -59,11 +59,11 @@ __all__ = [
 
 
 def _scale(xp: Any, Xw: Any) -> Any:
-    """p of :func:`power_of_two_scale` in the accumulation dtype (from max|X| per column)."""
-    work = accumulation_dtype_for(xp, Xw)
-    if Xw.dtype == work:
-        return power_of_two_scale(Xw, xp)
-    return power_of_two_scale(xp.astype(xp.max(xp.abs(Xw), axis=-2, keepdims=True), work), xp)
+    """p of :func:`power_of_two_scale` in the (real) accumulation dtype, from max|X| per
+    column."""
+    work = real_dtype(xp, accumulation_dtype_for(xp, Xw))
+    m = xp.max(xp.abs(Xw), axis=-2, keepdims=True)
+    return power_of_two_scale(m if m.dtype == work else xp.astype(m, work), xp)
 
 
 def _narrow(xp: Any, dtype: Any) -> bool:
@@ -72,12 +72,12 @@ def _narrow(xp: Any, dtype: Any) -> bool:
 
 
 def scaled_gram(xp: Any, Xw: Any, p: Any) -> Any:
-    """Gram of p·X in the accumulation dtype (p of shape (...), a power of two). Half X
+    """Gram (p·X)ᴴ(p·X) in the accumulation dtype (p of shape (...), a power of two). Half X
     (bfloat16/float16, on a backend with native wide products): half-precision GEMMs with a
     float32 result (:func:`~householderla._lib.mixed.matmul_acc`); p multiplies X exactly in
     bfloat16, the float32 Gram for float16."""
-    if Xw.dtype == p.dtype:
-        return gram(Xw * p[..., None, None])
+    if not is_half(xp, Xw.dtype):
+        return gram(Xw * p[..., None, None], xp)
     if _narrow(xp, Xw.dtype):
         A = matmul_acc(xp, mT(Xw), Xw, p.dtype) * (p * p)[..., None, None]
     else:
@@ -120,7 +120,8 @@ def _stage_power(xp: Any, A: Any, p: Any, lo: Any, hi: Any) -> tuple[Any, Any]:
 
 
 def ns_delta(E: Any, k: int, xp: Any) -> Any:
-    """D = Z_k − I of the coupled iteration on Y₀ = I + E (delta form), symmetrised.
+    """D = Z_k − I of the coupled iteration on Y₀ = I + E (delta form), symmetrised (Hermitian
+    for complex E: every iterate is a polynomial in E).
 
     S = −½(D + F + DF), F ← F + S + FS, D ← D + S + SD; 3k − 3 matrix products (k ≥ 1).
     """
@@ -135,12 +136,12 @@ def ns_delta(E: Any, k: int, xp: Any) -> Any:
         if i < k - 1:
             F = F + S + F @ S
         D = D + S + S @ D
-    return 0.5 * (D + mT(D))
+    return 0.5 * (D + mH(D, xp))
 
 
 def _stage_delta(xp: Any, A: Any, s: Any, k: int) -> tuple[Any, Any]:
     """D from k iterations on s²A (A = Gram of p·X), and the a posteriori residual
-    ‖QᵀQ − I‖_F of Q = X' + X'D in exact arithmetic: (I + D)A'(I + D) − I = F + B + Bᵀ + DB
+    ‖QᴴQ − I‖_F of Q = X' + X'D in exact arithmetic: (I + D)A'(I + D) − I = F + B + Bᴴ + DB
     with A' = s²A = I + F, B = A'D (two M × M products; a safety net under the a priori
     count, blind only to the rounding of the final N × M product). M × M work only."""
     s2 = s[..., None, None]
@@ -149,8 +150,8 @@ def _stage_delta(xp: Any, A: Any, s: Any, k: int) -> tuple[Any, Any]:
     F = As - eye
     D = ns_delta(F, k, xp)
     B = As @ D
-    R = F + B + mT(B) + D @ B
-    return D, xp.sqrt(xp.sum(R * R, axis=(-2, -1)))
+    R = F + B + mH(B, xp) + D @ B
+    return D, xp.sqrt(sq_norm(R, xp))
 
 
 def _stage_apply(xp: Any, Xw: Any, A: Any, p: Any, s: Any, k: int) -> tuple[Any, Any]:
@@ -160,8 +161,8 @@ def _stage_apply(xp: Any, Xw: Any, A: Any, p: Any, s: Any, k: int) -> tuple[Any,
 
 
 def _stage_restart_bounds(xp: Any, Q: Any, tol: float) -> tuple[Any, Any]:
-    A = gram(Q)
-    one = xp.ones(A.shape[:-2], dtype=A.dtype, device=device_of(A))
+    A = gram(Q, xp)
+    one = xp.ones(A.shape[:-2], dtype=real_dtype(xp, A.dtype), device=device_of(A))
     lo, hi, _ = spectral_bounds(A, one, xp)
     return A, counts(lo, hi, one, tol, xp)
 
@@ -231,8 +232,8 @@ def _check_rank(sv: Any, xp: Any, N: int, eps: float) -> None:
 
 def _tolerances(work: Any, out: Any, restart: bool, xp: Any) -> tuple[float, float]:
     """(first-pass tolerance, restart tolerance) on the per-eigenvalue residual."""
-    eps_w = float(xp.finfo(work).eps)
-    eps_o = float(xp.finfo(out).eps)
+    eps_w = float(xp.finfo(real_dtype(xp, work)).eps)
+    eps_o = float(xp.finfo(real_dtype(xp, out)).eps)
     if restart:
         return math.sqrt(eps_w) / 16.0, eps_w
     if eps_w < eps_o:  # float32 result computed in float64: rounding to float32 dominates
@@ -263,11 +264,13 @@ def polar_impl(
     # backend has them (JAX, torch on CUDA), else on a float32 copy
     native = is_half(xp, out) and has_wide_matmul(xp, X)
     Xw = X if (work == out or native) else xp.astype(X, work)
-    eps_w = float(xp.finfo(work).eps)
+    eps_w = float(xp.finfo(real_dtype(xp, work)).eps)
     split = _Split(xp, eager)
     # half X on the host path: split.up(a, like_w) puts a host array on X's device in the
     # work dtype (float X: like X itself, as before)
     like_w = Xw if Xw.dtype == work else xp.empty(0, dtype=work, device=device_of(X))
+    # the real scales p, s go to the device in the real work dtype
+    p_like = xp.empty(0, dtype=real_dtype(xp, work), device=device_of(X))
     ms = split.small  # the namespace of the M × M work
     plan = split.jit(stage_plan, (0, 4))
     if eager and ms is np and Xw.ndim == 2:
@@ -278,9 +281,11 @@ def polar_impl(
     if split.host:
         # p from the host copy of max|X| (a few NumPy operations on one number per matrix)
         m = xp.max(xp.abs(Xw), axis=-2, keepdims=True)
-        p = power_of_two_scale(split.down(m if m.dtype == work else xp.astype(m, work)), ms)
+        p = power_of_two_scale(
+            split.down(m if m.dtype == p_like.dtype else xp.astype(m, p_like.dtype)), ms
+        )
         if Xw.dtype == work:
-            A = split.down(gram(Xw * split.up(p, Xw)[..., None, None]))
+            A = split.down(gram(Xw * split.up(p, p_like)[..., None, None], xp))
         else:
             A = split.down(scaled_gram(xp, Xw, split.up(p, like_w)))
     elif exact:
@@ -315,7 +320,7 @@ def polar_impl(
     if restart is None:
         # a float32 result needs float32's last bits; a half-precision result is rounded
         # far above the first pass's residual (eps_half / 128)
-        restart = work == xp.float32 and out == work
+        restart = real_dtype(xp, work) == xp.float32 and out == work
         if eager and not restart and work == out:
             lo_c = ms.maximum(lo, ms.zeros_like(lo)) * centre_scale(lo, hi, ms) ** 2
             restart = split.min(lo_c) < _FAR
@@ -345,7 +350,7 @@ def polar_impl(
         if split.host:
             D, resid = _stage_delta(ms, A, s, k)
             if Xw.dtype == work:
-                Xs = Xw * split.up(s * p, Xw)[..., None, None]
+                Xs = Xw * split.up(s * p, p_like)[..., None, None]
                 Q_ns = Xs + Xs @ split.up(D, Xw)
             else:
                 Q_ns = scaled_apply(xp, Xw, *(split.up(a, like_w) for a in (p, s, D)))
@@ -360,11 +365,11 @@ def polar_impl(
     else:
         Q = select(xp, eager, certified, lambda: Q_ns, fallback)
     if restart and (split.host or exact):
-        A1 = split.down(gram(Q))
+        A1 = split.down(gram(Q, xp))
         if exact:
             lo1, hi1 = eig_bounds(A1, -math.inf, math.inf, ms, eps_w)
         else:
-            lo1, hi1, _ = spectral_bounds(A1, np.ones(A1.shape[:-2], A1.dtype), ms)
+            lo1, hi1, _ = spectral_bounds(A1, np.ones(A1.shape[:-2], real_dtype(np, A1.dtype)), ms)
         if A1.ndim == 2:
             k2 = count_float(float(lo1), float(hi1), 1.0, tol2)
         else:

@@ -16,7 +16,7 @@ import math
 from typing import Any
 
 from .._lib.linalg import eye_like
-from .._lib.namespace import device_of
+from .._lib.namespace import device_of, is_complex, real_dtype
 
 __all__ = [
     "LAZY_ITERS",
@@ -64,8 +64,8 @@ def _shifted(A: Any, c0: Any, xp: Any) -> tuple[Any, Any]:
 
 
 def spectral_bounds(A: Any, c0: Any, xp: Any) -> tuple[Any, Any, Any]:
-    """Bounds lo ≤ λ_min(A), hi ≥ λ_max(A) for symmetric A (..., M, M), in O(M²), and a
-    lower bound ρ₋ ≤ ρ(A − c₀I).
+    """Bounds lo ≤ λ_min(A), hi ≥ λ_max(A) for symmetric (complex: Hermitian) A (..., M, M),
+    in O(M²), and a lower bound ρ₋ ≤ ρ(A − c₀I), all real.
 
     Gershgorin's discs intersected with [c₀ − δ, c₀ + δ], δ = ‖A − c₀I‖_F ≥ ‖A − c₀I‖₂ (c₀ has
     the batch shape; c₀ = 1 for the unscaled XᵀX). The discs lie inside [c₀ − δ∞, c₀ + δ∞],
@@ -74,9 +74,11 @@ def spectral_bounds(A: Any, c0: Any, xp: Any) -> tuple[Any, Any, Any]:
     """
     eye = eye_like(xp, A.shape[-1], A.dtype, device_of(A))
     d = xp.sum(A * eye, axis=-1)
+    d = xp.real(d) if is_complex(d.dtype) else d  # a Hermitian diagonal is real
     radius = xp.sum(xp.abs(A), axis=-1) - xp.abs(d)
     En, m = _shifted(A, c0, xp)
-    fro = xp.sqrt(xp.sum(En * En, axis=(-2, -1)))
+    Ea = xp.abs(En) if is_complex(En.dtype) else En
+    fro = xp.sqrt(xp.sum(Ea * Ea, axis=(-2, -1)))
     delta = m * fro
     lo = xp.maximum(xp.min(d - radius, axis=-1), c0 - delta)
     hi = xp.minimum(xp.max(d + radius, axis=-1), c0 + delta)
@@ -146,7 +148,7 @@ def power_of_two_scale(X: Any, xp: Any) -> Any:
     underflows. Shape (...)."""
     m = xp.max(xp.abs(X), axis=(-2, -1))
     e = xp.floor(xp.log2(xp.where(m > 0, m, xp.ones_like(m))))
-    cap = float(math.floor(math.log2(float(xp.finfo(X.dtype).max)) / 2) - 2)  # p² finite
+    cap = float(math.floor(math.log2(float(xp.finfo(real_dtype(xp, X.dtype)).max)) / 2) - 2)
     return 2.0 ** (-xp.minimum(xp.maximum(e, -cap), cap))
 
 

@@ -42,7 +42,7 @@ import math
 from typing import Any, NamedTuple
 
 from .._lib.mixed import addmm
-from .._lib.namespace import mT
+from .._lib.namespace import is_complex, mH, real_dtype
 
 __all__ = [
     "MUON_COEFFS",
@@ -293,15 +293,20 @@ def schedule_of(
 def fixed_polar(X: Any, xp: Any, sched: Schedule, eps: float = 0.0) -> Any:
     """The iteration of ``sched`` on wide X (..., M, N), M ≤ N, in X's dtype (GEMMs in the
     input precision, as Muon runs them); the Frobenius norm in float32 or better, clamped
-    below at ``eps`` (and at a tiny multiple of the smallest normal number: X = 0 gives 0)."""
-    work = xp.float64 if X.dtype == xp.float64 else xp.float32
+    below at ``eps`` (and at a tiny multiple of the smallest normal number: X = 0 gives 0).
+    Complex X: A = XXᴴ, the same map on the singular values."""
+    if is_complex(X.dtype):
+        work = X.dtype
+    else:
+        work = xp.float64 if X.dtype == xp.float64 else xp.float32
     Xw = X if X.dtype == work else xp.astype(X, work)
     nrm = xp.linalg.vector_norm(Xw, axis=(-2, -1), keepdims=True)
-    floor = max(eps, float(xp.finfo(work).smallest_normal) / float(xp.finfo(work).eps))
+    fi = xp.finfo(real_dtype(xp, work))
+    floor = max(eps, float(fi.smallest_normal) / float(fi.eps))
     X0 = Xw / (sched.scale * xp.clip(nrm, min=floor))
     X = X0 if X0.dtype == X.dtype else xp.astype(X0, X.dtype)
     for a, b, c in sched.coeffs:
-        A = X @ mT(X)
+        A = X @ mH(X, xp)
         B = addmm(xp, A, A, A, b, c) if c != 0.0 else b * A
         X = addmm(xp, X, B, X, a, 1.0)
     return X

@@ -16,13 +16,47 @@ from __future__ import annotations
 from typing import Any
 
 from .._lib.linalg import eye_like, inv_upper_triangular
-from .._lib.namespace import device_of, mT
+from .._lib.namespace import accumulation_dtype, device_of, is_complex, is_half, mH, mT
 
 
-def gram(X: Any) -> Any:
-    """XᵀX (..., M, M), exactly symmetric."""
-    A = mT(X) @ X
-    return 0.5 * (A + mT(A))
+def gram(X: Any, xp: Any) -> Any:
+    """XᴴX (..., M, M), exactly Hermitian (XᵀX, symmetric, for real X)."""
+    A = mH(X, xp) @ X
+    return 0.5 * (A + mH(A, xp))
+
+
+def step_sum(xp: Any, X: Any, Z: Any, t: Any) -> Any:
+    """X + tZ; in float32 for half-precision X: a half-precision sum would drop every
+    part of the step below u·|X| (a step of 10⁻³·|X| entirely in bfloat16)."""
+    if is_half(xp, X.dtype):
+        work = accumulation_dtype(xp, X.dtype)
+        X, Z = xp.astype(X, work), xp.astype(Z, work)
+    return X + t * Z
+
+
+def power_of_two_max(A: Any, xp: Any) -> Any:
+    """2^round(log₂ max|A|) per matrix, shape (..., 1, 1) (1 for A = 0): dividing by it is
+    exact and brings the entries to about 1, so Gram products neither overflow nor
+    underflow. Its derivative is 0 almost everywhere, so autodiff passes through."""
+    m = xp.max(xp.abs(A), axis=(-2, -1), keepdims=True)
+    e = xp.round(xp.log2(xp.where(m > 0, m, xp.ones_like(m))))
+    return 2.0**e
+
+
+def real_part(x: Any, xp: Any) -> Any:
+    """Re x; real arrays are returned as they are."""
+    return xp.real(x) if is_complex(x.dtype) else x
+
+
+def inner(A: Any, B: Any, xp: Any) -> Any:
+    """⟨A, B⟩ = Re tr(AᴴB) per matrix over the last two axes (the real inner product in
+    which complex cotangents are taken, ``docs/theory/complex.rst``), real shape (...)."""
+    return xp.sum(real_part(xp.conj(A) * B, xp) if is_complex(A.dtype) else A * B, axis=(-2, -1))
+
+
+def sq_norm(A: Any, xp: Any) -> Any:
+    """‖A‖_F² per matrix, real shape (...)."""
+    return inner(A, A, xp)
 
 
 def _trace(A: Any, xp: Any) -> Any:
@@ -41,9 +75,9 @@ def _balance(GtG: Any, xp: Any) -> Any:
 
 def cayley_parts(X: Any, G: Any, step: Any, euclidean: bool, xp: Any) -> dict[str, Any]:
     """Small matrices of the SMW Cayley step (``step`` a float or (..., 1, 1) array)."""
-    P = gram(X)
+    P = gram(X, xp)
     W0 = mT(X) @ G
-    GG = gram(G)
+    GG = gram(G, xp)
     if euclidean:
         PW0 = P @ W0
         W = W0 - 0.5 * PW0  # XᵀG̃
@@ -180,25 +214,27 @@ def qr_vjp(Y: Any, Qbar: Any, xp: Any) -> Any:
 
 
 def polar_vjp(X: Any, Qbar: Any, xp: Any) -> tuple[Any, Any]:
-    """X̄ of X ↦ X P⁻¹, P = (XᵀX)^{1/2}: X̄ = Q̄P⁻¹ − 2XΩ with PΩ + ΩP = sym(P⁻¹XᵀQ̄P⁻¹),
-    solved in the eigenbasis of XᵀX = V diag(σ²) Vᵀ: Ω̃_ij = sym(VᵀXᵀQ̄V)_ij /
-    (σ_iσ_j(σ_i + σ_j)). Returns (X̄, σ). 8·N·M² + O(M³) flops."""
-    lam, V = xp.linalg.eigh(gram(X))
+    """X̄ of X ↦ X P⁻¹, P = (XᴴX)^{1/2}: X̄ = Q̄P⁻¹ − 2XΩ with PΩ + ΩP = herm(P⁻¹XᴴQ̄P⁻¹),
+    solved in the eigenbasis of XᴴX = V diag(σ²) Vᴴ: Ω̃_ij = herm(VᴴXᴴQ̄V)_ij /
+    (σ_iσ_j(σ_i + σ_j)) (ᴴ = ᵀ for real X). Returns (X̄, σ). 8·N·M² + O(M³) flops."""
+    lam, V = xp.linalg.eigh(gram(X, xp))
     sig = xp.sqrt(xp.maximum(lam, xp.zeros_like(lam)))
-    F = mT(V) @ ((mT(X) @ Qbar) @ V)
-    Fs = 0.5 * (F + mT(F))
+    F = mH(V, xp) @ ((mH(X, xp) @ Qbar) @ V)
+    Fs = 0.5 * (F + mH(F, xp))
     si, sj = sig[..., :, None], sig[..., None, :]
     den = si * sj * (si + sj)
     Om = Fs / xp.where(den > 0, den, xp.ones_like(den))  # rank-deficient X: caller raises
-    Pinv = (V / xp.where(sj > 0, sj, xp.ones_like(sj))) @ mT(V)
-    Xbar = Qbar @ Pinv - X @ (2.0 * (V @ (Om @ mT(V))))
+    Vh = mH(V, xp)
+    Pinv = (V / xp.where(sj > 0, sj, xp.ones_like(sj))) @ Vh
+    Xbar = Qbar @ Pinv - X @ (2.0 * (V @ (Om @ Vh)))
     return Xbar, sig
 
 
-def riemannian_gradient(X: Any, G: Any, euclidean: bool) -> Any:
-    """A X with A = G̃Xᵀ − XG̃ᵀ: G P − X Wᵀ (canonical), G P − X(Wᵀ + ½(W − Wᵀ)P)
-    (Euclidean), W = XᵀG, P = XᵀX. 8·N·M² flops."""
-    P = gram(X)
-    W = mT(X) @ G
-    Mx = mT(W) + 0.5 * ((W - mT(W)) @ P) if euclidean else mT(W)
+def riemannian_gradient(X: Any, G: Any, euclidean: bool, xp: Any) -> Any:
+    """A X with A = G̃Xᴴ − XG̃ᴴ: G P − X Wᴴ (canonical), G P − X(Wᴴ + ½(W − Wᴴ)P)
+    (Euclidean), W = XᴴG, P = XᴴX (ᴴ = ᵀ for real X). 8·N·M² flops."""
+    P = gram(X, xp)
+    W = mH(X, xp) @ G
+    Wh = mH(W, xp)
+    Mx = Wh + 0.5 * ((W - Wh) @ P) if euclidean else Wh
     return G @ P - X @ Mx

@@ -227,7 +227,7 @@ def _polar_fwd(X: Any, num_iters: Any, restart: Any, box: Any) -> tuple[Any, Any
 
 @_highest
 def _polar_bwd(num_iters: Any, restart: Any, box: Any, X: Any, cts: tuple) -> tuple[Any]:
-    return (polar_backward(X, _j(cts[0])[0], jnp),)
+    return _jax_ct(polar_backward(X, *_jax_ct(*_j(cts[0])), jnp))
 
 
 polar = jax.custom_vjp(_polar, nondiff_argnums=(1, 2, 3))
@@ -249,7 +249,8 @@ def _cayley_fwd(X: Any, Z: Any, step: Any) -> tuple[Any, Any]:
 @_highest
 def _cayley_bwd(res: Any, cts: tuple) -> tuple[Any, Any, Any]:
     X, Z, step = res
-    Xbar, Zbar, sb = RK.cayley_along_vjp(X, Z, step, _j(cts[0])[0], jnp)
+    Xbar, Zbar, sb = RK.cayley_along_vjp(X, Z, step, *_jax_ct(*_j(cts[0])), jnp)
+    Xbar, Zbar = _jax_ct(Xbar, Zbar)
     batch = tuple(step.shape[:-2]) if step.ndim >= 2 else ()
     step_bar = jnp.reshape(sum_to_shape(sb, batch, jnp), step.shape)
     return Xbar, Zbar, step_bar
@@ -274,7 +275,7 @@ def _qr_fwd(Y: Any) -> tuple[Any, Any]:
 
 @_highest
 def _qr_bwd(Y: Any, Qbar: Any) -> tuple[Any]:
-    return (RK.qr_vjp(Y, *_j(Qbar), jnp),)
+    return _jax_ct(RK.qr_vjp(Y, *_jax_ct(*_j(Qbar)), jnp))
 
 
 qr_q.defvjp(_qr_fwd, _qr_bwd)
