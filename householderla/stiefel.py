@@ -194,6 +194,12 @@ def momentum_sgd(
     XᵀG is symmetric, as on App. Q). Structure (Theorems 4–6): XᵀX = I, Z skew, XᵀU = 0 after
     every step, up to rounding.
 
+    **Complex X** (the complex Stiefel manifold XᴴX = I; U(N) for M = N): every ᵀ above is
+    ᴴ, Z is skew-Hermitian, and G must be complex, ∂f/∂Re X + i ∂f/∂Im X (torch's ``.grad``;
+    conjugate ``jax.grad``'s output). The step is the real step on the real representation
+    [[Re X, −Im X], [Im X, Re X]] (``docs/theory/stiefel.rst``), so the structure is kept
+    alike; "cayley" and "expm" are unitary, "euler" is not (the polar step corrects X).
+
     Examples
     --------
     >>> import numpy as np, householderla as hl
@@ -309,6 +315,27 @@ def adam(
     X½ = XR with R invertible, so no M×M solve is needed. Z⁺ ⊘ (…) is exactly skew because p⁺
     is exactly symmetric (f is exactly skew); Ũ ⟂ X½ gives X⁺ᵀU⁺ = 0 (Theorem 7).
     ``transport="energy"`` rescales U⁺ to ‖U½‖_F (k as in :func:`momentum_sgd`).
+
+    **Complex X**: Hermitian transposes as in :func:`momentum_sgd`, and the second moments are
+    the real p⁺ = β₂p + (1 − β₂)|f|², q⁺ = β₂q + (1 − β₂)|g|² (float32/float64 state for
+    complex64/complex128): |f| is symmetric for skew-Hermitian f, so Z⁺ ⊘ (p⁺^{∘½} + ε) stays
+    skew-Hermitian, and the step commutes with X ↦ X·diag(e^{iθ}).
+
+    Examples
+    --------
+    Complex Brockett cost f(X) = −Re tr(XᴴAXD), gradient −2AXD, minimum −Σ dᵢλᵢ(A):
+
+    >>> import numpy as np, householderla as hl
+    >>> rng = np.random.default_rng(0)
+    >>> B = rng.standard_normal((5, 5)) + 1j * rng.standard_normal((5, 5)); A = (B + B.conj().T) / 4
+    >>> D = np.diag([2.0, 1.0]); opt = hl.stiefel.adam(lr=0.02)
+    >>> X = np.linalg.qr(rng.standard_normal((5, 2)) + 1j * rng.standard_normal((5, 2)))[0]
+    >>> state = opt.init(X)
+    >>> for _ in range(2000):
+    ...     X, state = opt.update(X, -2 * A @ X @ D, state)
+    >>> lam = np.linalg.eigvalsh(A)[::-1][:2]
+    >>> bool(np.isclose(-np.trace(X.conj().T @ A @ X @ D).real, -lam @ np.diag(D)))
+    True
 
     **Cost:** 10 N×M×M products per step (XᵀG, XA, UL, XᵀW, X(XᵀW), XR, ŨᵀU½, X·(…), and
     the two of ``polar``) plus O(M³); for M = N as in :func:`momentum_sgd`.
