@@ -1,7 +1,7 @@
 """Euclidean counterparts of the momentum Stiefel optimizers (Kong, Wang & Tao, ICLR 2023,
 App. P: Stiefel and Euclidean parameters share one set of hyperparameters). Exported by
 :mod:`householderla.stiefel`. Complex parameters: the gradient is ∂L/∂Re x + i ∂L/∂Im x
-(torch's ``.grad``), and Adam's second moment is the real |g|², as on the manifold."""
+(torch's ``.grad``), and Adam's second moment is the real ``|g|²``, as on the manifold."""
 
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ def euclidean_adam(
     2 without the manifold): ``m⁺ = β₁m − (1 − β₁)g``, ``s⁺ = β₂s + (1 − β₂)g∘g``, ``x⁺ = x + ηκ m⁺
     ⊘ (s⁺^{∘½} + ε)``, κ = √(1 − β₂^{t}). Unlike ``torch.optim.Adam`` there is no β₁ bias correction
     (the paper has none) and ε is not rescaled by κ. ``amsgrad``: divide by the running
-    maximum of s (Reddi, Kale & Kumar, ICLR 2018). Complex x: s⁺ = β₂s + (1 − β₂)|g|² (real,
+    maximum of s (Reddi, Kale & Kumar, ICLR 2018). Complex x: s⁺ = β₂s + (1 − β₂) ``|g|²`` (real,
     phase-invariant; ``torch.optim.Adam`` instead treats Re and Im as separate parameters).
     """
     lr = check_real("lr", lr, 0.0, math.inf, lo_open=True)

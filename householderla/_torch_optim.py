@@ -26,7 +26,7 @@ Conventions:
 * Complex parameters (complex64/complex128) live on the complex Stiefel manifold
   (WᴴW = I; U(n) for square ones) and are stepped with Hermitian transposes; ``.grad`` of a
   complex tensor is already the gradient the update takes (∂L/∂Re W + i ∂L/∂Im W). Adam's
-  second moments are the real |g|², also on ``stiefel=False`` groups (``torch.optim.Adam``
+  second moments are the real ``|g|²``, also on ``stiefel=False`` groups (``torch.optim.Adam``
   treats Re and Im as two real parameters instead).
 * CPU float32/float64/complex parameters are stepped by the same functional update on
   zero-copy NumPy views (an optimizer step is some 60 small operations: ~1 µs each in NumPy,

@@ -16,8 +16,9 @@ large-step analysis are in ``docs/theory/stiefel.rst``.
 Complex X (complex64/complex128) runs the same splitting on the complex Stiefel manifold
 {X ∈ ℂ^{N×M} : XᴴX = I} (U(N) for M = N) with every transpose Hermitian: Z is skew-Hermitian,
 XᴴU = 0, G is the gradient ∂L/∂Re X + i ∂L/∂Im X (torch's ``.grad``; the conjugate of
-``jax.grad``'s), and Adam's second moments are the real |f|², |g|² (``docs/theory/stiefel.rst``,
-"Complex Stiefel manifold and U(n)"). complex64 is computed in complex128 on CPU backends.
+``jax.grad``'s), and Adam's second moments are the real ``|f|²``, ``|g|²``
+(``docs/theory/stiefel.rst``, "Complex Stiefel manifold and U(n)"). complex64 is computed in
+complex128 on CPU backends.
 """
 
 from __future__ import annotations
@@ -317,8 +318,8 @@ def adam(
     ``transport="energy"`` rescales U⁺ to ‖U½‖_F (k as in :func:`momentum_sgd`).
 
     **Complex X**: Hermitian transposes as in :func:`momentum_sgd`, and the second moments are
-    the real p⁺ = β₂p + (1 − β₂)|f|², q⁺ = β₂q + (1 − β₂)|g|² (float32/float64 state for
-    complex64/complex128): |f| is symmetric for skew-Hermitian f, so Z⁺ ⊘ (p⁺^{∘½} + ε) stays
+    the real p⁺ = β₂p + (1 − β₂) ``|f|²``, q⁺ = β₂q + (1 − β₂) ``|g|²`` (float32/float64 state for
+    complex64/complex128): ``|f|`` is symmetric for skew-Hermitian f, so Z⁺ ⊘ (p⁺^{∘½} + ε) stays
     skew-Hermitian, and the step commutes with X ↦ X·diag(e^{iθ}).
 
     Examples
