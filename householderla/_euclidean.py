@@ -1,15 +1,16 @@
 """Euclidean counterparts of the momentum Stiefel optimizers (Kong, Wang & Tao, ICLR 2023,
 App. P: Stiefel and Euclidean parameters share one set of hyperparameters). Exported by
-:mod:`householderla.stiefel`."""
+:mod:`householderla.stiefel`. Complex parameters: the gradient is ∂L/∂Re x + i ∂L/∂Im x
+(torch's ``.grad``), and Adam's second moment is the real ``|g|²``, as on the manifold."""
 
 from __future__ import annotations
 
 import math
 from typing import Any, NamedTuple
 
-from ._agnostic.stiefel_flow import StiefelOptimizer
+from ._agnostic.stiefel_flow import StiefelOptimizer, abs2
 from ._lib.checks import check_real
-from ._lib.namespace import resolve
+from ._lib.namespace import is_complex, real_dtype, resolve
 
 __all__ = [
     "EuclideanAMSGradState",
@@ -46,10 +47,12 @@ class EuclideanAMSGradState(NamedTuple):
 
 
 def _euclidean_prepare(x: Any, g: Any, xp: Any) -> tuple[Any, Any, Any, Any]:
-    xp, _, dtype, (x,) = resolve([("x", x)], xp)
-    _, _, _, (g,) = resolve([("G", g)], xp)
+    xp, _, dtype, (x,) = resolve([("x", x)], xp, complex_ok=True)
+    _, _, _, (g,) = resolve([("G", g)], xp, complex_ok=True)
     if tuple(g.shape) != tuple(x.shape):
         raise ValueError(f"G must have the shape of x {tuple(x.shape)}; got {tuple(g.shape)}")
+    if is_complex(g.dtype) and not is_complex(dtype):
+        raise TypeError(f"G has complex dtype {g.dtype} but x is real ({dtype})")
     return xp, x, (g if g.dtype == dtype else xp.astype(g, dtype)), dtype
 
 
@@ -77,7 +80,7 @@ def euclidean_sgd(
     fixed_xp = xp
 
     def init(x: Any) -> EuclideanMomentumState:
-        xp, device, dtype, (x,) = resolve([("x", x)], fixed_xp)
+        xp, device, dtype, (x,) = resolve([("x", x)], fixed_xp, complex_ok=True)
         count = xp.asarray(0, dtype=xp.int32, device=device)
         return EuclideanMomentumState(count, xp.zeros(tuple(x.shape), dtype=dtype, device=device))
 
@@ -105,7 +108,8 @@ def euclidean_adam(
     2 without the manifold): ``m⁺ = β₁m − (1 − β₁)g``, ``s⁺ = β₂s + (1 − β₂)g∘g``, ``x⁺ = x + ηκ m⁺
     ⊘ (s⁺^{∘½} + ε)``, κ = √(1 − β₂^{t}). Unlike ``torch.optim.Adam`` there is no β₁ bias correction
     (the paper has none) and ε is not rescaled by κ. ``amsgrad``: divide by the running
-    maximum of s (Reddi, Kale & Kumar, ICLR 2018).
+    maximum of s (Reddi, Kale & Kumar, ICLR 2018). Complex x: s⁺ = β₂s + (1 − β₂) ``|g|²`` (real,
+    phase-invariant; ``torch.optim.Adam`` instead treats Re and Im as separate parameters).
     """
     lr = check_real("lr", lr, 0.0, math.inf, lo_open=True)
     b1 = check_real("b1", b1, 0.0, 1.0)
@@ -115,22 +119,23 @@ def euclidean_adam(
     fixed_xp = xp
 
     def init(x: Any) -> EuclideanAdamState:
-        xp, device, dtype, (x,) = resolve([("x", x)], fixed_xp)
+        xp, device, dtype, (x,) = resolve([("x", x)], fixed_xp, complex_ok=True)
         count = xp.asarray(0, dtype=xp.int32, device=device)
         zeros = xp.zeros(tuple(x.shape), dtype=dtype, device=device)
+        s = xp.zeros(tuple(x.shape), dtype=real_dtype(xp, dtype), device=device)  # |g|²
         if amsgrad:
-            z = xp.zeros_like
-            return EuclideanAMSGradState(count, zeros, z(zeros), z(zeros))
-        return EuclideanAdamState(count, zeros, xp.zeros_like(zeros))
+            return EuclideanAMSGradState(count, zeros, s, xp.zeros_like(s))
+        return EuclideanAdamState(count, zeros, s)
 
     def update(x: Any, g: Any, state: EuclideanAdamState) -> tuple[Any, Any]:
         xp, x, g, dtype = _euclidean_prepare(x, g, fixed_xp)
         if isinstance(state, EuclideanAMSGradState) != bool(amsgrad):
             raise ValueError("the state was made by init() of an adam with other amsgrad")
         count = state.count + 1
-        kappa = 1.0 if log_b2 is None else xp.sqrt(-xp.expm1(xp.astype(count, dtype) * log_b2))
+        rdtype = real_dtype(xp, dtype)
+        kappa = 1.0 if log_b2 is None else xp.sqrt(-xp.expm1(xp.astype(count, rdtype) * log_b2))
         m = b1 * state.m - (1.0 - b1) * g
-        s = b2 * state.s + (1.0 - b2) * (g * g)
+        s = b2 * state.s + (1.0 - b2) * abs2(g, xp)
         if not amsgrad:
             return x + (lr * kappa) * (m / (xp.sqrt(s) + eps)), EuclideanAdamState(count, m, s)
         s_max = xp.maximum(state.s_max, s)

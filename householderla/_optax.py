@@ -18,6 +18,13 @@ pytree of bools (a prefix of the params' structure, like ``optax.masked``), or a
 params → such a pytree. Other leaves get the Euclidean update with the same hyperparameters
 (App. P). A wide leaf (N < M) is optimised through its transpose (orthonormal rows), as in
 :mod:`householderla._torch_optim`.
+
+Complex leaves (complex Stiefel matrices, U(n), or Euclidean): ``jax.grad`` of a real loss
+returns the *conjugate* ḡ = ∂L/∂Re z − i ∂L/∂Im z of the gradient the update needs
+(``docs/theory/complex.rst``, "Cotangent conventions"). With ``complex_grads="jax"`` (the
+default) the transformation takes ``jax.grad``'s output as it is and conjugates complex leaves
+itself; ``complex_grads="gradient"`` takes grads that are already ∂L/∂Re z + i ∂L/∂Im z
+(optax's own optimizers expect ``jnp.conj(grads)``, i.e. this convention).
 """
 
 from __future__ import annotations
@@ -64,6 +71,8 @@ class SkipState(NamedTuple):
 
 
 NONFINITE = ("raise", "skip")
+#: What the grads of complex leaves are: jax.grad's output (conjugated here) or the gradient.
+COMPLEX_GRADS = ("jax", "gradient")
 
 
 class _Update:
@@ -75,10 +84,14 @@ class _Update:
         euclid: S.StiefelOptimizer,
         mask: Any,
         nonfinite: str = "raise",
+        complex_grads: str = "jax",
     ):
         if nonfinite not in NONFINITE:
             raise ValueError(f"nonfinite must be one of {NONFINITE}; got {nonfinite!r}")
+        if complex_grads not in COMPLEX_GRADS:
+            raise ValueError(f"complex_grads must be one of {COMPLEX_GRADS}; got {complex_grads!r}")
         self.manifold, self.euclid, self.mask, self.nonfinite = manifold, euclid, mask, nonfinite
+        self.conj = complex_grads == "jax"
 
     def leaves(self, params: Any) -> tuple[list[Any], Any, list[bool]]:
         leaves, treedef = jax.tree_util.tree_flatten(params)
@@ -132,6 +145,8 @@ class _Update:
                 )
         new_params, new_states = [], []
         for x, g, s, flag in zip(leaves, g_leaves, s_leaves, flags, strict=True):
+            if self.conj and jnp.iscomplexobj(g):
+                g = jnp.conj(g)  # jax.grad's cotangent -> the gradient ∂L/∂Re + i ∂L/∂Im
             if flag:
                 wide = x.shape[-2] < x.shape[-1]
                 x_new, s_new = self.manifold.update(_orient(x), _orient(g), s)
@@ -172,6 +187,7 @@ def stiefel_sgd(
     transport: str = "energy",
     stiefel: bool | Any | Callable[[Any], Any] = True,
     nonfinite: str = "raise",
+    complex_grads: str = "jax",
 ) -> Any:
     """Momentum SGD on Stiefel leaves (Kong, Wang & Tao, ICLR 2023, Algorithm 1) as an optax
     transformation.
@@ -188,6 +204,11 @@ def stiefel_sgd(
         ``jax.jit`` values cannot be inspected and NaN propagates), or "skip": the whole step
         keeps params and state (``jnp.where``, so it works under ``jax.jit``) and
         ``state.skipped`` counts such steps.
+    complex_grads : {"jax", "gradient"}
+        Complex leaves (complex Stiefel / U(n) matrices with Hermitian transposes, or
+        Euclidean): "jax" (default) takes ``jax.grad``'s output, ∂L/∂Re z − i ∂L/∂Im z, and
+        conjugates it; "gradient" takes ∂L/∂Re z + i ∂L/∂Im z (what optax's own optimizers
+        expect, ``jnp.conj(jax.grad(...))``). Real leaves are unaffected.
 
     Returns
     -------
@@ -212,7 +233,8 @@ def stiefel_sgd(
     True
     """
     manifold = S.momentum_sgd(lr, momentum, metric, expm_method=expm_method, transport=transport)
-    return _transformation(_Update(manifold, S.euclidean_sgd(lr, momentum), stiefel, nonfinite))
+    euclid = S.euclidean_sgd(lr, momentum)
+    return _transformation(_Update(manifold, euclid, stiefel, nonfinite, complex_grads))
 
 
 def stiefel_adam(
@@ -226,6 +248,7 @@ def stiefel_adam(
     transport: str = "energy",
     stiefel: bool | Any | Callable[[Any], Any] = True,
     nonfinite: str = "raise",
+    complex_grads: str = "jax",
 ) -> Any:
     """Adam on Stiefel leaves (Kong, Wang & Tao, ICLR 2023, Algorithm 2) as an optax transformation.
 
@@ -237,7 +260,7 @@ def stiefel_adam(
         As in :func:`stiefel_sgd`; non-Stiefel leaves get
         :func:`~householderla.stiefel.euclidean_adam` (Algorithm 2's bias correction, which
         is not ``optax.adam``'s).
-    nonfinite : {"raise", "skip"}
+    nonfinite, complex_grads : str
         As in :func:`stiefel_sgd`.
 
     Returns
@@ -247,7 +270,7 @@ def stiefel_adam(
     """
     manifold = S.adam(lr, b1, b2, eps, metric, expm_method=expm_method, transport=transport)
     euclid = S.euclidean_adam(lr, b1, b2, eps)
-    return _transformation(_Update(manifold, euclid, stiefel, nonfinite))
+    return _transformation(_Update(manifold, euclid, stiefel, nonfinite, complex_grads))
 
 
 def update_params(tx: Any, grads: Any, state: Any, params: Any) -> tuple[Any, Any]:

@@ -12,9 +12,9 @@ Conventions:
 
 * A Stiefel parameter is a tensor (..., N, M): one St(N, M) per trailing matrix. A *wide*
   parameter (N < M) is optimised through its transpose, so its **rows** are orthonormal
-  (W Wᵀ = I) — the convention of ``torch.nn.init.orthogonal_`` for wide matrices and of the
-  paper's reference code. A parameter with fewer than two dimensions in a Stiefel group is a
-  ``ValueError``.
+  (W Wᵀ = I; W Wᴴ = I for complex W) — the convention of ``torch.nn.init.orthogonal_`` for
+  wide matrices and of the paper's reference code. A parameter with fewer than two
+  dimensions in a Stiefel group is a ``ValueError``.
 * The first step projects a parameter onto the manifold (polar factor), so a Gaussian or
   any full-rank initialisation works (App. P.1).
 * The per-parameter state is ``{"step", "U", "Z"}`` (+ ``"p", "q"`` for Adam) for Stiefel
@@ -23,9 +23,15 @@ Conventions:
   from the group at every step (learning-rate schedulers work).
 * ``step`` runs under ``torch.no_grad`` like the built-in optimizers; ``closure`` is
   re-evaluated with gradients enabled. Sparse gradients raise ``TypeError``.
-* CPU float32/float64 parameters are stepped by the same functional update on zero-copy NumPy
-  views (an optimizer step is some 60 small operations: ~1 µs each in NumPy, ~5 µs as torch
-  kernels); CUDA tensors and ``torch.compile`` take the torch path. Both agree to rounding.
+* Complex parameters (complex64/complex128) live on the complex Stiefel manifold
+  (WᴴW = I; U(n) for square ones) and are stepped with Hermitian transposes; ``.grad`` of a
+  complex tensor is already the gradient the update takes (∂L/∂Re W + i ∂L/∂Im W). Adam's
+  second moments are the real ``|g|²``, also on ``stiefel=False`` groups (``torch.optim.Adam``
+  treats Re and Im as two real parameters instead).
+* CPU float32/float64/complex parameters are stepped by the same functional update on
+  zero-copy NumPy views (an optimizer step is some 60 small operations: ~1 µs each in NumPy,
+  ~5 µs as torch kernels); CUDA tensors and ``torch.compile`` take the torch path. Both
+  agree to rounding.
 * A step is all or nothing: every gradient is checked first; a NaN/Inf raises ``ValueError``
   naming it, or with ``nonfinite="skip"`` skips the step (counted in ``skipped_steps``).
 
@@ -202,11 +208,15 @@ class _StiefelOptimizer(torch.optim.Optimizer):
 
 
 def _on_host(*tensors: torch.Tensor) -> bool:
-    """Whether a step runs in NumPy: eager, every tensor on the CPU, float32/float64."""
+    """Whether a step runs in NumPy: eager, every tensor on the CPU, float32/float64 or
+    complex64/complex128."""
     if torch.compiler.is_compiling():
         return False
     X = tensors[0]
-    return X.device.type == "cpu" and X.dtype in (torch.float32, torch.float64)
+    return X.device.type == "cpu" and X.dtype in _HOST_DTYPES
+
+
+_HOST_DTYPES = (torch.float32, torch.float64, torch.complex64, torch.complex128)
 
 
 def _unsupported_kwargs(kwargs: dict[str, Any], name: str) -> None:

@@ -12,6 +12,13 @@ Definition 1 (a = ½ canonical, a = 0 Euclidean), b = a/(a − 1), c = (1 − b)
 (M×M, skew) and U (N×M, XᵀU = 0). float32 input is computed in the library's accumulation dtype
 (float64 on CPU backends) and rounded once per step. The mathematics, the product count and the
 large-step analysis are in ``docs/theory/stiefel.rst``.
+
+Complex X (complex64/complex128) runs the same splitting on the complex Stiefel manifold
+{X ∈ ℂ^{N×M} : XᴴX = I} (U(N) for M = N) with every transpose Hermitian: Z is skew-Hermitian,
+XᴴU = 0, G is the gradient ∂L/∂Re X + i ∂L/∂Im X (torch's ``.grad``; the conjugate of
+``jax.grad``'s), and Adam's second moments are the real ``|f|²``, ``|g|²``
+(``docs/theory/stiefel.rst``, "Complex Stiefel manifold and U(n)"). complex64 is computed in
+complex128 on CPU backends.
 """
 
 from __future__ import annotations
@@ -24,9 +31,15 @@ from ._agnostic.stiefel_flow import (
     AMSGradState,
     MomentumState,
     StiefelOptimizer,
+    abs2,
+    cast,
     expm_skew,
+    herm,
+    init_arrays,
+    inner_re,
+    metric_a,
     momentum_rotation,
-    sym,
+    prepare,
 )
 from ._agnostic.stiefel_guards import check_powers, check_step, momentum_growth
 from ._euclidean import (
@@ -36,9 +49,9 @@ from ._euclidean import (
     euclidean_adam,
     euclidean_sgd,
 )
-from ._lib.checks import check_choice, check_finite, check_real, check_stiefel_shape
+from ._lib.checks import check_choice, check_real
 from ._lib.jit import select
-from ._lib.namespace import accumulation_dtype_for, mT, resolve
+from ._lib.namespace import accumulation_dtype_for, mH, real_dtype
 from ._lib.tracing import is_eager
 from .retractions import polar
 
@@ -57,7 +70,6 @@ __all__ = [
     "momentum_sgd",
 ]
 
-_NAMED_METRICS = {"canonical": 0.5, "euclidean": 0.0}
 #: Approximations of the M×M matrix exponentials of φ̄₁ and φ̄₂ (Kong, Wang & Tao, ICLR 2023 App.
 # M.2).
 EXPM_METHODS = ("euler", "cayley", "expm")
@@ -66,83 +78,12 @@ EXPM_METHODS = ("euler", "cayley", "expm")
 TRANSPORTS = ("energy", "euler")
 
 
-def _metric_a(metric: Any) -> float:
-    """The a of Definition 1 from a number (a < 1) or 'canonical' / 'euclidean'."""
-    if isinstance(metric, str):
-        if metric not in _NAMED_METRICS:
-            raise ValueError(
-                f"metric must be a number a < 1, 'canonical' or 'euclidean'; got {metric!r}"
-            )
-        return _NAMED_METRICS[metric]
-    if isinstance(metric, bool) or not isinstance(metric, (int, float)):
-        raise ValueError(f"metric must be a number a < 1 or a name; got {metric!r}")
-    a = float(metric)
-    if not (math.isfinite(a) and a < 1.0):
-        raise ValueError(
-            f"metric a must be finite and < 1 (Kong, Wang & Tao, ICLR 2023, Definition 1); got {a}"
-        )
-    return a
-
-
-def _prepare(X: Any, G: Any, state: Any, xp: Any) -> tuple[Any, Any, Any, Any]:
-    """X and G in X's namespace and dtype (G never promotes X), shapes checked."""
-    xp, _, dtype, (X,) = resolve([("X", X)], xp)
-    check_stiefel_shape(X)
-    _, _, _, (G,) = resolve([("G", G)], xp)
-    if tuple(G.shape) != tuple(X.shape):
-        raise ValueError(f"G must have the shape of X {tuple(X.shape)}; got {tuple(G.shape)}")
-    if G.dtype != dtype:
-        G = xp.astype(G, dtype)
-    check_finite(G, xp, "G")
-    N, M = X.shape[-2], X.shape[-1]
-    U_cols = 0 if M == N else M
-    for name in state._fields:
-        arr = getattr(state, name)
-        want = {
-            "count": (),
-            "U": X.shape[:-1] + (U_cols,),
-            "q": X.shape[:-1] + (U_cols,),
-            "q_max": X.shape[:-1] + (U_cols,),
-            "Z": X.shape[:-2] + (M, M),
-            "p": X.shape[:-2] + (M, M),
-            "p_max": X.shape[:-2] + (M, M),
-        }[name]
-        if tuple(arr.shape) != tuple(want):
-            raise ValueError(
-                f"state.{name} has shape {tuple(arr.shape)} but X {tuple(X.shape)} needs "
-                f"{tuple(want)}; was the state made by init() for this X?"
-            )
-    return xp, X, G, dtype
-
-
 def _project_first(X: Any, count: Any, xp: Any) -> Any:
     """polar(X) on the first step (count == 0), X afterwards (Kong, Wang & Tao, ICLR 2023 App. P.1:
     any full-rank
     start; the iteration preserves the structure only from a point of St)."""
     eager = is_eager(X) and is_eager(count)
     return select(xp, eager, count == 0, lambda: polar(X, rank_deficient="svd", xp=xp), lambda: X)
-
-
-def _to(xp: Any, dtype: Any, *arrays: Any) -> list[Any]:
-    return [a if a.dtype == dtype else xp.astype(a, dtype) for a in arrays]
-
-
-def _init_arrays(X: Any, xp: Any, adam: bool, amsgrad: bool = False) -> Any:
-    xp, device, dtype, (X,) = resolve([("X", X)], xp)
-    check_stiefel_shape(X)
-    N, M = X.shape[-2], X.shape[-1]
-    u_shape = X.shape[:-1] + (0 if M == N else M,)
-    z_shape = X.shape[:-2] + (M, M)
-    count = xp.asarray(0, dtype=xp.int32, device=device)
-    U = xp.zeros(u_shape, dtype=dtype, device=device)
-    Z = xp.zeros(z_shape, dtype=dtype, device=device)
-    if not adam:
-        return MomentumState(count, U, Z)
-    p = xp.zeros(z_shape, dtype=dtype, device=device)
-    q = xp.zeros(u_shape, dtype=dtype, device=device)
-    if amsgrad:
-        return AMSGradState(count, U, Z, p, q, xp.zeros_like(p), xp.zeros_like(q))
-    return AdamState(count, U, Z, p, q)
 
 
 def _phi3(
@@ -157,19 +98,19 @@ def _phi3(
 ) -> tuple[Any, Any]:
     """φ̄₃ after φ̃₁ (X½ = XR) for X ∈ St: (X⁺, U⁺).
 
-    X† = XR + ηŨ, X⁺ = polar(X†); U⁺ = k (U½ − X R S⁻¹(ηB)) with S = RᵀR (= X½ᵀX½ for
-    XᵀX = I: the Gram shortcut), B = ŨᵀU½, Ũ = ``U_step`` (U½ for Algorithm 1). Then
-    X†ᵀ(U½ − X½S⁻¹ηB) = X½ᵀU½ = 0 exactly. k = 1 (``"euler"``) or k = ‖U½‖_F/‖U½ − …‖_F
-    (``"energy"``): the exact flow of eq. 11 keeps VᵀV, forward Euler adds η²BᵀS⁻¹B to it.
+    X† = XR + ηŨ, X⁺ = polar(X†); U⁺ = k (U½ − X R S⁻¹(ηB)) with S = RᴴR (= X½ᴴX½ for
+    XᴴX = I: the Gram shortcut), B = ŨᴴU½, Ũ = ``U_step`` (U½ for Algorithm 1). Then
+    X†ᴴ(U½ − X½S⁻¹ηB) = X½ᴴU½ = 0 exactly. k = 1 (``"euler"``) or k = ‖U½‖_F/‖U½ − …‖_F
+    (``"energy"``): the exact flow of eq. 11 keeps VᴴV, forward Euler adds η²BᴴS⁻¹B to it.
     N×M×M products: X R, X·(R S⁻¹ηB), and the two of ``polar``.
     """
-    S = sym(mT(R) @ R)
+    S = herm(mH(R, xp) @ R, xp)
     SiB = xp.linalg.solve(S, lr * B)
     X_next = polar(X @ R + lr * U_step, rank_deficient="svd", xp=xp)
     U_next = U_half - X @ (R @ SiB)
     if transport == "energy":
-        e0 = xp.sum(U_half * U_half, axis=(-2, -1))
-        e1 = e0 + xp.sum((lr * B) * SiB, axis=(-2, -1))  # ‖U½ − X R S⁻¹ηB‖² for XᵀU½ = 0
+        e0 = inner_re(U_half, U_half, xp)
+        e1 = e0 + inner_re(lr * B, SiB, xp)  # ‖U½ − X R S⁻¹ηB‖² for XᴴU½ = 0
         pos = e1 > 0
         one = xp.ones_like(e0)
         k = xp.sqrt(xp.where(pos, e0, one) / xp.where(pos, e1, one))
@@ -254,6 +195,12 @@ def momentum_sgd(
     XᵀG is symmetric, as on App. Q). Structure (Theorems 4–6): XᵀX = I, Z skew, XᵀU = 0 after
     every step, up to rounding.
 
+    **Complex X** (the complex Stiefel manifold XᴴX = I; U(N) for M = N): every ᵀ above is
+    ᴴ, Z is skew-Hermitian, and G must be complex, ∂f/∂Re X + i ∂f/∂Im X (torch's ``.grad``;
+    conjugate ``jax.grad``'s output). The step is the real step on the real representation
+    [[Re X, −Im X], [Im X, Re X]] (``docs/theory/stiefel.rst``), so the structure is kept
+    alike; "cayley" and "expm" are unitary, "euler" is not (the polar step corrects X).
+
     Examples
     --------
     >>> import numpy as np, householderla as hl
@@ -271,24 +218,24 @@ def momentum_sgd(
     tau = check_real("dampening", dampening, 0.0, 1.0)
     if nesterov and (mu <= 0.0 or tau != 0.0):
         raise ValueError("Nesterov momentum requires a momentum and zero dampening")
-    a = _metric_a(metric)
+    a = metric_a(metric)
     method = check_choice("expm_method", expm_method, EXPM_METHODS)
     transport = check_choice("transport", transport, TRANSPORTS)
     c, d = 0.5 / (1.0 - a), 0.5 * (3.0 * a - 2.0)
     fixed_xp = xp
 
     def init(X: Any) -> MomentumState:
-        return _init_arrays(X, fixed_xp, adam=False)
+        return init_arrays(X, fixed_xp, adam=False)
 
     def update(X: Any, G: Any, state: MomentumState) -> tuple[Any, MomentumState]:
-        xp, X, G, dtype = _prepare(X, G, state, fixed_xp)
+        xp, X, G, dtype = prepare(X, G, state, fixed_xp)
         X = _project_first(X, state.count, xp)
         work = accumulation_dtype_for(xp, X)
-        X, G, U, Z = _to(xp, work, X, G, state.U, state.Z)
+        X, G, U, Z = cast(xp, work, X, G, state.U, state.Z)
         if tau:  # torch's buffer starts at the gradient: the first step is undamped
             G = G * (1.0 - tau * xp.astype(state.count > 0, G.dtype))
-        A = mT(X) @ G
-        f = c * (A - mT(A))
+        A = mH(X, xp) @ G
+        f = c * (A - mH(A, xp))
         Z_next = mu * Z - f
         eager = is_eager(X)
         step = lr * (mu * Z_next - f if nesterov else Z_next)
@@ -303,10 +250,10 @@ def momentum_sgd(
                 "momentum_sgd", "the momentum U", U_half, 4, momentum_growth(method), xp, eager
             )
             U_step = mu * U_half - g if nesterov else U_half
-            C = mT(U_step) @ U_half  # ŨᵀU½ (symmetric, and symmetrised, without Nesterov)
-            C = C if nesterov else sym(C)
+            C = mH(U_step, xp) @ U_half  # ŨᴴU½ (Hermitian, and made so, without Nesterov)
+            C = C if nesterov else herm(C, xp)
             X_next, U_next = _phi3(X, R, U_half, U_step, C, lr, transport, xp)
-        X_next, U_next, Z_next = _to(xp, dtype, X_next, U_next, Z_next)
+        X_next, U_next, Z_next = cast(xp, dtype, X_next, U_next, Z_next)
         return X_next, MomentumState(state.count + 1, U_next, Z_next)
 
     return StiefelOptimizer(init, update)
@@ -370,6 +317,27 @@ def adam(
     is exactly symmetric (f is exactly skew); Ũ ⟂ X½ gives X⁺ᵀU⁺ = 0 (Theorem 7).
     ``transport="energy"`` rescales U⁺ to ‖U½‖_F (k as in :func:`momentum_sgd`).
 
+    **Complex X**: Hermitian transposes as in :func:`momentum_sgd`, and the second moments are
+    the real p⁺ = β₂p + (1 − β₂) ``|f|²``, q⁺ = β₂q + (1 − β₂) ``|g|²`` (float32/float64 state for
+    complex64/complex128): ``|f|`` is symmetric for skew-Hermitian f, so Z⁺ ⊘ (p⁺^{∘½} + ε) stays
+    skew-Hermitian, and the step commutes with X ↦ X·diag(e^{iθ}).
+
+    Examples
+    --------
+    Complex Brockett cost f(X) = −Re tr(XᴴAXD), gradient −2AXD, minimum −Σ dᵢλᵢ(A):
+
+    >>> import numpy as np, householderla as hl
+    >>> rng = np.random.default_rng(0)
+    >>> B = rng.standard_normal((5, 5)) + 1j * rng.standard_normal((5, 5)); A = (B + B.conj().T) / 4
+    >>> D = np.diag([2.0, 1.0]); opt = hl.stiefel.adam(lr=0.02)
+    >>> X = np.linalg.qr(rng.standard_normal((5, 2)) + 1j * rng.standard_normal((5, 2)))[0]
+    >>> state = opt.init(X)
+    >>> for _ in range(2000):
+    ...     X, state = opt.update(X, -2 * A @ X @ D, state)
+    >>> lam = np.linalg.eigvalsh(A)[::-1][:2]
+    >>> bool(np.isclose(-np.trace(X.conj().T @ A @ X @ D).real, -lam @ np.diag(D)))
+    True
+
     **Cost:** 10 N×M×M products per step (XᵀG, XA, UL, XᵀW, X(XᵀW), XR, ŨᵀU½, X·(…), and
     the two of ``polar``) plus O(M³); for M = N as in :func:`momentum_sgd`.
     """
@@ -377,7 +345,7 @@ def adam(
     b1 = check_real("b1", b1, 0.0, 1.0)
     b2 = check_real("b2", b2, 0.0, 1.0)
     eps = check_real("eps", eps, 0.0, math.inf, lo_open=True)
-    a = _metric_a(metric)
+    a = metric_a(metric)
     method = check_choice("expm_method", expm_method, EXPM_METHODS)
     transport = check_choice("transport", transport, TRANSPORTS)
     c, d = 0.5 / (1.0 - a), 0.5 * (3.0 * a - 2.0)
@@ -385,30 +353,30 @@ def adam(
     fixed_xp = xp
 
     def init(X: Any) -> AdamState | AMSGradState:
-        return _init_arrays(X, fixed_xp, adam=True, amsgrad=bool(amsgrad))
+        return init_arrays(X, fixed_xp, adam=True, amsgrad=bool(amsgrad))
 
     def update(X: Any, G: Any, state: AdamState) -> tuple[Any, AdamState]:
-        xp, X, G, dtype = _prepare(X, G, state, fixed_xp)
+        xp, X, G, dtype = prepare(X, G, state, fixed_xp)
         X = _project_first(X, state.count, xp)
         work = accumulation_dtype_for(xp, X)
-        X, G, U, Z, p, q = _to(xp, work, X, G, state.U, state.Z, state.p, state.q)
+        X, G, U, Z, p, q = cast(xp, work, X, G, state.U, state.Z, state.p, state.q)
         if isinstance(state, AMSGradState) != bool(amsgrad):
             raise ValueError("the state was made by init() of an adam with other amsgrad")
         count = state.count + 1
         if log_b2 is None:
             kappa = 1.0
         else:
-            t = xp.astype(count, work)
+            t = xp.astype(count, real_dtype(xp, work))
             kappa = xp.sqrt(-xp.expm1(t * log_b2))
         eager = is_eager(X)
         # the second moments square f and g, whose entries are at most 2·max|G| (XᵀX = I)
         check_powers("adam", "the gradient G", 2 * G, 2, "the moments square it", xp, eager)
-        A = mT(X) @ G
-        f = c * (A - mT(A))
-        p = b2 * p + (1.0 - b2) * (f * f)
+        A = mH(X, xp) @ G
+        f = c * (A - mH(A, xp))
+        p = b2 * p + (1.0 - b2) * abs2(f, xp)
         p_max = q_max = None
         if amsgrad:
-            p_max, q_max = _to(xp, work, state.p_max, state.q_max)
+            p_max, q_max = cast(xp, work, state.p_max, state.q_max)
             p_max = xp.maximum(p_max, p)
         Z_next = b1 * Z - (1.0 - b1) * f
         p_div = p_max if amsgrad else p
@@ -420,18 +388,18 @@ def adam(
             X_next, U_next = polar(X @ R, rank_deficient="svd", xp=xp), U
         else:
             g = G - X @ A
-            q = b2 * q + (1.0 - b2) * (g * g)
+            q = b2 * q + (1.0 - b2) * abs2(g, xp)
             if amsgrad:
                 q_max = xp.maximum(q_max, q)
             U_half = U @ momentum_rotation(Z, b1, d * lr, method, xp) - (1.0 - b1) * g
             check_powers("adam", "the momentum U", U_half, 4, momentum_growth(method), xp, eager)
             W = U_half / (xp.sqrt(q_max if amsgrad else q) + eps)
-            Ut = kappa * (W - X @ (mT(X) @ W))
-            B = mT(Ut) @ U_half
+            Ut = kappa * (W - X @ (mH(X, xp) @ W))
+            B = mH(Ut, xp) @ U_half
             X_next, U_next = _phi3(X, R, U_half, Ut, B, lr, transport, xp)
-        X_next, U_next, Z_next, p, q = _to(xp, dtype, X_next, U_next, Z_next, p, q)
+        X_next, U_next, Z_next, p, q = cast(xp, dtype, X_next, U_next, Z_next, p, q)
         if amsgrad:
-            p_max, q_max = _to(xp, dtype, p_max, q_max)
+            p_max, q_max = cast(xp, dtype, p_max, q_max)
             return X_next, AMSGradState(count, U_next, Z_next, p, q, p_max, q_max)
         return X_next, AdamState(count, U_next, Z_next, p, q)
 
