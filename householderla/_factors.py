@@ -17,7 +17,13 @@ import array_api_compat as aac
 
 from ._agnostic import compact_wy as K
 from ._agnostic import trapezoidal as S
-from ._agnostic.lapack_panels import apply_panels, conj_of, form_panels, panel_factors
+from ._agnostic.lapack_panels import (
+    apply_panels,
+    conj_of,
+    form_panel_width,
+    form_panels,
+    panel_factors,
+)
 from ._agnostic.phases import phase_factor
 from ._autodiff import call, route
 from ._blocked import block_factors, use_blocks
@@ -204,7 +210,8 @@ class LazyFactors:
         V, xp = self.V, self.xp
         Vc = conj_of(V, xp)
         ncols = V.shape[-2] if ncols is None else ncols
-        return form_panels(V, panel_factors(V, self.tau, xp, Vc), ncols, xp, Vc)
+        nb = form_panel_width(V.shape[-1])
+        return form_panels(V, panel_factors(V, self.tau, xp, Vc, nb), ncols, xp, Vc, nb)
 
     def get(self) -> tuple[Any, Any]:
         if self._stale(self.U):

@@ -360,3 +360,20 @@ def test_formed_q_is_as_orthogonal_as_orgqr(dtype):
         e_ours = np.linalg.norm(ours.conj().T @ ours - eye)
         e_lapack = np.linalg.norm(theirs.conj().T @ theirs - eye)
         assert e_ours <= 1.25 * e_lapack, (seed, e_ours, e_lapack)
+
+
+def test_wide_panels_of_many_reflectors_equal_orgqr():
+    """k ≥ 1024 reflectors are formed with wider panels (``form_panel_width``: 64 at k =
+    1100, the last panel 12 wide): the square and thin Q equal dorgqr's and stay as
+    orthogonal (1.25× as above). Tolerance as everywhere here: 30·eps·m."""
+    from householderla._agnostic.lapack_panels import form_panel_width
+
+    m, k = 1100, 1100
+    assert form_panel_width(k) == 64 and k % 64
+    A = np.random.default_rng(stable_seed("wide panels")).standard_normal((m, k))
+    qr, tau = _zgeqrf_like(A)
+    ref = _lapack("orgqr", qr, qr, tau)
+    Q = hl.from_lapack(qr, tau).matrix()
+    np.testing.assert_allclose(Q, ref, atol=_tol(np.float64, m))
+    eye = np.eye(m)
+    assert np.linalg.norm(Q.T @ Q - eye) <= 1.25 * np.linalg.norm(ref.T @ ref - eye)

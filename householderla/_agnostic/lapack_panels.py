@@ -40,7 +40,15 @@ from .._lib.checks import broadcast_batch
 from .._lib.linalg import inv_upper_triangular
 from .._lib.namespace import device_of, is_complex, mH, mT
 
-__all__ = ["PANEL", "apply_panels", "conj_of", "form_panels", "panel_bounds", "panel_factors"]
+__all__ = [
+    "PANEL",
+    "apply_panels",
+    "conj_of",
+    "form_panel_width",
+    "form_panels",
+    "panel_bounds",
+    "panel_factors",
+]
 
 #: Reflectors per panel: ``?ormqr``/``?orgqr``'s block size (reference ``ilaenv``). At
 #: m = 1024, k = 256, B = 64 (float64, one thread, NumPy): nb = 32 / 64 / 128 took about
@@ -48,6 +56,20 @@ __all__ = ["PANEL", "apply_panels", "conj_of", "form_panels", "panel_bounds", "p
 #: ‖QᵀQ − I‖_F 1.00 / 1.06 / 1.17 × dorgqr's (six seeds: 1.01–1.05× at 32, complex128
 #: 0.87–0.90×). Measured on the 2-core VM with other work running: ratios, not timings.
 PANEL = 32
+
+
+def form_panel_width(k: int) -> int:
+    """Reflectors per panel for forming Q from k reflectors: k/16 rounded down to a power of
+    two, clipped to [32, 256]. Wider panels make the trailing update one larger GEMM per
+    panel and halve the passes over Q, which pays once Q is large. Square Q from
+    ``dgeqrf``'s (a, τ), float64, one thread, idle 2-core VM, time / dorgqr's (median of
+    paired rounds), nb = 32 / 64 / 128 / 256: N = 512: 1.04 / 1.14 / 1.44 / 2.24;
+    N = 1024: 1.08 / 0.99 / 1.01 / 1.28; N = 2048: 1.23 / 0.98 / 0.84 / 0.87; N = 4096:
+    — / 1.04 / 0.77 / 0.73."""
+    nb = PANEL
+    while nb < 256 and 2 * nb * 16 <= k:
+        nb *= 2
+    return nb
 
 
 def panel_bounds(k: int, nb: int = PANEL) -> list[tuple[int, int]]:
