@@ -259,6 +259,18 @@ def limit_threads(n: int) -> str:
     return f"{n} thread{'' if n == 1 else 's'} (threadpoolctl, torch.set_num_threads)"
 
 
+def run_line(
+    machine: dict[str, Any], monitor: LoadMonitor, extra: str = ""
+) -> tuple[str, dict[str, Any]]:
+    """(the machine line ending in the share of CPU other processes used during the run,
+    the load record of ``monitor``)."""
+    load = monitor.result(machine["cores_available"])
+    frac = load.get("foreign_cpu_fraction")
+    line = machine_line(machine, extra=extra)
+    line += "" if frac is None else f"; other load during run {100 * frac:.0f}%"
+    return line, load
+
+
 def machine_line(m: dict[str, Any], gemm: dict[str, Any] | None = None, extra: str = "") -> str:
     """One line naming the machine: CPU, cores, thread settings, libraries, GEMM rate, date."""
     blas = m.get("numpy_blas") or {}

@@ -250,10 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     total = len(BACKENDS) * (len(SHAPES) * len(BS) * 4 + 2) + 8
     with H.Bench(cfg["profile"], total, "dispatch") as b:
         rows = cwy_rows(b, rng) + householder_apply_rows(b, rng) + optimizer_rows(b)
-    load = monitor.result(machine["cores_available"])
-    frac = load.get("foreign_cpu_fraction")
-    mline = H.machine_line(machine, extra=threads)
-    mline += "" if frac is None else f"; other load during run {100 * frac:.0f}%"
+    mline, load = H.run_line(machine, monitor, threads)
     md = H.table_markdown(rows, mline, args.quick)
     md += (
         "\nratio = ours / anchor, medians of samples taken round-robin in one process; "

@@ -100,10 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         for dtype in (np.float64, np.float32):
             for N in cfg["ns"]:
                 table += rows(b, N, dtype)
-    load = monitor.result(machine["cores_available"])
-    frac = load.get("foreign_cpu_fraction")
-    mline = H.machine_line(machine, extra=threads)
-    mline += "" if frac is None else f"; other load during run {100 * frac:.0f}%"
+    mline, load = H.run_line(machine, monitor, threads)
     md = H.table_markdown(table, mline, args.quick)
     md += (
         "\nratio = median over the rounds of ours / the faster LAPACK anchor of that round "

@@ -118,10 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     with H.Bench(cfg["profile"], 14, "lapack") as b:
         table = rows(b, cfg["m"], cfg["k"], cfg["B"])
         table += rows(b, cfg["m"], cfg["k"], cfg["B"], np.complex128)
-    load = monitor.result(machine["cores_available"])
-    frac = load.get("foreign_cpu_fraction")
-    mline = H.machine_line(machine, extra=threads)
-    mline += "" if frac is None else f"; other load during run {100 * frac:.0f}%"
+    mline, load = H.run_line(machine, monitor, threads)
     md = H.table_markdown(table, mline, args.quick)
     md += "\nratio = ours / anchor, medians of samples taken round-robin in one process.\n"
     print(md)

@@ -275,6 +275,25 @@ def _fmt_b(b: float) -> str:
     return f"{b / 2**20:8.2f} MiB"
 
 
+def _polar_lines(rows: list[dict[str, Any]], dtype_w: int, method_w: int) -> list[str]:
+    """Table rows of one-shot polar results, each with its error over LAPACK QR's of the same
+    shape and dtype."""
+    out = []
+    for r in rows:
+        floor = next(
+            x["orth_err"]
+            for x in rows
+            if (x["N"], x["M"], x["dtype"]) == (r["N"], r["M"], r["dtype"])
+            and x["method"].startswith("scipy.linalg.qr")
+        )
+        out.append(
+            f"{r['N']:>5}×{r['M']:<4} {r['dtype']:>{dtype_w}} {r['method']:<{method_w}} "
+            f"{_fmt_t(r['median_s'])} {r['orth_err']:11.2e} {r['orth_err'] / floor:10.2f} "
+            f"{'' if r['iterations'] is None else r['iterations']:>5}"
+        )
+    return out
+
+
 def report(res: dict[str, Any]) -> str:
     frac = res["load"].get("foreign_cpu_fraction")
     out = [
@@ -285,18 +304,7 @@ def report(res: dict[str, Any]) -> str:
         f"{'shape':>10} {'dtype':>8} {'method':<34} {'time':>12} {'‖QᵀQ−I‖_F':>11} "
         f"{'/LAPACK QR':>10} {'iters':>5}",
     ]
-    for r in res["polar"]:
-        floor = next(
-            x["orth_err"]
-            for x in res["polar"]
-            if (x["N"], x["M"], x["dtype"]) == (r["N"], r["M"], r["dtype"])
-            and x["method"].startswith("scipy.linalg.qr")
-        )
-        out.append(
-            f"{r['N']:>5}×{r['M']:<4} {r['dtype']:>8} {r['method']:<34} {_fmt_t(r['median_s'])} "
-            f"{r['orth_err']:11.2e} {r['orth_err'] / floor:10.2f} "
-            f"{'' if r['iterations'] is None else r['iterations']:>5}"
-        )
+    out += _polar_lines(res["polar"], 8, 34)
     out += [
         "",
         "2. Newton–Schulz iterations from a tangent step X + ξ (float64)",
@@ -330,19 +338,7 @@ def report(res: dict[str, Any]) -> str:
         f"{'shape':>10} {'dtype':>10} {'method':<26} {'time':>12} {'‖QᴴQ−I‖_F':>11} "
         f"{'/LAPACK QR':>10} {'iters':>5}",
     ]
-    cp = res["complex"]["polar"]
-    for r in cp:
-        floor = next(
-            x["orth_err"]
-            for x in cp
-            if (x["N"], x["M"], x["dtype"]) == (r["N"], r["M"], r["dtype"])
-            and x["method"].startswith("scipy.linalg.qr")
-        )
-        out.append(
-            f"{r['N']:>5}×{r['M']:<4} {r['dtype']:>10} {r['method']:<26} {_fmt_t(r['median_s'])} "
-            f"{r['orth_err']:11.2e} {r['orth_err'] / floor:10.2f} "
-            f"{'' if r['iterations'] is None else r['iterations']:>5}"
-        )
+    out += _polar_lines(res["complex"]["polar"], 10, 26)
     out.append(f"{'map (complex128)':<20} {'shape':>10} {'ratio':>6}")
     for r in res["complex"]["vjp"]:
         out.append(f"{r['map']:<20} {r['N']:>5}×{r['M']:<4} {r['ratio']:6.2f}")

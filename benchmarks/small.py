@@ -105,10 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     monitor = H.LoadMonitor()
     with H.Bench(cfg["profile"], 2 * len(cfg["cases"]), "small") as b:
         table = [r for n, P in cfg["cases"] for r in case_rows(b, n, P, cfg["B"])]
-    load = monitor.result(machine["cores_available"])
-    frac = load.get("foreign_cpu_fraction")
-    mline = H.machine_line(machine, extra=threads)
-    mline += "" if frac is None else f"; other load during run {100 * frac:.0f}%"
+    mline, load = H.run_line(machine, monitor, threads)
     md = H.table_markdown(table, mline, args.quick)
     md += (
         "\nratio = ours / the fastest anchor of the row, medians of samples taken round-robin "

@@ -8,8 +8,9 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-from ._agnostic.stiefel_flow import StiefelOptimizer, abs2
+from ._agnostic.stiefel_flow import StiefelOptimizer
 from ._lib.checks import check_real
+from ._lib.linalg import abs2
 from ._lib.namespace import is_complex, real_dtype, resolve
 
 __all__ = [

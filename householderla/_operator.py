@@ -266,8 +266,8 @@ class CompactWYOperator(LinearOperatorMixin):
                 U, T = xp.astype(U, h.dtype), xp.astype(T, h.dtype)
             structured = self._use_structured(hm.shape[-1])
             P = None
-            if self._mode == "square" and not structured and U.dtype == hm.dtype:
-                if route(xp, U, T, hm) == "plain":
+            if f.dense_pays and self._mode == "square" and not structured and U.dtype == hm.dtype:
+                if route(xp, U, T, hm) == "plain":  # no autodiff to record
                     P = f.shortcut or f.product_factor(hm.shape[-1])
             if P is not None:  # one GEMM with the dense Q (or Qᴴ)
                 y = (P[1] if self._transposed else P[0]) @ hm

@@ -31,7 +31,6 @@ from ._agnostic.stiefel_flow import (
     AMSGradState,
     MomentumState,
     StiefelOptimizer,
-    abs2,
     cast,
     expm_skew,
     herm,
@@ -51,6 +50,7 @@ from ._euclidean import (
 )
 from ._lib.checks import check_choice, check_real
 from ._lib.jit import select
+from ._lib.linalg import abs2
 from ._lib.namespace import accumulation_dtype_for, mH, real_dtype
 from ._lib.tracing import is_eager
 from .retractions import polar

@@ -20,7 +20,6 @@ __all__ = [
     "AdamState",
     "MomentumState",
     "StiefelOptimizer",
-    "abs2",
     "cast",
     "expm_skew",
     "herm",
@@ -93,15 +92,6 @@ def inner_re(A: Any, B: Any, xp: Any) -> Any:
     if is_complex(A.dtype) or is_complex(B.dtype):
         return xp.sum(xp.real(xp.conj(A) * B), axis=(-2, -1))
     return xp.sum(A * B, axis=(-2, -1))
-
-
-def abs2(x: Any, xp: Any) -> Any:
-    """|x|² elementwise, real: x∘x for real x, (Re x)² + (Im x)² for complex (Adam's second
-    moments; a real symmetric |f|² for a skew-Hermitian f)."""
-    if not is_complex(x.dtype):
-        return x * x
-    re, im = xp.real(x), xp.imag(x)
-    return re * re + im * im
 
 
 def metric_a(metric: Any) -> float:
