@@ -19,7 +19,6 @@ from ._agnostic import compact_wy as K
 from ._agnostic import trapezoidal as S
 from ._agnostic.lapack_panels import (
     apply_panels,
-    conj_of,
     form_panel_width,
     form_panels,
     panel_factors,
@@ -194,12 +193,11 @@ class LazyFactors:
         self.panels_used = True
         V, xp = self.V, self.xp
         m, L = V.shape[-2], V.shape[-1]
-        Vc = conj_of(V, xp)
-        Ts = panel_factors(V, self.tau, xp, Vc)
+        Ts = panel_factors(V, self.tau, xp)
         if mode == "embed":  # Q [x; 0]
             pad = xp.zeros((*h.shape[:-2], m - L, h.shape[-1]), dtype=h.dtype, device=device_of(h))
             h = xp.concat([h, pad], axis=-2)
-        y = apply_panels(V, Ts, h, xp, transposed, Vc)
+        y = apply_panels(V, Ts, h, xp, transposed)
         return y[..., :L, :] if mode == "project" else y
 
     def panel_matrix(self, ncols: int | None) -> Any:
@@ -208,10 +206,9 @@ class LazyFactors:
         if not self.panels_apply(self.V):
             return None
         V, xp = self.V, self.xp
-        Vc = conj_of(V, xp)
         ncols = V.shape[-2] if ncols is None else ncols
         nb = form_panel_width(V.shape[-1])
-        return form_panels(V, panel_factors(V, self.tau, xp, Vc, nb), ncols, xp, Vc, nb)
+        return form_panels(V, panel_factors(V, self.tau, xp, nb=nb), ncols, xp, nb=nb)
 
     def get(self) -> tuple[Any, Any]:
         if self._stale(self.U):

@@ -7,7 +7,12 @@ import numpy as np
 import pytest
 from conftest import require, to_numpy
 
-from householderla._lib.linalg import inv_upper_triangular, inv_upper_triangular_recursive
+from householderla._agnostic.lapack import sq_norms
+from householderla._lib.linalg import (
+    inv_upper_triangular,
+    inv_upper_triangular_recursive,
+    subtract_product,
+)
 from householderla._lib.namespace import resolve
 
 
@@ -23,6 +28,46 @@ def test_triangular_inverse_native_and_recursive(bk_eager, n):
         kappa = np.linalg.cond(S).max()
         np.testing.assert_allclose(out, ref, atol=10 * 2.2e-16 * n * kappa)
         np.testing.assert_array_equal(np.tril(out, -1), 0.0)
+
+
+@pytest.mark.parametrize("rows", [None, 64, 5, 3])
+def test_subtract_product_updates_a_view_in_place(rows):
+    """Y −= A @ B on a strided trailing block, with row-block workspaces (5 rows: 13 = 5 + 5
+    + 3, a ragged last block; 3 divides nothing here either), on NumPy and torch (addmm_);
+    only Y's block changes, A and B are not written."""
+    rng = np.random.default_rng(3)
+    M, A, B = (
+        rng.standard_normal((20, 9)),
+        rng.standard_normal((13, 4)),
+        rng.standard_normal((4, 6)),
+    )
+    ref = M.copy()
+    ref[7:, 3:] -= A @ B  # two GEMM roundings apart at most: 4 products of size O(1)
+    cases = [("numpy", M.copy(), A, B)]
+    torch = pytest.importorskip("torch")
+    cases.append(("torch", torch.from_numpy(M.copy()), torch.from_numpy(A), torch.from_numpy(B)))
+    for name, Y, a, b in cases:
+        a0, b0 = to_numpy(a).copy(), to_numpy(b).copy()
+        work = None if rows is None or name == "torch" else np.empty((rows, 9))
+        subtract_product(Y[7:, 3:], a, b, aac.array_namespace(Y), work)
+        np.testing.assert_allclose(to_numpy(Y), ref, rtol=0, atol=1e-13, err_msg=name)
+        np.testing.assert_array_equal(to_numpy(Y)[:7], M[:7])  # outside the block: untouched
+        np.testing.assert_array_equal(to_numpy(a), a0)
+        np.testing.assert_array_equal(to_numpy(b), b0)
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_complex_squared_norms_without_copies_equal_the_definition(order):
+    """‖vᵢ‖² of a complex batch (NumPy's real/imaginary views) equals Σ|v|², in V's dtype."""
+    rng = np.random.default_rng(4)
+    V = rng.standard_normal((2, 30, 7)) + 1j * rng.standard_normal((2, 30, 7))
+    V = np.asarray(V, order=order).astype(np.complex64)
+    ss = sq_norms(V)
+    assert ss.dtype == np.complex64 and ss.shape == (2, 7)
+    ref = (np.abs(V.astype(np.complex128)) ** 2).sum(axis=-2)
+    # float32 sums of 60 squares: relative error ≤ 60·eps(float32) ≈ 7e-6
+    np.testing.assert_allclose(ss.real, ref, rtol=1e-5)
+    np.testing.assert_array_equal(ss.imag, 0)
 
 
 def test_resolve_promotes_and_names_arguments():

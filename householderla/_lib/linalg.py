@@ -28,6 +28,7 @@ __all__ = [
     "inv_upper_triangular_recursive",
     "real_dot",
     "solve_upper_triangular",
+    "subtract_product",
     "sum_to_shape",
     "where0",
 ]
@@ -120,6 +121,35 @@ def gram_upper(V: Any, xp: Any) -> Any:
             return np.asarray(syrk(1.0, V.T, trans=0, lower=0))
         return np.asarray(syrk(1.0, V, trans=1, lower=0))
     return mH(V, xp) @ V
+
+
+def subtract_product(Y: Any, A: Any, B: Any, xp: Any, work: Any = None) -> None:
+    """Y −= A @ B in place, for a writeable Y (..., r, c) (a view of a NumPy, torch or CuPy
+    array), A (..., r, n), B (..., n, c); 2·r·n·c flops.
+
+    No temporary of Y's size is allocated: torch accumulates inside the GEMM (``addmm_``,
+    β = 1, on a 2-D Y); NumPy and CuPy write the product of a block of A's rows into
+    ``work`` (``matmul(out=)``; an array the caller allocated once, with at least c columns
+    and any number of rows: Y is then updated in row blocks of that height) and subtract it.
+    Loops that update a trailing block of one matrix (``?orgqr``) would otherwise allocate
+    a temporary per step, which glibc serves from fresh pages, one page fault per 4 KiB (see
+    :func:`householderla._agnostic.lapack_panels.workspace`). Without ``work``: Y −= A @ B.
+    """
+    if aac.is_torch_namespace(xp) and Y.ndim == 2:
+        Y.addmm_(A, B, alpha=-1)
+    elif work is not None and (aac.is_numpy_namespace(xp) or aac.is_cupy_namespace(xp)):
+        if aac.is_numpy_namespace(xp):
+            import numpy as raw
+        else:  # pragma: no cover - needs a GPU
+            import cupy as raw
+        R = work.shape[-2]  # rows per GEMM: row blocks of Y when work has fewer rows
+        for r in range(0, Y.shape[-2], R):
+            w = work[..., : min(R, Y.shape[-2] - r), : Y.shape[-1]]
+            raw.matmul(A[..., r : r + R, :], B, out=w)
+            Yr = Y[..., r : r + R, :]
+            raw.subtract(Yr, w, out=Yr)
+    else:
+        Y -= A @ B
 
 
 def abs2(x: Any, xp: Any) -> Any:
