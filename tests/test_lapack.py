@@ -118,6 +118,18 @@ def test_tau_zero_columns_and_the_upper_part_are_ignored(bk):
         bk.call(lambda a, t: hl.from_lapack(a, t).matrix(), bk.asarray(junk), bk.asarray(tau))
     )
     np.testing.assert_allclose(Q, _orgqr_full(qr, tau), atol=_tol(np.float64, 6))
+    # H(i) = I for τᵢ = 0 whatever column i holds: NaN below its diagonal gives the Q of a
+    # zero column, single and batched (the two NumPy routes that zero it). (dorgqr would
+    # spread it: its dorg2r scales the column by −τᵢ = 0, and 0·NaN = NaN.)
+    qr, tau = _geqrf(np.linalg.qr(rng.standard_normal((6, 6)))[0][:, :4])
+    tau[2] = 0.0
+    ref = _orgqr_full(qr, tau)
+    qr[4, 2] = np.nan
+    for a, t in ((qr, tau), (np.stack([qr, qr]), np.stack([tau, tau]))):
+        Q = to_numpy(
+            bk.call(lambda a, t: hl.from_lapack(a, t).matrix(), bk.asarray(a), bk.asarray(t))
+        )
+        np.testing.assert_allclose(Q, np.broadcast_to(ref, Q.shape), atol=_tol(np.float64, 6))
 
 
 @pytest.mark.no_dask("builds and forms operators only")

@@ -15,6 +15,7 @@ sᵢ = 1/(τᵢ‖vᵢ‖²) = 1/(1 − λᵢ) (:func:`normalized_sdiag`).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import array_api_compat as aac
@@ -40,18 +41,37 @@ def lapack_reflectors(a: Any, tau: Any) -> Any:
     zero = tau == 0
     if is_eager(zero) and not bool(xp.any(zero)):
         return V  # geqrf's usual output: no pass to zero columns
-    return V * xp.astype(~zero, a.dtype)[..., None, :]
+    if aac.is_numpy_array(V):  # our own copy: zero the τ = 0 columns in place
+        if V.ndim == 2:  # (a square geqrf's last τ is 0: one column, not a pass over V)
+            V[:, np.flatnonzero(zero)] = 0
+        else:
+            np.copyto(V, 0, where=zero[..., None, :])
+        return V
+    return xp.where(zero[..., None, :], xp.zeros_like(V), V)  # (exact zeros, NaN or not)
 
 
 def _unit_lower_numpy(a: Any) -> Any:
     """tril(a, −1) + I for a NumPy ``a`` (..., m, k), k ≤ m: one copy in ``a``'s memory order,
-    then the k column heads set. LAPACK's ``a`` is Fortran-ordered, where ``np.tril`` (a
-    masked ``where``) took 1.1 ms at 1024 × 256 against 0.2 ms for this."""
+    then per block of 32 columns the rows above it and its diagonal block's upper triangle
+    zeroed.
+    LAPACK's ``a`` is Fortran-ordered, where ``np.tril`` (a masked ``where``) took 1.1 ms at
+    1024 × 256; column by column 0.16 ms, these blocks 0.12 ms (the copy alone 0.05 ms)."""
     V = np.array(a, order="K", copy=True)
-    for j in range(V.shape[-1]):
-        V[..., :j, j] = 0
-        V[..., j, j] = 1
+    k = V.shape[-1]
+    for s in range(0, k, 32):
+        e = min(s + 32, k)
+        V[..., :s, s:e] = 0
+        np.copyto(V[..., s:e, s:e], 0, where=_upper(e - s))  # (no arithmetic on R's inf/NaN)
+    np.einsum("...ii->...i", V[..., :k, :])[...] = 1
     return V
+
+
+@functools.lru_cache(maxsize=32)
+def _upper(n: int) -> Any:
+    """The n × n mask of the upper triangle with the diagonal (read-only, cached)."""
+    M = ~np.tri(n, n, -1, dtype=bool)
+    M.flags.writeable = False
+    return M
 
 
 def tau_mismatch(V: Any, tau: Any, ss: Any = None) -> Any:
