@@ -333,16 +333,8 @@ def pytest_configure(config: pytest.Config) -> None:
     the environment): most of the suite's time on JAX is XLA compiling, and identical programs
     recur across tests (check_grads' fresh closures, the same op on the same shapes) and across
     the workers. Measured on the JAX adapter and SVD tests: 13 % less CPU time. The cache is
-    removed at the end; set ``JAX_COMPILATION_CACHE_DIR`` to keep one across runs instead.
-
-    Only with xdist workers (``-n``, as ``make test`` runs): a whole suite in one process
-    crashed twice with a segmentation fault inside the cache write (XLA serialising an
-    executable, ``compilation_cache.put_executable_and_time``, at ~80 % of the suite, in
-    test_jax_adapter's second-order check_grads; the module alone passes), and one process
-    gains little from a cache it fills itself."""
+    removed at the end; set ``JAX_COMPILATION_CACHE_DIR`` to keep one across runs instead."""
     if os.environ.get("PYTEST_XDIST_WORKER") or "JAX_COMPILATION_CACHE_DIR" in os.environ:
-        return
-    if not getattr(config.option, "numprocesses", None):
         return
     path = tempfile.mkdtemp(prefix="hl-test-jax-cache-")
     config.stash[_JAX_CACHE] = path
