@@ -102,15 +102,16 @@ def workspace(batch: tuple[int, ...], rows: int, cols: int, like: Any, xp: Any) 
     """Scratch for :func:`~householderla._lib.linalg.subtract_product` on NumPy and CuPy
     (None elsewhere: torch accumulates in ``addmm_``): at most ``rows`` rows, fewer when
     ``cols`` is wide, so that it holds about 2¹⁷ numbers (1 MiB in float64), and never
-    fewer than 64 rows. The updates then run in row blocks of a buffer allocated once,
+    fewer than 256 rows. The updates then run in row blocks of a buffer allocated once,
     instead of one temporary the size of each trailing block: glibc serves large
     temporaries from fresh pages (``mmap``, or a ``brk`` heap it trims after the call), one
     page fault per 4 KiB — 1,375 faults and 2.6 ms of the 7.4 ms of a thin 1024 × 256 Q
-    from a built operator on the 2-core VM (4.8 ms with this buffer, dorgqr 5.3 ms); at
-    N = 4096 a 128 MiB temporary per panel."""
+    from a built operator on the 2-core VM (4.8 ms with this buffer, dorgqr 5.3 ms). At
+    N = 4096 (float64, one thread) 64-row blocks took 3.0 s, 128–512 rows 2.2–2.6 s, one
+    temporary per panel 2.5 s, dorgqr 3.1 s."""
     if not (aac.is_numpy_namespace(xp) or aac.is_cupy_namespace(xp)):
         return None
-    r = min(rows, max(64, (1 << 17) // max(cols, 1)))
+    r = min(rows, max(256, (1 << 17) // max(cols, 1)))
     return xp.empty((*batch, r, cols), dtype=like.dtype, device=device_of(like))
 
 
