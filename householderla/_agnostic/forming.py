@@ -18,7 +18,14 @@ from typing import Any
 
 import array_api_compat as aac
 
-from .._lib.linalg import eye_like, gram_upper, solve_upper_triangular, where0
+from .._lib.linalg import (
+    eye_like,
+    gram_upper,
+    solve_upper_triangular,
+    subtract_product,
+    where0,
+    workspace,
+)
 from .._lib.namespace import accumulation_dtype_for, device_of, is_complex, mH, real_dtype
 
 __all__ = ["STRUCTURED_BLOCK", "dense_matrix", "structured_matrix"]
@@ -147,6 +154,7 @@ def structured_matrix(
     L = V.shape[-1]
     ncols = V.shape[-2] if ncols is None else ncols
     Q = _identity(xp, V, ncols, acc)
+    work = workspace(tuple(Q.shape[:-2]), Q.shape[-2], ncols, Q, xp)  # (subtract_product)
     for s in range(((L - 1) // block) * block, -1, -block):
         e = min(s + block, L)
         sb = None if sdiag is None else sdiag[..., s:e]
@@ -158,7 +166,7 @@ def structured_matrix(
         if not parts:
             continue
         W = parts[0] if len(parts) == 1 else xp.concat(parts, axis=-1)
-        Q[..., s:, s:] = Q[..., s:, s:] - Vb @ _solve_upper_same_blas(Sb, W, xp)
+        subtract_product(Q[..., s:, s:], Vb, _solve_upper_same_blas(Sb, W, xp), xp, work)
     return Q if acc == V.dtype else xp.astype(Q, V.dtype)
 
 

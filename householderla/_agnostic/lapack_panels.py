@@ -37,7 +37,7 @@ from typing import Any
 import array_api_compat as aac
 
 from .._lib.checks import broadcast_batch
-from .._lib.linalg import inv_upper_triangular, subtract_product
+from .._lib.linalg import inv_upper_triangular, subtract_product, workspace
 from .._lib.namespace import device_of, is_complex, mH, mT
 
 __all__ = [
@@ -47,7 +47,6 @@ __all__ = [
     "form_panels",
     "panel_bounds",
     "panel_factors",
-    "workspace",
 ]
 
 #: Reflectors per panel: ``?ormqr``/``?orgqr``'s block size (reference ``ilaenv``). At
@@ -96,23 +95,6 @@ def _t_of(G: Any, tau: Any, xp: Any) -> Any:
     eye = xp.eye(n, dtype=G.dtype, device=device_of(G))
     M = xp.triu(G * tau[..., :, None], k=1) + eye
     return _inv_unit_upper(M, xp) * tau[..., None, :]
-
-
-def workspace(batch: tuple[int, ...], rows: int, cols: int, like: Any, xp: Any) -> Any:
-    """Scratch for :func:`~householderla._lib.linalg.subtract_product` on NumPy and CuPy
-    (None elsewhere: torch accumulates in ``addmm_``): at most ``rows`` rows, fewer when
-    ``cols`` is wide, so that it holds about 2¹⁷ numbers (1 MiB in float64), and never
-    fewer than 256 rows. The updates then run in row blocks of a buffer allocated once,
-    instead of one temporary the size of each trailing block: glibc serves large
-    temporaries from fresh pages (``mmap``, or a ``brk`` heap it trims after the call), one
-    page fault per 4 KiB — 1,375 faults and 2.6 ms of the 7.4 ms of a thin 1024 × 256 Q
-    from a built operator on the 2-core VM (4.8 ms with this buffer, dorgqr 5.3 ms). At
-    N = 4096 (float64, one thread) 64-row blocks took 3.0 s, 128–512 rows 2.2–2.6 s, one
-    temporary per panel 2.5 s, dorgqr 3.1 s."""
-    if not (aac.is_numpy_namespace(xp) or aac.is_cupy_namespace(xp)):
-        return None
-    r = min(rows, max(256, (1 << 17) // max(cols, 1)))
-    return xp.empty((*batch, r, cols), dtype=like.dtype, device=device_of(like))
 
 
 def _panel_h(V: Any, s: int, e: int, xp: Any, buf: Any) -> Any:
