@@ -251,12 +251,15 @@ def _block(V: Any, tau: Any, Y: Any, j: int, w: int, last: int, skip: bool, trap
         k, nref, step = 0, L, 1
     elif skip:
         k = min(last, L - 1)
+        if w == 8 and k > last - 4:  # reflections > last − 4 touch the last four columns only
+            _sweep4(V, tau, Y, j + 4, k, k - last + 4, -1, trap)
+            k = last - 4
         nref, step = k + 1, -1
     else:
         k, nref, step = L - 1, L, -1
-    if w == 8:
+    if w == 8 and nref > 0:
         _sweep8(V, tau, Y, j, k, nref, step, trap)
-    else:
+    elif nref > 0:
         _sweep4(V, tau, Y, j, k, nref, step, trap)
 
 
