@@ -260,8 +260,8 @@ def _upper_is_zero(V: Any, xp: Any) -> bool:
         views = [V] if type(V) is np.ndarray else plain_cpu_views(V)
         nk = numba_enabled() if views is not None else None
         if nk is not None and views[0].dtype in (np.float32, np.float64):
-            v = views[0]
-            return bool(nk.upper_is_zero(v.reshape((-1, *v.shape[-2:]))))
+            v = np.ascontiguousarray(views[0].reshape((-1, *V.shape[-2:])))
+            return bool(nk.upper_is_zero(v))
     return K.is_lower_trapezoidal(V, xp)
 
 

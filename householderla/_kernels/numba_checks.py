@@ -24,10 +24,10 @@ def _sigs(kind: str) -> Any:
         return None
     from numba import types as nt
 
-    out = []  # the stack in any layout; LAPACK's (a, τ) in C order (its loops vectorise)
+    out = []  # C order (the callers copy other layouts): direct indexing, loops vectorise
     for f in (nt.float32, nt.float64):
         if kind == "upper":
-            out.append(nt.boolean(nt.Array(f, 3, "A", readonly=True)))
+            out.append(nt.boolean(nt.Array(f, 3, "C", readonly=True)))
         else:
             ro3, ro2 = nt.Array(f, 3, "C", readonly=True), nt.Array(f, 2, "C", readonly=True)
             out.append(nt.Tuple((nt.float64, nt.int64))(ro3, ro2, nt.Array(f, 3, "C")))
@@ -37,8 +37,8 @@ def _sigs(kind: str) -> Any:
 @njit(_sigs("upper"))
 def upper_is_zero(V: Any) -> bool:
     """Whether every V[p, i, k] with k > i is 0 (lower trapezoidal; NaN counts as nonzero),
-    for V (P, N, L) in any memory layout: one read of the strict upper part, stopping at the
-    first nonzero entry."""
+    for V (P, N, L) C-contiguous: one read of the strict upper part, stopping at the first
+    nonzero entry."""
     P, N, L = V.shape
     for p in range(P):
         for i in range(min(N, L)):
@@ -88,8 +88,17 @@ def lapack_unit_lower(a: Any, tau: Any, V: Any) -> Any:
     for p in range(P):
         if k >= 32:
             _unit_lower(a[p], V[p], ss, True)
-        else:
-            _unit_lower(a[p], V[p], ss, False)
+        else:  # direct indexing: row views cost more than the copy at k ≤ 8
+            ss[:k] = 1
+            for r in range(m):
+                for i in range(min(r, k)):
+                    x = a[p, r, i]
+                    V[p, r, i] = x
+                    ss[i] += np.float64(x) * np.float64(x)
+                if r < k:
+                    V[p, r, r] = 1
+                    for i in range(r + 1, k):
+                        V[p, r, i] = 0
         for i in range(k):
             t = np.float64(tau[p, i])
             if t == 0:  # H(i) = I whatever the column holds
