@@ -118,6 +118,13 @@ def from_lapack(a: Any, tau: Any, *, thin: bool = False, xp: Any = None) -> CWY 
     storage-efficient WY representation for products of Householder transformations", SIAM
     J. Sci. Stat. Comput. 1989, give the compact form used.
 
+    Stacks of small real NumPy ``(a, τ)`` (m ≤ ``SMALL_M`` = 64) are read by one Numba pass
+    that builds V and checks it (NaN/Inf below the diagonal, τ against 2/‖vᵢ‖²), and their
+    first product and ``.matrix()`` apply the reflections by the batched Numba kernels
+    (:mod:`householderla._kernels.numba_columns`): 8192 stacked 16 × 16 in ≈ 9 ms, against
+    ≈ 21 ms for ``torch.linalg.householder_product`` (pinned to one core of the 2-core VM,
+    one thread; ``benchmarks/small.py``).
+
     Examples
     --------
     >>> import numpy as np, scipy.linalg, householderla as hl

@@ -331,10 +331,12 @@ def hprod(
 
 def hform(V: Any, ncols: int | None = None, *, trapezoidal: bool = False) -> np.ndarray:
     """The dense H(v₁)…H(v_L) (its first ``ncols`` columns), shape (..., N, ncols), by the
-    reflections applied to [I; 0]; NaN/Inf in V raise ``ValueError``. Many small matrices
-    run in the SIMD lanes (:mod:`~householderla._kernels.numba_batch`), which with
-    ``trapezoidal`` V also skips the columns < k that H(v_k) leaves unchanged (LAPACK orgqr's
-    4N³/3 flops for L = N); 4·N·L·ncols flops per matrix otherwise."""
+    reflections applied to [I; 0]; NaN/Inf in V raise ``ValueError``. A batch of small
+    matrices runs in the SIMD lanes (:mod:`~householderla._kernels.numba_batch`, N ≤
+    ``LANES_MAX_N_FORM``) or eight columns at a time
+    (:mod:`~householderla._kernels.numba_columns`), which with ``trapezoidal`` V also skip
+    the columns < k that H(v_k) leaves unchanged (LAPACK orgqr's 4N³/3 flops for L = N);
+    4·N·L·ncols flops per matrix otherwise."""
     V = np.asarray(V)
     n = V.shape[-2] if V.ndim >= 2 else 0
     E = np.eye(n, n if ncols is None else ncols, dtype=V.dtype)
