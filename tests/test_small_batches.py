@@ -46,14 +46,19 @@ def _lapack_batch(rng, P, N, k=None):
 # B: 13 = 8 + 4 + 1 (every kind of block), 6 = 4 + 2, 3 (only the zero-padded rest)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
-    ("P", "N", "L", "B"), [(37, 8, 5, 2), (64, 16, 16, 1), (20, 12, 7, 13), (17, 24, 24, 6)]
+    ("P", "N", "L", "B"),
+    [(37, 8, 5, 2), (64, 16, 16, 1), (20, 12, 7, 13), (17, 24, 24, 6), (16, 60, 60, 33)],
 )
 @pytest.mark.parametrize("transpose", [False, True])
 @pytest.mark.parametrize("trapezoidal", [False, True])
 def test_column_blocks_match_the_per_matrix_kernel(dtype, P, N, L, B, transpose, trapezoidal):
     """Batches above the lanes' sizes: applied to operands and formed from [I; 0] (all
     columns and the first few), within the bound of the module docstring; P not a multiple
-    of anything."""
+    of anything. N = 60, B = 33 runs the one-sweep path for many columns (``WIDE_MIN_C``,
+    ``WIDE_MIN_C_FORM``), whose first few columns (blocks) must agree with it bit for bit."""
+    from householderla._kernels.numba_columns import WIDE_MIN_C, WIDE_MIN_C_FORM
+
+    assert (B >= WIDE_MIN_C) == (N - 1 >= WIDE_MIN_C_FORM)
     assert N > nk.LANES_MAX_N_APPLY
     rng = np.random.default_rng(P + N + L)
     V = rng.standard_normal((P, N, L)).astype(dtype)
@@ -78,13 +83,15 @@ def test_column_blocks_match_the_per_matrix_kernel(dtype, P, N, L, B, transpose,
 def test_column_blocks_do_not_depend_on_the_batch():
     """Each matrix is computed alone: reversing the batch reverses the result bit for bit,
     and a matrix's columns come out the same whatever block they fall in (all columns vs
-    the operand's first columns)."""
+    the operand's first columns), or in the one sweep over many columns."""
     rng = np.random.default_rng(0)
     V = np.tril(rng.standard_normal((33, 16, 16)), -1) + np.eye(16)
     H = rng.standard_normal((33, 16, 9))
     y = nk.hprod(V, H, trapezoidal=True)
     assert np.array_equal(nk.hprod(V[::-1].copy(), H[::-1].copy(), trapezoidal=True), y[::-1])
     assert np.array_equal(nk.hprod(V, H[..., 8:].copy(), trapezoidal=True), y[..., 8:])
+    H40 = np.concatenate([H] * 5, axis=-1)  # 45 columns: one sweep over all of them
+    assert np.array_equal(nk.hprod(V, H40, trapezoidal=True)[..., :9], y)
 
 
 @pytest.mark.parametrize(("N", "P"), [(4, 40), (8, 37), (16, 64), (64, 16)])
