@@ -45,6 +45,29 @@ __all__ = ["WIDE_MIN_C", "WIDE_MIN_C_FORM", "apply_columns"]
 WIDE_MIN_C = 32
 WIDE_MIN_C_FORM = 56
 
+
+def _sigs(kind: str) -> Any:
+    """Explicit signatures (float32, float64): one compiled version of each function, where
+    literal arguments (a column offset of 0, a step of −1) would each make another."""
+    if not HAVE_NUMBA:
+        return None
+    from numba import types as nt
+
+    i, b = nt.int64, nt.boolean
+    out = []
+    for f in (nt.float32, nt.float64):
+        ro2, rw2, rw1 = nt.Array(f, 2, "C", readonly=True), nt.Array(f, 2, "C"), nt.Array(f, 1, "C")
+        ro3, rw3 = nt.Array(f, 3, "C", readonly=True), nt.Array(f, 3, "C")
+        out.append(
+            {
+                "wide": nt.none(ro2, rw1, rw2, i, i, i, b, b, rw1, rw1),
+                "taus": i(ro2, b, nt.float64, nt.float64, rw1, rw1),
+                "entry": i(ro3, ro3, rw3, b, b, b, i),
+            }[kind]
+        )
+    return out
+
+
 # Each helper below works on one block of 8 (or 4) columns of Y starting at column j, rows
 # lo…hi−1. Row indices are unsigned, so Numba emits no negative-index wraparound: the loops
 # are then plain pointer walks (1.3× faster at N = 64).
@@ -212,7 +235,7 @@ def _sweep4(V: Any, tau: Any, Y: Any, j: int, k: int, nref: int, step: int, trap
     _axpy4(V, k, Y, j, s, N, c)
 
 
-@njit(inline="always")
+@njit(_sigs("wide"))
 def _sweep_wide(
     V: Any, tau: Any, Y: Any, k: int, nref: int, step: int, trap: bool, skip: bool, acc: Any, c: Any
 ) -> None:
@@ -265,7 +288,7 @@ def _sweep_wide(
             Y[i, q] -= c[q] * v
 
 
-@njit()
+@njit(_sigs("taus"))
 def _taus(V: Any, trap: bool, lo: float, hi: float, tau: Any, acc: Any) -> int:
     """τ_k = 2/‖v_k‖² (running sums over the rows, vectorised over k; rows < k skipped with
     ``trap``); 0 for a zero column, NaN for a non-finite one. Returns −1 if some nonzero
@@ -323,19 +346,7 @@ def _block(V: Any, tau: Any, Y: Any, j: int, w: int, last: int, skip: bool, trap
         _sweep4(V, tau, Y, j, k, nref, step, trap)
 
 
-def _sigs() -> Any:
-    if not HAVE_NUMBA:
-        return None
-    from numba import types as nt
-
-    out = []
-    for f in (nt.float32, nt.float64):
-        ro3, rw3 = nt.Array(f, 3, "C", readonly=True), nt.Array(f, 3, "C")
-        out.append(nt.int64(ro3, ro3, rw3, nt.boolean, nt.boolean, nt.boolean, nt.int64))
-    return out
-
-
-@njit(_sigs())
+@njit(_sigs("entry"))
 def apply_columns(
     V: Any, H: Any, Y: Any, trap: bool, identity: bool, transpose: bool, safe_exp: int
 ) -> int:
@@ -356,8 +367,6 @@ def apply_columns(
     c = np.empty(max(C, 1), dt)
     S = np.empty((N, 4), dt)  # the last C mod 4 columns, zero-padded to four
     skip = trap and identity and not transpose
-    C8 = C - C % 8
-    C4 = C - C % 4
     bad = 0
     for p in range(P):
         Vp = V[p]
@@ -375,22 +384,32 @@ def apply_columns(
         if L == 0:
             continue
         if C >= (WIDE_MIN_C_FORM if skip else WIDE_MIN_C):
-            if transpose:
-                _sweep_wide(Vp, tau, Yp, 0, L, 1, trap, False, acc, c)
-            else:
-                _sweep_wide(Vp, tau, Yp, L - 1, L, -1, trap, skip, acc, c)
+            k0, step = (0, 1) if transpose else (L - 1, -1)
+            _sweep_wide(Vp, tau, Yp, k0, L, step, trap, skip, acc, c)
             continue
-        for j in range(0, C8, 8):
-            _block(Vp, tau, Yp, j, 8, j + 7, skip, trap, transpose)
-        if C4 > C8:
-            _block(Vp, tau, Yp, C8, 4, C8 + 3, skip, trap, transpose)
-        if C4 < C:  # the zero columns of S stay zero
-            S[:] = 0
-            for i in range(N):
-                for q in range(C - C4):
-                    S[i, q] = Yp[i, C4 + q]
-            _block(Vp, tau, S, 0, 4, C - 1, skip, trap, transpose)
-            for i in range(N):
-                for q in range(C - C4):
-                    Yp[i, C4 + q] = S[i, q]
+        j = 0
+        while j < C:  # blocks of 8, one of 4, the rest zero-padded to 4 in S: one call site
+            w = 8 if j + 8 <= C else 4
+            rest = j + 4 > C
+            if rest:  # the zero columns of S stay zero
+                S[:] = 0
+                for i in range(N):
+                    for q in range(C - j):
+                        S[i, q] = Yp[i, j + q]
+            _block(
+                Vp,
+                tau,
+                S if rest else Yp,
+                0 if rest else j,
+                w,
+                min(j + w, C) - 1,
+                skip,
+                trap,
+                transpose,
+            )
+            if rest:
+                for i in range(N):
+                    for q in range(C - j):
+                        Yp[i, j + q] = S[i, q]
+            j += w
     return bad
