@@ -10,10 +10,11 @@ V is read in place (C order, column k with stride L); batch axes are looped insi
 kernels (V and h may each be shared across the batch); outputs are allocated by the NumPy
 wrappers and never alias the inputs. The entry kernels have explicit signatures with
 read-only C-contiguous inputs, so writable and read-only arrays share one compiled version
-(float32 and float64 each), compiled when this module is first imported (≈ 26 s of CPU
-for all six, measured cold) and then loaded from Numba's on-disk cache (``cache=True``,
-≈ 1 s). Without Numba the module still imports (``HAVE_NUMBA = False``) and callers use the
-NumPy path.
+(float32 and float64 each), compiled when this module is first imported (≈ 46 s of CPU
+on one core of the 2-core VM for all of them with the batched kernels and checks, measured
+cold; the column-block kernel ≈ 17 s of it) and then loaded from Numba's on-disk cache
+(``cache=True``, ≈ 1 s). Without Numba the module still imports (``HAVE_NUMBA = False``)
+and callers use the NumPy path.
 """
 
 from __future__ import annotations

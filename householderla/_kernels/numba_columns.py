@@ -10,12 +10,18 @@ loads of V, eight loads and eight stores of Y and 32 flops; V and Y are read and
 place, with no transposed copies. Starting from [I; 0] with lower-trapezoidal V (LAPACK's
 layout) the rows < k, which H(v_k) leaves exactly unchanged, are skipped, and so are the
 reflections k > j for the block ending at column j (they leave e_j unchanged): LAPACK orgqr's
-4N³/3 flops for L = N, instead of 4N³.
+4N³/3 flops for L = N, instead of 4N³ (the reflections after the block's fourth column touch
+its last four columns only, and run on those). With many columns (``WIDE_MIN_C``) one sweep
+over all of them, the column loops innermost, vectorises and wins (:func:`_sweep_wide`).
 
-Measured (pinned to one core of the 2-core VM, one thread, float64, trapezoidal V; the
-batch-lane kernel of :mod:`householderla._kernels.numba_batch` in brackets): forming
-8192 matrices 16 × 16 8.2 ms (12.5), 1024 of 64 × 64 45 ms (68); applying to 8 columns
-5.2 ms (10.5) and 9.7 ms (23). At N ≤ 4 the lanes stay faster.
+Scalar code is the point: Numba leaves LLVM's SLP vectoriser off, so eight independent
+running sums in registers (≈ 4 flops a cycle, the two multiply pipes full) beat the SIMD
+lanes, whose sums go through memory and whose tiles must be transposed in and out.
+Measured (pinned to one core of the 2-core VM, one thread, float64, trapezoidal V, while the
+other core was busy, ±10%; the batch-lane kernel of :mod:`householderla._kernels.numba_batch`
+in brackets): forming 8192 matrices 16 × 16 7.3–7.9 ms (12.2–13.4), 1024 of 64 × 64
+32–36 ms (64–68); applying to 8 columns 5.2–6.1 ms (10–12) and 8.8–9.7 ms (22–24). At
+N ≤ 6 (forming) and N ≤ 3 (applying) the lanes stay faster.
 
 Numerics: everything in the input dtype; each dot product is one running sum over the rows
 in increasing order (no partial sums: the eight columns are the independent chains), and
