@@ -121,7 +121,7 @@ def test_operators_on_batches_equal_dorgqr_and_dormqr(N, P):
     np.testing.assert_allclose(Qt, ref, rtol=0, atol=tol)
 
 
-def test_from_lapack_one_pass_checks_name_the_bad_argument():
+def test_from_lapack_one_pass_checks_name_the_bad_argument(monkeypatch):
     """The Numba pass of from_lapack keeps the Array API path's errors: NaN/Inf below the
     diagonal of a (one matrix of a stack), a τ that is not 2/‖v‖² (one entry of a stack), a
     ‖v‖² that overflows; NaN in a τ = 0 column, the diagonal or the upper part is ignored
@@ -149,6 +149,11 @@ def test_from_lapack_one_pass_checks_name_the_bad_argument():
     junk[9, 6, 4] = np.nan  # below the diagonal of a τ = 0 column
     got = hl.from_lapack(junk, t).matrix()
     assert np.all(np.isfinite(got))
+    with monkeypatch.context() as mp:  # the Array API path reads the same entries
+        mp.setenv("HL_DISABLE_NUMBA", "1")
+        np.testing.assert_allclose(
+            hl.from_lapack(junk, t).matrix(), got, atol=_tol(np.float64, 8, 8)
+        )
     np.testing.assert_allclose(got[:9], Q[:9], rtol=0, atol=0)
     V9 = (np.tril(a[9], -1) + np.eye(8)) * (t[9] != 0)  # columns 4 and 7 (geqrf's last) out
     np.testing.assert_allclose(got[9], hl.cwy(V9).matrix(), atol=_tol(np.float64, 8, 8))

@@ -40,7 +40,8 @@ def lapack_reflectors(a: Any, tau: Any) -> Any:
     zero = tau == 0
     if is_eager(zero) and not bool(xp.any(zero)):
         return V  # geqrf's usual output: no pass to zero columns
-    return V * xp.astype(~zero, a.dtype)[..., None, :]
+    # where, not a product with the mask: NaN/Inf in a τ = 0 column is not read (H(i) = I)
+    return xp.where(zero[..., None, :], xp.zeros_like(V), V)
 
 
 def _unit_lower_numpy(a: Any) -> Any:
