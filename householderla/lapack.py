@@ -27,7 +27,7 @@ __all__ = ["from_lapack"]
 
 #: Largest m for which a stack of NumPy ``(a, τ)`` is read by one Numba pass
 #: (:func:`householderla._kernels.numba_checks.lapack_unit_lower`): V in C order, its norms,
-#: the τ check and the NaN check together (8192 × 16 × 16: 7.7 → 2 ms, one thread). Larger
+#: the τ check and the NaN check together (8192 × 16 × 16: 7.7 → 1.6 ms, one thread). Larger
 #: ``a`` keeps its memory order for LAPACK's panels.
 SMALL_M = 64
 
