@@ -10,10 +10,12 @@ default sdiag = ½). LAPACK's complex reflectors I − τ v vᴴ are of this kin
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any
 
 import array_api_compat as aac
+import numpy as np
 
 from ._agnostic import compact_wy as K
 from ._agnostic import trapezoidal as S
@@ -26,6 +28,8 @@ from ._agnostic.lapack_panels import (
 from ._agnostic.phases import phase_factor
 from ._autodiff import call, route
 from ._blocked import block_factors, use_blocks
+from ._interop.dlpack import plain_cpu_views
+from ._kernels import numba_enabled
 from ._lib.linalg import eye_like
 from ._lib.mixed import widen
 from ._lib.namespace import device_of, mH
@@ -149,7 +153,7 @@ class LazyFactors:
         if self.structure != "auto":
             return self.structure == "trapezoidal"
         if self._trapezoidal is None:
-            self._trapezoidal = K.is_lower_trapezoidal(self.V, self.xp)
+            self._trapezoidal = _upper_is_zero(self.V, self.xp)
         return self._trapezoidal
 
     def _stale(self, factor: Any) -> bool:
@@ -242,6 +246,20 @@ class LazyFactors:
             Q = eye_like(xp, N, U.dtype, device_of(U)) - (U @ self.T) @ mH(U, xp)
             self.shortcut = (Q, mH(Q, xp))
         return self.shortcut
+
+
+def _upper_is_zero(V: Any, xp: Any) -> bool:
+    """:func:`~householderla._agnostic.compact_wy.is_lower_trapezoidal`; for a stack of
+    NumPy arrays or plain CPU tensors (float32/float64) one Numba pass over the strict upper
+    part instead of ``triu(V) == 0``'s two full-size temporaries (1024 × 64 × 64: 9 → 2 ms,
+    one thread)."""
+    if V.ndim >= 3 and math.prod(V.shape):
+        views = [V] if type(V) is np.ndarray else plain_cpu_views(V)
+        nk = numba_enabled() if views is not None else None
+        if nk is not None and views[0].dtype in (np.float32, np.float64):
+            v = np.ascontiguousarray(views[0].reshape((-1, *V.shape[-2:])))
+            return bool(nk.upper_is_zero(v))
+    return K.is_lower_trapezoidal(V, xp)
 
 
 def _direct_type(V: Any, xp: Any) -> type | None:

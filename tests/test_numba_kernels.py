@@ -332,14 +332,16 @@ def _per_matrix(V, h, **kw):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("P", "N", "L", "B"), [(16, 3, 3, 3), (37, 8, 5, 2), (64, 16, 16, 1)])
+@pytest.mark.parametrize(("P", "N", "L", "B"), [(16, 3, 3, 3), (37, 2, 2, 2), (40, 3, 2, 1)])
 @pytest.mark.parametrize("transpose", [False, True])
 @pytest.mark.parametrize("trapezoidal", [False, True])
 def test_batch_lanes_equal_per_matrix_kernel_bit_for_bit(dtype, P, N, L, B, transpose, trapezoidal):
-    """P ≥ TILE/2 matrices of N ≤ TILE_MAX_N run in the SIMD lanes; the operations and their
-    order are those of the per-matrix kernel, so every matrix must agree bit for bit — applied
-    to operands, formed from [I; 0] (``hform``, which skips the unchanged columns for
-    trapezoidal V), and with a partial tile (P not a multiple of the tile)."""
+    """P ≥ TILE/2 matrices of the smallest N (≤ LANES_MAX_N_APPLY, ≤ LANES_MAX_N_FORM when
+    forming) run in the SIMD lanes; the operations and their order are those of the
+    per-matrix kernel, so every matrix must agree bit for bit — applied to operands, formed
+    from [I; 0] (``hform``, which skips the unchanged columns for trapezoidal V), and with a
+    partial tile (P not a multiple of the tile). Larger N: tests/test_small_batches.py."""
+    assert N <= nk.LANES_MAX_N_APPLY <= nk.LANES_MAX_N_FORM
     rng = np.random.default_rng(P + N + L)
     V = rng.standard_normal((P, N, L)).astype(dtype)
     if trapezoidal:
@@ -368,8 +370,8 @@ def test_batch_lanes_rescale_zero_columns_and_nonfinite():
         assert np.all(np.isfinite(got))
         np.testing.assert_allclose(got, ref, rtol=0, atol=64 * EPS[np.float64] * 6 * 6)
     W = V.copy()
-    W[7, :, 4] = 0
-    assert np.array_equal(nk.hprod(W, H)[7], nk.hprod(W[7], H[7]))
+    W[7, :, 4] = 0  # H(0) = I: the same as V without that column, bit for bit
+    assert np.array_equal(nk.hprod(W, H)[7], nk.hprod(np.delete(W, 4, axis=-1), H)[7])
     W[11, 2, 1] = np.nan
     with pytest.raises(ValueError, match="V"):
         nk.hprod(W, H)

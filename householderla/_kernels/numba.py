@@ -10,10 +10,11 @@ V is read in place (C order, column k with stride L); batch axes are looped insi
 kernels (V and h may each be shared across the batch); outputs are allocated by the NumPy
 wrappers and never alias the inputs. The entry kernels have explicit signatures with
 read-only C-contiguous inputs, so writable and read-only arrays share one compiled version
-(float32 and float64 each), compiled when this module is first imported (≈ 26 s of CPU
-for all six, measured cold) and then loaded from Numba's on-disk cache (``cache=True``,
-≈ 1 s). Without Numba the module still imports (``HAVE_NUMBA = False``) and callers use the
-NumPy path.
+(float32 and float64 each), compiled when this module is first imported (≈ 46 s of CPU
+on one core of the 2-core VM for all of them with the batched kernels and checks, measured
+cold; the column-block kernel ≈ 17 s of it) and then loaded from Numba's on-disk cache
+(``cache=True``, ≈ 1 s). Without Numba the module still imports (``HAVE_NUMBA = False``)
+and callers use the NumPy path.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import numpy as np
 from .._lib.checks import check_finite_norms
 from .._lib.linalg import sum_to_shape
 from .numba_batch import TILE, apply_tiles
+from .numba_checks import lapack_unit_lower, upper_is_zero
+from .numba_columns import apply_columns
 from .numba_loops import (
     HAVE_NUMBA,
     SAFE_EXP,
@@ -40,11 +43,30 @@ from .numba_loops import (
 if HAVE_NUMBA:
     from numba import types as _nt
 
-__all__ = ["HAVE_NUMBA", "TILE_MAX_N", "hform", "hgrad", "hprod", "hprod_vector"]
+__all__ = [
+    "HAVE_NUMBA",
+    "TILE_MAX_N",
+    "hform",
+    "hgrad",
+    "hprod",
+    "hprod_vector",
+    "lapack_unit_lower",
+    "upper_is_zero",
+]
 
-#: Largest N for the batch-lane kernel: at N = 64 (1024 matrices) it took 55 against 86 µs a
-#: matrix for the per-matrix kernel; at N = 128 the two tie (measured, one thread).
+#: Largest N for the batched kernels: at N = 64 (1024 matrices) the batch-lane kernel took 55
+#: against 86 µs a matrix for the per-matrix kernel; at N = 128 the two tie (measured, one
+#: thread), and the column-block kernel beats the lanes there too.
 TILE_MAX_N = 64
+
+#: Largest N the batch lanes keep when forming ([I; 0]) and when applying; above, the
+#: column-block kernel (:mod:`~householderla._kernels.numba_columns`) is faster: forming
+#: 8192 matrices, lanes / columns 0.5 / 0.8 ms at N = 4, 1.05 / 1.6 at N = 6, 2.0 / 1.8 at N = 8,
+#: 12.2 / 7.8 at N = 16; applying to 8 columns 0.43 / 0.52 ms at N = 2, 0.70 / 0.70 at
+#: N = 3, 1.0 / 0.9 at N = 4, 10.4 / 5.2 at N = 16 (pinned to one core of the 2-core VM, one
+#: thread, float64, trapezoidal V).
+LANES_MAX_N_FORM = 6
+LANES_MAX_N_APPLY = 3
 
 
 # -- entry kernels (explicit signatures: read-only C inputs accept writable arrays too) -------
@@ -310,10 +332,12 @@ def hprod(
 
 def hform(V: Any, ncols: int | None = None, *, trapezoidal: bool = False) -> np.ndarray:
     """The dense H(v₁)…H(v_L) (its first ``ncols`` columns), shape (..., N, ncols), by the
-    reflections applied to [I; 0]; NaN/Inf in V raise ``ValueError``. Many small matrices
-    run in the SIMD lanes (:mod:`~householderla._kernels.numba_batch`), which with
-    ``trapezoidal`` V also skips the columns < k that H(v_k) leaves unchanged (LAPACK orgqr's
-    4N³/3 flops for L = N); 4·N·L·ncols flops per matrix otherwise."""
+    reflections applied to [I; 0]; NaN/Inf in V raise ``ValueError``. A batch of small
+    matrices runs in the SIMD lanes (:mod:`~householderla._kernels.numba_batch`, N ≤
+    ``LANES_MAX_N_FORM``) or eight columns at a time
+    (:mod:`~householderla._kernels.numba_columns`), which with ``trapezoidal`` V also skip
+    the columns < k that H(v_k) leaves unchanged (LAPACK orgqr's 4N³/3 flops for L = N);
+    4·N·L·ncols flops per matrix otherwise."""
     V = np.asarray(V)
     n = V.shape[-2] if V.ndim >= 2 else 0
     E = np.eye(n, n if ncols is None else ncols, dtype=V.dtype)
@@ -327,15 +351,20 @@ def hform(V: Any, ncols: int | None = None, *, trapezoidal: bool = False) -> np.
 def _forward(
     V3: np.ndarray, H3: np.ndarray, Y3: np.ndarray, trap: bool, transpose: bool, identity: bool
 ) -> int:
-    """Y3 (P, N, B) ← the products, by the batch-lane kernel when P ≥ TILE/2 matrices of
-    N ≤ TILE_MAX_N each have their own V, else the per-matrix one (``identity``: H3 is
-    [I; 0], which the lanes exploit). Columns outside the safe range are rescaled first
+    """Y3 (P, N, B) ← the products. When P ≥ TILE/2 matrices of N ≤ TILE_MAX_N each have
+    their own V: the batch-lane kernel for the smallest N, the column-block kernel above
+    (``LANES_MAX_N_FORM`` / ``_APPLY``); else the per-matrix one (``identity``: H3 is [I; 0],
+    which the batched kernels exploit). Columns outside the safe range are rescaled first
     (exact). Returns the number of non-finite columns."""
     P, n, _ = Y3.shape
     safe = SAFE_EXP[Y3.dtype]
-    lanes = V3.shape[0] == P and P >= TILE // 2 and n <= TILE_MAX_N
-    kernel = apply_tiles if lanes else fp_kernel
-    extra = (identity, transpose) if lanes else (transpose,)
+    batched = V3.shape[0] == P and P >= TILE // 2 and n <= TILE_MAX_N
+    if batched:
+        lanes = n <= (LANES_MAX_N_FORM if identity else LANES_MAX_N_APPLY)
+        kernel = apply_tiles if lanes else apply_columns
+    else:
+        kernel = fp_kernel
+    extra = (identity, transpose) if batched else (transpose,)
     status = kernel(V3, H3, Y3, trap, *extra, safe)
     if status < 0:  # some ‖v_k‖² outside the safe range: rescale those columns (exact)
         status = kernel(_rescaled(V3, trap)[0], H3, Y3, trap, *extra, safe)

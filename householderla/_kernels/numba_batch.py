@@ -1,8 +1,10 @@
 """Many tiny Householder products at once: the batch in the SIMD lanes (NumPy, CPU).
 
-For thousands of N × N products with N ≲ 16 the per-matrix loops of
+For thousands of N × N products with N ≲ 6 the per-matrix loops of
 :mod:`householderla._kernels.numba_loops` spend their time on loop overhead and scalar
-arithmetic (a 3 × 3 reflection is 18 flops). Here a tile of ``TILE`` matrices is transposed
+arithmetic (a 3 × 3 reflection is 18 flops); above that the column-block kernel of
+:mod:`householderla._kernels.numba_columns` is faster (the dispatch:
+:func:`householderla._kernels.numba._forward`). Here a tile of ``TILE`` matrices is transposed
 into (N, L, TILE) scratch, so that every scalar operation of the sequential algorithm becomes
 one operation on ``TILE`` contiguous numbers, which LLVM vectorises (no reassociation is
 needed: the lanes are independent matrices). Per reflection and tile: γ_j = v_kᵀ y_j and

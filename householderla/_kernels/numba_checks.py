@@ -1,0 +1,115 @@
+"""One-pass Numba scans of reflector stacks that NumPy needs several full-size temporaries for.
+
+For batches of small matrices (8192 of 16 × 16 is 16 MB) the value checks around a kernel
+cost as much as the kernel itself when done with NumPy expressions: ``np.triu(V) == 0``
+allocates two copies of V, and building LAPACK's unit lower trapezoid, its column norms and
+the τ check took five passes. Measured (pinned to one core of the 2-core VM, one thread,
+float64): the structure check of 1024 stacked 64 × 64 V 9 ms → 2 ms; ``from_lapack`` of
+8192 stacked 16 × 16 ``(a, τ)`` 7.7 ms → 1.6 ms, of 1024 stacked 64 × 64 17 → 4–6 ms.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .numba_loops import HAVE_NUMBA, njit
+
+__all__ = ["lapack_unit_lower", "upper_is_zero"]
+
+
+def _sigs(kind: str) -> Any:
+    if not HAVE_NUMBA:
+        return None
+    from numba import types as nt
+
+    out = []  # C order (the callers copy other layouts): direct indexing, loops vectorise
+    for f in (nt.float32, nt.float64):
+        if kind == "upper":
+            out.append(nt.boolean(nt.Array(f, 3, "C", readonly=True)))
+        else:
+            ro3, ro2 = nt.Array(f, 3, "C", readonly=True), nt.Array(f, 2, "C", readonly=True)
+            out.append(nt.Tuple((nt.float64, nt.int64))(ro3, ro2, nt.Array(f, 3, "C")))
+    return out
+
+
+@njit(_sigs("upper"))
+def upper_is_zero(V: Any) -> bool:
+    """Whether every V[p, i, k] with k > i is 0 (lower trapezoidal; NaN counts as nonzero),
+    for V (P, N, L) C-contiguous: one read of the strict upper part, stopping at the first
+    nonzero entry (an integer OR of the bits per matrix, branch-free, was 2.5× slower at
+    N = 64)."""
+    P, N, L = V.shape
+    for p in range(P):
+        for i in range(min(N, L)):
+            for k in range(i + 1, L):
+                if not V[p, i, k] == 0:
+                    return False
+    return True
+
+
+@njit(inline="always")
+def _unit_lower(ap: Any, Vp: Any, ss: Any, wide: bool) -> None:
+    """Vp ← tril(ap[:, :k], −1) + I (k = Vp.shape[1]), ss ← its column norms² (float64)."""
+    m, k = Vp.shape
+    ss[:k] = 1  # the unit diagonal
+    for r in range(m):
+        ar = ap[r]
+        Vr = Vp[r]
+        lim = min(r, k)
+        if wide:  # a whole-row slice copy, then the sums: 1.6× faster at k = 64
+            Vr[:] = ar[:k]
+            for i in range(lim):
+                ss[i] += np.float64(ar[i]) * np.float64(ar[i])
+        else:  # one loop: 2.5× faster at k = 8
+            for i in range(lim):
+                x = ar[i]
+                Vr[i] = x
+                ss[i] += np.float64(x) * np.float64(x)
+        if r < k:
+            Vr[r] = 1
+            for i in range(r + 1, k):
+                Vr[i] = 0
+
+
+@njit(_sigs("lapack"))
+def lapack_unit_lower(a: Any, tau: Any, V: Any) -> Any:
+    """V[p] ← LAPACK's reflectors of ``a[p]`` (P, m, n), τ (P, k): column i is
+    e_i + tril(a[p], −1)[:, i] where τ_i ≠ 0, else 0, for V (P, m, k) C-contiguous.
+
+    Returns (max over τ_i ≠ 0 of |τ_i ‖v_i‖²/2 − 1| in float64 — inf where ‖v_i‖² overflows
+    —, the number of non-finite entries below the diagonal of the columns with τ_i ≠ 0),
+    from the same pass (a second one over a column only where its ‖v_i‖² is not finite)."""
+    P, m, _ = a.shape
+    k = tau.shape[1]
+    ss = np.empty(max(k, 1), np.float64)
+    worst = 0.0
+    nonfinite = 0
+    for p in range(P):
+        if k >= 32:
+            _unit_lower(a[p], V[p], ss, True)
+        else:  # direct indexing: row views cost more than the copy at k ≤ 8
+            ss[:k] = 1
+            for r in range(m):
+                for i in range(min(r, k)):
+                    x = a[p, r, i]
+                    V[p, r, i] = x
+                    ss[i] += np.float64(x) * np.float64(x)
+                if r < k:
+                    V[p, r, r] = 1
+                    for i in range(r + 1, k):
+                        V[p, r, i] = 0
+        for i in range(k):
+            t = np.float64(tau[p, i])
+            if t == 0:  # H(i) = I whatever the column holds
+                V[p, :, i] = 0
+                continue
+            err = abs(t * ss[i] / 2 - 1)
+            if not err <= 1.7976931348623157e308:  # ‖v‖² overflowed, or NaN/Inf in a
+                for r in range(i + 1, m):
+                    if not abs(np.float64(a[p, r, i])) <= 1.7976931348623157e308:
+                        nonfinite += 1
+                err = np.inf
+            worst = max(worst, err)
+    return worst, nonfinite

@@ -1,0 +1,192 @@
+"""Many small matrices at once (issue 14, item 4): the column-block kernel
+(:mod:`householderla._kernels.numba_columns`), the one-pass checks around it
+(:mod:`householderla._kernels.numba_checks`) and the operators that route batches there.
+
+Tolerances. The column-block kernel applies the same reflections as the per-matrix kernel
+(:func:`householderla._kernels.numba.hprod`) with each dot product summed row by row instead
+of in four partial sums: every reflection differs by rounding, |Δγ| ≤ γ_N ‖v‖‖y‖ (Higham,
+Accuracy and Stability, §3.1), so after L reflections |Δy| ≲ N·L·eps·‖h‖∞. The bound used is
+2·eps·N·L·scale; a wrong sign, a skipped reflection or a misplaced column is off by O(1).
+Against LAPACK (dorgqr / dormqr, τ from geqrf) the same bound holds with τ rounded once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.linalg.lapack as la
+from conftest import require
+from helpers import EPS
+
+import householderla as hl
+
+require("numba")
+from householderla._kernels import numba as nk  # noqa: E402
+
+DTYPES = [np.float32, np.float64]
+
+
+def _tol(dtype, N, L, scale=1.0):
+    return 2 * EPS[np.dtype(dtype).type] * N * max(L, 1) * max(scale, 1.0)
+
+
+def _per_matrix(V, h, **kw):
+    """hprod one matrix at a time: the per-matrix kernel."""
+    return np.stack([nk.hprod(V[p], h if h.ndim == 2 else h[p], **kw) for p in range(len(V))])
+
+
+def _lapack_batch(rng, P, N, k=None):
+    """geqrf of P random N × N matrices: (a, τ) stacked, in C order."""
+    pairs = [la.dgeqrf(rng.standard_normal((N, N)))[:2] for _ in range(P)]
+    a = np.ascontiguousarray(np.stack([p[0] for p in pairs]))
+    tau = np.stack([p[1] for p in pairs])
+    return a, (tau if k is None else tau[:, :k])
+
+
+# B: 13 = 8 + 4 + 1 (every kind of block), 6 = 4 + 2, 3 (only the zero-padded rest)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("P", "N", "L", "B"),
+    [(37, 8, 5, 2), (64, 16, 16, 1), (20, 12, 7, 13), (17, 24, 24, 6), (16, 60, 60, 33)],
+)
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("trapezoidal", [False, True])
+def test_column_blocks_match_the_per_matrix_kernel(dtype, P, N, L, B, transpose, trapezoidal):
+    """Batches above the lanes' sizes: applied to operands and formed from [I; 0] (all
+    columns and the first few), within the bound of the module docstring; P not a multiple
+    of anything. N = 60, B = 33 runs the one-sweep path for many columns (``WIDE_MIN_C``,
+    ``WIDE_MIN_C_FORM``), whose first few columns (blocks) must agree with it bit for bit."""
+    from householderla._kernels.numba_columns import WIDE_MIN_C, WIDE_MIN_C_FORM
+
+    assert (B >= WIDE_MIN_C) == (N - 1 >= WIDE_MIN_C_FORM)
+    assert N > nk.LANES_MAX_N_APPLY
+    rng = np.random.default_rng(P + N + L)
+    V = rng.standard_normal((P, N, L)).astype(dtype)
+    if trapezoidal:
+        V = np.tril(V, -1) + np.eye(N, L, dtype=dtype)
+    H = rng.standard_normal((P, N, B)).astype(dtype)
+    kw = {"transpose": transpose, "trapezoidal": trapezoidal}
+    y = nk.hprod(V, H, **kw)
+    assert y.dtype == dtype and y.shape == (P, N, B)
+    tol = _tol(dtype, N, L, np.abs(H).max())
+    np.testing.assert_allclose(y, _per_matrix(V, H, **kw), rtol=0, atol=tol)
+    shared = _per_matrix(V, H[0], **kw)  # one operand for the whole batch
+    np.testing.assert_allclose(nk.hprod(V, H[0], **kw), shared, rtol=0, atol=tol)
+    if not transpose:
+        E = np.eye(N, dtype=dtype)
+        Q = nk.hform(V, trapezoidal=trapezoidal)
+        np.testing.assert_allclose(Q, _per_matrix(V, E, trapezoidal=trapezoidal), atol=tol)
+        for ncols in (1, 3, N - 1):  # a zero-padded rest block, skipping from column ncols-1
+            assert np.array_equal(nk.hform(V, ncols, trapezoidal=trapezoidal), Q[..., :ncols])
+
+
+def test_column_blocks_do_not_depend_on_the_batch():
+    """Each matrix is computed alone: reversing the batch reverses the result bit for bit,
+    and a matrix's columns come out the same whatever block they fall in (all columns vs
+    the operand's first columns), or in the one sweep over many columns."""
+    rng = np.random.default_rng(0)
+    V = np.tril(rng.standard_normal((33, 16, 16)), -1) + np.eye(16)
+    H = rng.standard_normal((33, 16, 9))
+    y = nk.hprod(V, H, trapezoidal=True)
+    assert np.array_equal(nk.hprod(V[::-1].copy(), H[::-1].copy(), trapezoidal=True), y[::-1])
+    assert np.array_equal(nk.hprod(V, H[..., 8:].copy(), trapezoidal=True), y[..., 8:])
+    H40 = np.concatenate([H] * 5, axis=-1)  # 45 columns: one sweep over all of them
+    assert np.array_equal(nk.hprod(V, H40, trapezoidal=True)[..., :9], y)
+
+
+@pytest.mark.parametrize(("N", "P"), [(4, 40), (8, 37), (16, 64), (64, 16)])
+def test_operators_on_batches_equal_dorgqr_and_dormqr(N, P):
+    """hl.cwy(V) and hl.from_lapack(a, τ) on a stack of geqrf outputs, forming and applying
+    (Q and Qᵀ), against loops of LAPACK's dorgqr / dormqr; read-only inputs stay unwritten."""
+    rng = np.random.default_rng(N)
+    a, tau = _lapack_batch(rng, P, N)
+    C = rng.standard_normal((P, N, 5))
+    V = (np.tril(a, -1) + np.eye(N)) * (tau != 0)[:, None, :]  # geqrf's last τ is 0: H = I
+    for x in (a, tau, C, V):
+        x.setflags(write=False)
+    Q_ref = np.stack([la.dorgqr(a[p], tau[p])[0] for p in range(P)])
+    y_ref = np.stack([la.dormqr("L", "N", a[p], tau[p], C[p], 8 * N)[0] for p in range(P)])
+    t_ref = np.stack([la.dormqr("L", "T", a[p], tau[p], C[p], 8 * N)[0] for p in range(P)])
+    tol = _tol(np.float64, N, N)
+    tolc = _tol(np.float64, N, N, np.abs(C).max())
+    for op in (lambda: hl.cwy(V), lambda: hl.from_lapack(a, tau)):
+        np.testing.assert_allclose(op().matrix(), Q_ref, rtol=0, atol=tol)
+        np.testing.assert_allclose(op() @ C, y_ref, rtol=0, atol=tolc)
+        np.testing.assert_allclose(op().T @ C, t_ref, rtol=0, atol=tolc)
+    # Fortran-ordered a (scipy's) and thin Q through the same pass
+    aF = np.asfortranarray(a[0])
+    np.testing.assert_allclose(hl.from_lapack(aF, tau[0]).matrix(), Q_ref[0], atol=tol)
+    Qt = hl.from_lapack(a, tau[:, : N // 2], thin=True).matrix()
+    ref = np.stack([la.dorgqr(a[p][:, : N // 2], tau[p][: N // 2])[0] for p in range(P)])
+    np.testing.assert_allclose(Qt, ref, rtol=0, atol=tol)
+
+
+def test_from_lapack_one_pass_checks_name_the_bad_argument(monkeypatch):
+    """The Numba pass of from_lapack keeps the Array API path's errors: NaN/Inf below the
+    diagonal of a (one matrix of a stack), a τ that is not 2/‖v‖² (one entry of a stack), a
+    ‖v‖² that overflows; NaN in a τ = 0 column, the diagonal or the upper part is ignored
+    (H(i) = I whatever the column holds, R is not read)."""
+    rng = np.random.default_rng(7)
+    a, tau = _lapack_batch(rng, 20, 8)
+    Q = hl.from_lapack(a, tau).matrix()
+    bad = a.copy()
+    bad[13, 5, 2] = np.nan
+    with pytest.raises(ValueError, match=r"a \(below the diagonal\) contains NaN or Inf"):
+        hl.from_lapack(bad, tau)
+    t = tau.copy()
+    t[4, 3] *= 1.01
+    with pytest.raises(ValueError, match="not LAPACK's 2/"):
+        hl.from_lapack(a, t)
+    big = a.copy()
+    big[2, 6, 1] = 1e200  # ‖v‖² overflows: τ cannot match
+    with pytest.raises(ValueError, match="not LAPACK's 2/"):
+        hl.from_lapack(big, tau)
+    junk = a.copy()
+    junk[:, 0, 3] = np.nan  # above the diagonal (R)
+    junk[:, 2, 2] = np.inf  # the diagonal
+    t = tau.copy()
+    t[9, 4] = 0
+    junk[9, 6, 4] = np.nan  # below the diagonal of a τ = 0 column
+    got = hl.from_lapack(junk, t).matrix()
+    assert np.all(np.isfinite(got))
+    with monkeypatch.context() as mp:  # the Array API path reads the same entries
+        mp.setenv("HL_DISABLE_NUMBA", "1")
+        np.testing.assert_allclose(
+            hl.from_lapack(junk, t).matrix(), got, atol=_tol(np.float64, 8, 8)
+        )
+    np.testing.assert_allclose(got[:9], Q[:9], rtol=0, atol=0)
+    V9 = (np.tril(a[9], -1) + np.eye(8)) * (t[9] != 0)  # columns 4 and 7 (geqrf's last) out
+    np.testing.assert_allclose(got[9], hl.cwy(V9).matrix(), atol=_tol(np.float64, 8, 8))
+
+
+def test_float32_stacks_stay_float32():
+    rng = np.random.default_rng(2)
+    a, tau = _lapack_batch(rng, 20, 8)
+    a32, tau32 = a.astype(np.float32), tau.astype(np.float32)
+    Q = hl.from_lapack(a32, tau32).matrix()
+    assert Q.dtype == np.float32
+    ref = np.stack([la.dorgqr(a[p], tau[p])[0] for p in range(20)])
+    np.testing.assert_allclose(Q, ref, rtol=0, atol=_tol(np.float32, 8, 8))
+
+
+def test_structure_detection_of_a_stack():
+    """structure="auto" looks at every matrix of a stack (one Numba pass): one nonzero entry
+    above the diagonal of one matrix makes V dense, and the products then read the upper
+    part — a wrong "trapezoidal" would skip it and be off by O(1)."""
+    rng = np.random.default_rng(9)
+    V = np.tril(rng.standard_normal((24, 10, 10)), -1) + np.eye(10)
+    H = rng.standard_normal((24, 10, 3))
+    dense = V.copy()
+    dense[17, 2, 6] = 0.5
+    for W in (V, dense):
+        ref = _per_matrix(W, H)
+        np.testing.assert_allclose(hl.cwy(W) @ H, ref, rtol=0, atol=_tol(np.float64, 10, 10, 3))
+        Qref = _per_matrix(W, np.eye(10))
+        np.testing.assert_allclose(hl.cwy(W).matrix(), Qref, rtol=0, atol=_tol(np.float64, 10, 10))
+    W = V.copy()
+    W[3, 0, 9] = np.nan  # NaN above the diagonal: not trapezoidal, and the check names V
+    with pytest.raises(ValueError, match="V contains NaN"):
+        hl.cwy(W)
+    torch = require("torch")
+    Qt = hl.cwy(torch.from_numpy(dense)).matrix()
+    np.testing.assert_allclose(Qt.numpy(), hl.cwy(dense).matrix(), rtol=0, atol=0)
