@@ -327,6 +327,44 @@ def test_batched_panels_equal_a_loop_of_lapack_calls(bk):
     np.testing.assert_allclose(to_numpy(Q), np.stack(refQ).reshape(2, 3, 40, k), atol=tol)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64, np.complex128])
+def test_compiled_larft_equals_the_closed_form(dtype):
+    """The panel T's of NumPy operators come from ?larft's column recurrence compiled by Numba
+    (householderla._kernels.numba_larft); the other namespaces use the closed form
+    T = (I + diag(τ) striu(G))⁻¹ diag(τ). On geqrf's reflectors (a stack of three panels of 32
+    and a narrower one of 5; one τ = 0) both agree to rounding: T is well conditioned (its
+    entries are O(τ) = O(1) and its 32 columns each add a few products), so 8·nb·eps·max|T|
+    covers it; a wrong sign or a missing term is off by O(1)."""
+    require("numba")
+    from householderla._agnostic import lapack_panels as lp
+    from householderla._agnostic.lapack import lapack_reflectors
+    from householderla._kernels import numba as nk
+
+    rng = np.random.default_rng(stable_seed("larft", np.dtype(dtype).name))
+    cx = np.dtype(dtype).kind == "c"
+    for nb in (32, 5):
+        A = rng.standard_normal((3, 70, nb)) + (1j * rng.standard_normal((3, 70, nb)) if cx else 0)
+        pairs = [_zgeqrf_like(x.astype(np.complex128 if cx else np.float64)) for x in A]
+        a, tau = (np.stack([p[i] for p in pairs]).astype(dtype) for i in (0, 1))
+        tau[1, nb // 2] = 0
+        V = lapack_reflectors(a, tau)
+        G = np.ascontiguousarray(np.conj(np.swapaxes(V, -1, -2)) @ V)
+        T = np.full(G.shape, np.nan, dtype)  # the kernel writes every entry
+        nk.larft_forward(G, np.ascontiguousarray(tau), T)
+        ref = lp._t_of(G, tau, np)
+        assert T.dtype == dtype
+        assert np.all(np.tril(T, -1) == 0)
+        tol = 8 * nb * EPS[np.dtype(dtype).type] * np.abs(ref).max()
+        np.testing.assert_allclose(T, ref, rtol=0, atol=tol)
+        # and Q = I − V T Vᴴ is the product H(1)…H(nb) of LAPACK's reflectors
+        Q = np.eye(70, dtype=dtype) - V[0] @ T[0] @ np.conj(V[0].T)
+        H = np.eye(70, dtype=dtype)
+        for i in range(nb):
+            v = V[0][:, i : i + 1]
+            H = H @ (np.eye(70, dtype=dtype) - tau[0, i] * v @ np.conj(v.T))
+        np.testing.assert_allclose(Q, H, rtol=0, atol=_tol(dtype, 70))
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.complex128])
 def test_fresh_product_and_matrix_build_no_whole_factor(monkeypatch, dtype):
     """The first product and .matrix() of a fresh operator run the panels only: building the

@@ -32,6 +32,7 @@ concatenation; no autodiff (the callers use these only where none follows).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import array_api_compat as aac
@@ -119,11 +120,17 @@ def _conj_buffer(V: Any, nb: int, xp: Any) -> Any:
     return xp.empty((*V.shape[:-2], V.shape[-2], nb), dtype=V.dtype, device=device_of(V))
 
 
-def panel_factors(V: Any, tau: Any, xp: Any, nb: int = PANEL) -> list[Any]:
+def panel_factors(
+    V: Any, tau: Any, xp: Any, nb: int = PANEL, t_of: Callable[[Any, Any], Any] | None = None
+) -> list[Any]:
     """[T_p] (..., e − s, e − s) of the panels of V (..., m, k), τ (..., k) (same dtype as V).
 
-    Each Gram V_pᴴV_p covers the panel's rows s:m only; the full-width panels are inverted
-    in one batched call."""
+    Each Gram V_pᴴV_p covers the panel's rows s:m only; the full-width panels' T's are made
+    in one batched call of ``t_of(G, τ)`` (G (..., P, nb, nb), τ (..., P, nb); default the
+    closed form T = (I + diag(τ) striu(G))⁻¹ diag(τ); the caller may pass a compiled
+    ``?larft`` recurrence, :mod:`householderla._kernels.numba_larft`)."""
+    if t_of is None:
+        t_of = lambda G, t: _t_of(G, t, xp)  # noqa: E731
     k = V.shape[-1]
     buf = _conj_buffer(V, nb, xp)
     bounds = panel_bounds(k, nb)
@@ -137,11 +144,11 @@ def panel_factors(V: Any, tau: Any, xp: Any, nb: int = PANEL) -> list[Any]:
         P = len(full)
         G = xp.stack(full, axis=-3)  # (..., P, nb, nb)
         t = xp.reshape(tau[..., : P * nb], (*tau.shape[:-1], P, nb))
-        T = _t_of(G, t, xp)
+        T = t_of(G, t)
         out = [T[..., p, :, :] for p in range(P)]
     if len(full) < len(grams):  # the narrower last panel
         s = bounds[-1][0]
-        out.append(_t_of(grams[-1], tau[..., s:], xp))
+        out.append(t_of(grams[-1], tau[..., s:]))
     return out
 
 

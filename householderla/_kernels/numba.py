@@ -29,6 +29,7 @@ from .._lib.linalg import sum_to_shape
 from .numba_batch import TILE, apply_tiles
 from .numba_checks import lapack_unit_lower, upper_is_zero
 from .numba_columns import apply_columns
+from .numba_larft import larft_forward
 from .numba_loops import (
     HAVE_NUMBA,
     SAFE_EXP,
@@ -51,6 +52,7 @@ __all__ = [
     "hprod",
     "hprod_vector",
     "lapack_unit_lower",
+    "larft_forward",
     "upper_is_zero",
 ]
 
