@@ -9,6 +9,7 @@ from conftest import require, to_numpy
 
 from householderla._agnostic.lapack import sq_norms
 from householderla._lib.linalg import (
+    gram_upper,
     inv_upper_triangular,
     inv_upper_triangular_recursive,
     subtract_product,
@@ -68,6 +69,26 @@ def test_complex_squared_norms_without_copies_equal_the_definition(order):
     # float32 sums of 60 squares: relative error ≤ 60·eps(float32) ≈ 7e-6
     np.testing.assert_allclose(ss.real, ref, rtol=1e-5)
     np.testing.assert_array_equal(ss.imag, 0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64, np.complex128])
+@pytest.mark.parametrize("order", ["C", "F", "view"])
+def test_gram_upper_is_the_upper_triangle_of_vh_v(dtype, order):
+    """syrk / herk on a single NumPy matrix: the upper triangle of VᴴV (not of VᵀV, nor its
+    conjugate, which herk on the Fortran view of a C-ordered Vᵀ gives), a real diagonal; the
+    strict lower part is never read by the callers. Sums of 40 products: 40·eps·max|G|."""
+    rng = np.random.default_rng(5)
+    cx = np.dtype(dtype).kind == "c"
+    W = rng.standard_normal((40, 9)) + (1j * rng.standard_normal((40, 9)) if cx else 0)
+    W = W.astype(dtype)
+    V = {"C": np.ascontiguousarray(W), "F": np.asfortranarray(W), "view": W[3:, 1:8]}[order]
+    G = gram_upper(V, np)
+    ref = np.conj(V.T) @ V
+    tol = 40 * np.finfo(dtype).eps * np.abs(ref).max()
+    np.testing.assert_allclose(np.triu(G), np.triu(ref), rtol=0, atol=tol)
+    assert G.dtype == dtype
+    if cx:
+        np.testing.assert_array_equal(np.diagonal(G).imag, 0)
 
 
 def test_resolve_promotes_and_names_arguments():

@@ -108,19 +108,24 @@ def solve_upper_triangular(S: Any, B: Any, xp: Any) -> Any:
 
 
 def gram_upper(V: Any, xp: Any) -> Any:
-    """VᴴV (..., L, L) for V (..., N, L) (VᵀV for real V); on a single real NumPy matrix only
-    the upper triangle is computed (BLAS syrk, N·L² flops instead of 2·N·L²) and the strict
-    lower part is zero. Callers must read the upper triangle only."""
-    if aac.is_numpy_namespace(xp) and V.ndim == 2 and V.dtype.kind == "f" and V.size:
+    """VᴴV (..., L, L) for V (..., N, L) (VᵀV for real V); on a single NumPy matrix only
+    the upper triangle is computed (BLAS syrk, complex herk: N·L² flops instead of 2·N·L²)
+    and the strict lower part is zero. Callers must read the upper triangle only. (Complex
+    panels of 1024 × 256 ``zgeqrf`` reflectors, eight 32-column Grams: zherk 1.6 ms, matmul
+    2.0–2.6 ms, one thread.)"""
+    if aac.is_numpy_namespace(xp) and V.ndim == 2 and V.dtype.kind in "fc" and V.size:
         # (BLAS rejects N = 0 or L = 0, printing "illegal value" to stderr: matmul then)
         import numpy as np
         import scipy.linalg
 
-        (syrk,) = scipy.linalg.blas.get_blas_funcs(("syrk",), (V,))
-        # syrk on the Fortran view of Vᵀ (C-contiguous V is F-contiguous Vᵀ): no copy.
+        cx = V.dtype.kind == "c"
+        (rk,) = scipy.linalg.blas.get_blas_funcs(("herk" if cx else "syrk",), (V,))
+        # on the Fortran view of Vᵀ (C-contiguous V is F-contiguous Vᵀ): no copy. herk there
+        # gives Vᵀ conj(V) = conj(VᴴV).
         if V.flags.c_contiguous:
-            return np.asarray(syrk(1.0, V.T, trans=0, lower=0))
-        return np.asarray(syrk(1.0, V, trans=1, lower=0))
+            G = np.asarray(rk(1.0, V.T, trans=0, lower=0))
+            return np.conjugate(G, out=G) if cx else G
+        return np.asarray(rk(1.0, V, trans=2 if cx else 1, lower=0))
     return mH(V, xp) @ V
 
 
