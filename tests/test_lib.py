@@ -8,6 +8,8 @@ import pytest
 from conftest import require, to_numpy
 
 from householderla._agnostic.lapack import sq_norms
+from householderla._lib import blas as blas_module
+from householderla._lib.blas import gemm_subtract
 from householderla._lib.linalg import (
     gram_upper,
     inv_upper_triangular,
@@ -32,10 +34,13 @@ def test_triangular_inverse_native_and_recursive(bk_eager, n):
 
 
 @pytest.mark.parametrize("rows", [None, 64, 5, 3])
-def test_subtract_product_updates_a_view_in_place(rows):
+@pytest.mark.parametrize("cblas", [True, False])
+def test_subtract_product_updates_a_view_in_place(rows, cblas, monkeypatch):
     """Y −= A @ B on a strided trailing block, with row-block workspaces (5 rows: 13 = 5 + 5
-    + 3, a ragged last block; 3 divides nothing here either), on NumPy and torch (addmm_);
-    only Y's block changes, A and B are not written."""
+    + 3, a ragged last block; 3 divides nothing here either), on NumPy (one ``?gemm`` with
+    β = 1, or with ``HL_DISABLE_CBLAS`` the workspace) and torch (addmm_); only Y's block
+    changes, A and B are not written."""
+    monkeypatch.setenv("HL_DISABLE_CBLAS", "0" if cblas else "1")
     rng = np.random.default_rng(3)
     M, A, B = (
         rng.standard_normal((20, 9)),
@@ -55,6 +60,81 @@ def test_subtract_product_updates_a_view_in_place(rows):
         np.testing.assert_array_equal(to_numpy(Y)[:7], M[:7])  # outside the block: untouched
         np.testing.assert_array_equal(to_numpy(a), a0)
         np.testing.assert_array_equal(to_numpy(b), b0)
+
+
+def _blas_operand(rng, shape, dtype, layout):
+    """A (shape) array of the given layout: C, F, a strided view inside a larger C array,
+    or the transpose of a C array (a view with unit stride along axis 0)."""
+    cx = np.dtype(dtype).kind == "c"
+
+    def draw(sh):
+        x = rng.standard_normal(sh) + (1j * rng.standard_normal(sh) if cx else 0)
+        return x.astype(dtype)
+
+    r, c = shape
+    if layout == "C":
+        return np.ascontiguousarray(draw(shape))
+    if layout == "F":
+        return np.asfortranarray(draw(shape))
+    if layout == "view":
+        return draw((r + 5, c + 3))[2 : 2 + r, 1 : 1 + c]
+    return np.ascontiguousarray(draw((c, r))).T
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64, np.complex128])
+@pytest.mark.parametrize("ly", ["C", "F", "view", "T"])
+@pytest.mark.parametrize("la_lb", [("C", "C"), ("F", "view"), ("T", "F"), ("view", "T")])
+def test_gemm_subtract_equals_the_numpy_expression(dtype, ly, la_lb):
+    """One ``?gemm`` with α = −1, β = 1 in NumPy's own OpenBLAS, on every layout the callers
+    hand it, equals Y − A @ B: the same products, summed in another order (a sum of 11
+    products of size O(1): 11·eps·4 bounds it; a missing conjugate, a transposed operand or
+    a wrong leading dimension is off by O(1))."""
+    if not blas_module._gemms():
+        pytest.skip("NumPy is not linked to scipy-openblas64 on this platform")
+    rng = np.random.default_rng(6)
+    Y = _blas_operand(rng, (9, 7), dtype, ly)
+    A, B = (
+        _blas_operand(rng, (9, 11), dtype, la_lb[0]),
+        _blas_operand(rng, (11, 7), dtype, la_lb[1]),
+    )
+    ref = Y - A @ B
+    a0, b0 = A.copy(), B.copy()
+    assert gemm_subtract(Y, A, B) is True
+    np.testing.assert_allclose(Y, ref, rtol=0, atol=44 * np.finfo(dtype).eps * 4)
+    np.testing.assert_array_equal(A, a0)
+    np.testing.assert_array_equal(B, b0)
+
+
+def test_gemm_subtract_refuses_what_it_cannot_do_exactly(monkeypatch):
+    """False and Y untouched: Y sharing memory with A, mixed dtypes, a read-only Y, no unit
+    stride, a stack, integer arrays, a non-NumPy array, and everything under
+    HL_DISABLE_CBLAS; an empty inner dimension is a done no-op."""
+    if not blas_module._gemms():
+        pytest.skip("NumPy is not linked to scipy-openblas64 on this platform")
+    rng = np.random.default_rng(7)
+    M = rng.standard_normal((12, 12))
+    A, B = rng.standard_normal((6, 3)), rng.standard_normal((3, 6))
+    ro = M.copy()
+    ro.flags.writeable = False
+    cases = [
+        (M[:6, :6], M[:6, 3:6], B),  # A is part of Y
+        (M[:6, :6], A.astype(np.float32), B),
+        (ro[:6, :6], A, B),
+        (M[::2, ::2], A, B),
+        (np.zeros((2, 6, 6)), np.ones((2, 6, 3)), np.ones((2, 3, 6))),
+        (np.zeros((6, 6), np.int64), A.astype(np.int64), B.astype(np.int64)),
+        (M[:6, :6].tolist(), A, B),
+    ]
+    for Y, a, b in cases:
+        before = np.array(Y, copy=True)
+        assert gemm_subtract(Y, a, b) is False
+        np.testing.assert_array_equal(np.asarray(Y), before)
+    Y = np.ones((6, 6))
+    assert gemm_subtract(Y, np.ones((6, 0)), np.ones((0, 6))) is True
+    np.testing.assert_array_equal(Y, 1)
+    monkeypatch.setenv("HL_DISABLE_CBLAS", "1")
+    assert gemm_subtract(Y, A, B) is False
+    np.testing.assert_array_equal(Y, 1)
 
 
 @pytest.mark.parametrize("order", ["C", "F"])

@@ -18,6 +18,7 @@ from typing import Any
 
 import array_api_compat as aac
 
+from .blas import gemm_subtract
 from .namespace import device_of, is_complex, mH, mT
 
 __all__ = [
@@ -134,15 +135,19 @@ def subtract_product(Y: Any, A: Any, B: Any, xp: Any, work: Any = None) -> None:
     array), A (..., r, n), B (..., n, c); 2·r·n·c flops.
 
     No temporary of Y's size is allocated: torch accumulates inside the GEMM (``addmm_``,
-    β = 1, on a 2-D Y); NumPy and CuPy write the product of a block of A's rows into
-    ``work`` (``matmul(out=)``; an array the caller allocated once, with at least c columns
-    and any number of rows: Y is then updated in row blocks of that height) and subtract it.
-    Loops that update a trailing block of one matrix (``?orgqr``) would otherwise allocate
-    a temporary per step, which glibc serves from fresh pages, one page fault per 4 KiB (see
+    β = 1, on a 2-D Y), and so does a 2-D NumPy Y through the CBLAS ``?gemm`` of NumPy's
+    own OpenBLAS where it applies (:func:`householderla._lib.blas.gemm_subtract`). Otherwise
+    NumPy and CuPy write the product of a block of A's rows into ``work``
+    (``matmul(out=)``; an array the caller allocated once, with at least c columns and any
+    number of rows: Y is then updated in row blocks of that height) and subtract it. Loops
+    that update a trailing block of one matrix (``?orgqr``) would otherwise allocate a
+    temporary per step, which glibc serves from fresh pages, one page fault per 4 KiB (see
     :func:`workspace`). Without ``work``: Y −= A @ B.
     """
     if aac.is_torch_namespace(xp) and Y.ndim == 2:
         Y.addmm_(A, B, alpha=-1)
+    elif aac.is_numpy_namespace(xp) and Y.ndim == 2 and gemm_subtract(Y, A, B):
+        return
     elif work is not None and (aac.is_numpy_namespace(xp) or aac.is_cupy_namespace(xp)):
         if aac.is_numpy_namespace(xp):
             import numpy as raw
