@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["gemm_subtract"]
+__all__ = ["gemm_available", "gemm_subtract"]
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 _CODES = {np.dtype(np.float32): "s", np.dtype(np.float64): "d",
@@ -74,6 +74,12 @@ def _gemms() -> dict[str, Any]:
 
 def _disabled() -> bool:
     return os.environ.get("HL_DISABLE_CBLAS", "0") not in ("", "0")
+
+
+def gemm_available(dtype: Any) -> bool:
+    """Whether :func:`gemm_subtract` can run for NumPy arrays of ``dtype`` here (it may
+    still refuse particular operands)."""
+    return np.dtype(dtype) in _CODES and not _disabled() and bool(_gemms())
 
 
 def _layout(X: np.ndarray) -> tuple[int, int] | None:

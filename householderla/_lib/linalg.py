@@ -18,7 +18,7 @@ from typing import Any
 
 import array_api_compat as aac
 
-from .blas import gemm_subtract
+from .blas import gemm_available, gemm_subtract
 from .namespace import device_of, is_complex, mH, mT
 
 __all__ = [
@@ -164,8 +164,9 @@ def subtract_product(Y: Any, A: Any, B: Any, xp: Any, work: Any = None) -> None:
 
 
 def workspace(batch: tuple[int, ...], rows: int, cols: int, like: Any, xp: Any) -> Any:
-    """Scratch for :func:`subtract_product` on NumPy and CuPy
-    (None elsewhere: torch accumulates in ``addmm_``): at most ``rows`` rows, fewer when
+    """Scratch for :func:`subtract_product` on NumPy and CuPy (None elsewhere: torch
+    accumulates in ``addmm_``, and so does 2-D NumPy in ``?gemm`` where
+    :func:`~householderla._lib.blas.gemm_available`): at most ``rows`` rows, fewer when
     ``cols`` is wide, so that it holds about 2¹⁷ numbers (1 MiB in float64), and never
     fewer than 256 rows. The updates then run in row blocks of a buffer allocated once,
     instead of one temporary the size of each trailing block: glibc serves large
@@ -176,6 +177,8 @@ def workspace(batch: tuple[int, ...], rows: int, cols: int, like: Any, xp: Any) 
     temporary per panel 2.5 s, dorgqr 3.1 s."""
     if not (aac.is_numpy_namespace(xp) or aac.is_cupy_namespace(xp)):
         return None
+    if aac.is_numpy_namespace(xp) and not batch and gemm_available(like.dtype):
+        return None  # 2-D NumPy updates run in ?gemm itself (subtract_product)
     r = min(rows, max(256, (1 << 17) // max(cols, 1)))
     return xp.empty((*batch, r, cols), dtype=like.dtype, device=device_of(like))
 
