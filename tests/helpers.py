@@ -52,6 +52,25 @@ def product_of_reflections(V: np.ndarray) -> np.ndarray:
     return Q
 
 
+def batch_case(P: int, N: int, L: int, B: int, dtype: Any, trapezoidal: bool) -> tuple:
+    """A stack of P reflector matrices V (P, N, L) (lower trapezoidal with unit diagonal on
+    request, LAPACK's layout) and operands H (P, N, B), seeded by the shape: the batched
+    Numba kernels' test case."""
+    rng = np.random.default_rng(P + N + L)
+    V = rng.standard_normal((P, N, L)).astype(dtype)
+    if trapezoidal:
+        V = np.tril(V, -1) + np.eye(N, L, dtype=dtype)
+    return V, rng.standard_normal((P, N, B)).astype(dtype)
+
+
+def per_matrix_hprod(V: np.ndarray, h: np.ndarray, **kw: Any) -> np.ndarray:
+    """``hprod`` one matrix at a time (h shared when 2-D): the per-matrix Numba kernel, the
+    reference for the batched ones."""
+    from householderla._kernels import numba as nk
+
+    return np.stack([nk.hprod(V[p], h if h.ndim == 2 else h[p], **kw) for p in range(len(V))])
+
+
 def haar_orthogonal(rng: np.random.Generator, n: int, det: int = 1) -> np.ndarray:
     q, r = np.linalg.qr(rng.standard_normal((n, n)))
     q = q * np.sign(np.diag(r))

@@ -17,7 +17,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import get_backend, require
-from helpers import EPS, assert_vjp_matches_central_differences, product_of_reflections
+from helpers import (
+    EPS,
+    assert_vjp_matches_central_differences,
+    batch_case,
+    per_matrix_hprod,
+    product_of_reflections,
+)
 
 import householderla as hl
 from householderla import householder as hh
@@ -326,11 +332,6 @@ def test_disable_env_var_and_namespace_dispatch(monkeypatch):
 
 
 # -- many small matrices: the batch-lane kernel ------------------------------------------------
-def _per_matrix(V, h, **kw):
-    """hprod one matrix at a time: the per-matrix kernel, the reference for the lanes."""
-    return np.stack([nk.hprod(V[p], h if h.ndim == 2 else h[p], **kw) for p in range(len(V))])
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("P", "N", "L", "B"), [(16, 3, 3, 3), (37, 2, 2, 2), (40, 3, 2, 1)])
 @pytest.mark.parametrize("transpose", [False, True])
@@ -342,16 +343,14 @@ def test_batch_lanes_equal_per_matrix_kernel_bit_for_bit(dtype, P, N, L, B, tran
     from [I; 0] (``hform``, which skips the unchanged columns for trapezoidal V), and with a
     partial tile (P not a multiple of the tile). Larger N: tests/test_small_batches.py."""
     assert N <= nk.LANES_MAX_N_APPLY <= nk.LANES_MAX_N_FORM
-    rng = np.random.default_rng(P + N + L)
-    V = rng.standard_normal((P, N, L)).astype(dtype)
-    if trapezoidal:
-        V = np.tril(V, -1) + np.eye(N, L, dtype=dtype)
-    H = rng.standard_normal((P, N, B)).astype(dtype)
+    V, H = batch_case(P, N, L, B, dtype, trapezoidal)
     kw = {"transpose": transpose, "trapezoidal": trapezoidal}
-    assert np.array_equal(nk.hprod(V, H, **kw), _per_matrix(V, H, **kw))
+    assert np.array_equal(nk.hprod(V, H, **kw), per_matrix_hprod(V, H, **kw))
     if not transpose:
         Q = nk.hform(V, trapezoidal=trapezoidal)
-        assert np.array_equal(Q, _per_matrix(V, np.eye(N, dtype=dtype), trapezoidal=trapezoidal))
+        assert np.array_equal(
+            Q, per_matrix_hprod(V, np.eye(N, dtype=dtype), trapezoidal=trapezoidal)
+        )
         assert np.array_equal(nk.hform(V, 2, trapezoidal=trapezoidal), Q[..., :2])
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import scipy.linalg.lapack as la
 from conftest import require
-from helpers import EPS
+from helpers import EPS, batch_case, per_matrix_hprod
 
 import householderla as hl
 
@@ -28,11 +28,6 @@ DTYPES = [np.float32, np.float64]
 
 def _tol(dtype, N, L, scale=1.0):
     return 2 * EPS[np.dtype(dtype).type] * N * max(L, 1) * max(scale, 1.0)
-
-
-def _per_matrix(V, h, **kw):
-    """hprod one matrix at a time: the per-matrix kernel."""
-    return np.stack([nk.hprod(V[p], h if h.ndim == 2 else h[p], **kw) for p in range(len(V))])
 
 
 def _lapack_batch(rng, P, N, k=None):
@@ -60,22 +55,18 @@ def test_column_blocks_match_the_per_matrix_kernel(dtype, P, N, L, B, transpose,
 
     assert (B >= WIDE_MIN_C) == (N - 1 >= WIDE_MIN_C_FORM)
     assert N > nk.LANES_MAX_N_APPLY
-    rng = np.random.default_rng(P + N + L)
-    V = rng.standard_normal((P, N, L)).astype(dtype)
-    if trapezoidal:
-        V = np.tril(V, -1) + np.eye(N, L, dtype=dtype)
-    H = rng.standard_normal((P, N, B)).astype(dtype)
+    V, H = batch_case(P, N, L, B, dtype, trapezoidal)
     kw = {"transpose": transpose, "trapezoidal": trapezoidal}
     y = nk.hprod(V, H, **kw)
     assert y.dtype == dtype and y.shape == (P, N, B)
     tol = _tol(dtype, N, L, np.abs(H).max())
-    np.testing.assert_allclose(y, _per_matrix(V, H, **kw), rtol=0, atol=tol)
-    shared = _per_matrix(V, H[0], **kw)  # one operand for the whole batch
+    np.testing.assert_allclose(y, per_matrix_hprod(V, H, **kw), rtol=0, atol=tol)
+    shared = per_matrix_hprod(V, H[0], **kw)  # one operand for the whole batch
     np.testing.assert_allclose(nk.hprod(V, H[0], **kw), shared, rtol=0, atol=tol)
     if not transpose:
         E = np.eye(N, dtype=dtype)
         Q = nk.hform(V, trapezoidal=trapezoidal)
-        np.testing.assert_allclose(Q, _per_matrix(V, E, trapezoidal=trapezoidal), atol=tol)
+        np.testing.assert_allclose(Q, per_matrix_hprod(V, E, trapezoidal=trapezoidal), atol=tol)
         for ncols in (1, 3, N - 1):  # a zero-padded rest block, skipping from column ncols-1
             assert np.array_equal(nk.hform(V, ncols, trapezoidal=trapezoidal), Q[..., :ncols])
 
@@ -179,9 +170,9 @@ def test_structure_detection_of_a_stack():
     dense = V.copy()
     dense[17, 2, 6] = 0.5
     for W in (V, dense):
-        ref = _per_matrix(W, H)
+        ref = per_matrix_hprod(W, H)
         np.testing.assert_allclose(hl.cwy(W) @ H, ref, rtol=0, atol=_tol(np.float64, 10, 10, 3))
-        Qref = _per_matrix(W, np.eye(10))
+        Qref = per_matrix_hprod(W, np.eye(10))
         np.testing.assert_allclose(hl.cwy(W).matrix(), Qref, rtol=0, atol=_tol(np.float64, 10, 10))
     W = V.copy()
     W[3, 0, 9] = np.nan  # NaN above the diagonal: not trapezoidal, and the check names V
