@@ -11,8 +11,11 @@ One step is ``opt.zero_grad(); loss = ⟨G, layer(x)⟩; loss.backward(); opt.st
 to the trainable parameters and the parameter update. Methods, measured side by side in one run
 (``benchmarks/_harness.py``: round-robin samples after a warm-up call each, medians):
 
-* ``hl OrthogonalLinear``: ``hl.torch.OrthogonalLinear(N, N, bias=False)`` — the reflectors
-  applied to the batch by blocked compact WY when B ≤ N (never forming W), W formed above.
+* ``hl OrthogonalLinear``: ``hl.torch.OrthogonalLinear(N, N, bias=False)`` — lower-
+  trapezoidal reflectors (the default ``structure``) applied to the batch by blocked compact
+  WY when B ≤ N (never forming W); above, W formed by the same blocks applied to I.
+* ``hl OrthogonalLinear (dense V)``: the same layer with ``structure="dense"`` (every entry
+  of V a parameter, as ``hl.torch.orthogonal`` has it).
 * ``hl orthogonal (W formed)``: ``hl.torch.orthogonal(Linear(N, N), map="cwy")`` — W = I − U T Uᵀ
   formed at every step, then x Wᵀ.
 * ``torch matrix_exp`` / ``torch cayley`` / ``torch householder``:
@@ -56,6 +59,7 @@ QUICK = {
     "profile": H.Profile(sample_s=0.0, min_total=0.0, max_total=0.2, min_rep=2, max_rep=2),
 }
 OURS = "hl OrthogonalLinear"
+DENSE = "hl OrthogonalLinear (dense V)"
 ANCHORS = ("torch matrix_exp", "torch cayley", "torch householder", "geotorch SO(n)")
 
 
@@ -88,6 +92,9 @@ def make_steps(N: int, B: int, dtype: torch.dtype, seed: int = 0) -> dict[str, _
     gen = torch.Generator().manual_seed(seed)
     layers: dict[str, Callable[[], torch.nn.Module]] = {
         OURS: lambda: hlt.OrthogonalLinear(N, N, bias=False, generator=gen, dtype=dtype),
+        DENSE: lambda: hlt.OrthogonalLinear(
+            N, N, bias=False, structure="dense", generator=gen, dtype=dtype
+        ),
         "hl orthogonal (W formed)": lambda: hlt.orthogonal(
             torch.nn.Linear(N, N, bias=False, dtype=dtype), map="cwy", generator=gen
         ),
@@ -110,7 +117,7 @@ def make_steps(N: int, B: int, dtype: torch.dtype, seed: int = 0) -> dict[str, _
 def run(cfg: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     cases = [(d, N, B) for d in cfg["dtypes"] for N in cfg["N"] for B in cfg["B"]]
-    with H.Bench(cfg["profile"], len(cases) * (5 + (geotorch is not None)), "training step") as b:
+    with H.Bench(cfg["profile"], len(cases) * (6 + (geotorch is not None)), "training step") as b:
         for dname, N, B in cases:
             steps = make_steps(N, B, getattr(torch, dname))
             t = b.side_by_side(f"{dname} N={N} B={B}", dict(steps.items()))
@@ -126,7 +133,11 @@ def run(cfg: dict[str, Any]) -> list[dict[str, Any]]:
                         "orth_err": _orth_err(step.weight()),
                         "fastest_anchor": best,
                         "vs_fastest_anchor": t[name]["median_s"] / t[best]["median_s"],
-                        **({"operator_path": step.layer.uses_operator(B)} if name == OURS else {}),
+                        **(
+                            {"operator_path": step.layer.uses_operator(B)}
+                            if name in (OURS, DENSE)
+                            else {}
+                        ),
                         **t[name],
                     }
                 )

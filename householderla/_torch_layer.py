@@ -4,11 +4,14 @@ applied to the batch without being formed when that is cheaper.
 The weight W (out × in) is a map of trainable reflection vectors — CWY (square; Likhosherstov
 et al., AISTATS 2021, Theorem 2), T-CWY (rectangular; Theorem 3) or SVD-Householder (Zhang,
 Lei & Dhillon, ICML 2018 eq. 3) — exactly as :func:`householderla.torch.orthogonal` registers
-it. What differs is the forward: for a batch of B rows, forming W costs ≈ 3·N³ flops for a
-square CWY weight (N = L) and the GEMM 2·N²·B more, while applying the reflectors costs
-N·L·nb + 4·N·L·B in blocks of nb reflectors (:mod:`householderla._blocked`), so below
-B ≈ N the layer never forms W. The backward is the explicit VJPs of the blocks, each reusing
-the factors its forward built.
+it, except that a square CWY weight reads its reflectors from the lower trapezoid of V by
+default (``structure="trapezoidal"``; Mhammedi et al., ICML 2017 eq. 9). What differs is the
+forward: for a batch of B rows, forming W costs ≈ 3·N³ flops for a square CWY weight
+(N = L) and the GEMM 2·N²·B more, while applying the reflectors costs N·L·nb + 4·N·L·B in
+blocks of nb reflectors (:mod:`householderla._blocked`; 2·N²·B for trapezoidal V at L = N),
+so up to B = N the layer never forms W, and above it forms W by the same blocks applied to
+the identity. The backward is the explicit VJPs of the blocks, each reusing the factors and
+the products its forward built.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from typing import Any
 
 import torch
 
-from ._torch_param import INITS, MAPS, Orthogonal
+from ._lib.tracing import needs_graph
+from ._torch_param import INITS, MAPS, STRUCTURES, Orthogonal
 
 __all__ = ["OPERATOR_MAX_ROWS", "OrthogonalLinear"]
 
@@ -40,6 +44,14 @@ class OrthogonalLinear(torch.nn.Module):
         Learn an additive bias (``torch.nn.Linear``'s initialisation, U(−1/√in, 1/√in)).
     map : {"cwy", "tcwy", "svd"}
         The weight map, as in :func:`householderla.torch.orthogonal` (default "cwy").
+    structure : {"trapezoidal", "dense"}, optional
+        Square ``"cwy"`` only (the default there: "trapezoidal"): reflector j is read from
+        rows j… of ``vectors[0][:, j]`` (the lower trapezoid, LAPACK's and Mhammedi et al.'s
+        layout, ICML 2017 eq. 9; the entries above the diagonal are ignored and get zero
+        gradients). Products of N such reflectors still reach every orthogonal matrix
+        (Householder QR is the constructive inverse), with N(N + 1)/2 parameters instead of
+        N², and their blocks skip the zero rows: about half the flops. "dense": every entry
+        of V is a parameter (as :func:`householderla.torch.orthogonal` does).
     init : {"haar", "identity"}
         Starting weight: Haar-random, or the identity ``[I; 0]`` by pairs of equal reflectors.
     generator : torch.Generator, optional
@@ -61,7 +73,11 @@ class OrthogonalLinear(torch.nn.Module):
     ``forward`` applies the weight as an operator — ``(W @ xᵀ)ᵀ`` by blocked compact WY for
     CWY, T-CWY's products for rectangular weights — when the batch has at most
     ``OPERATOR_MAX_ROWS · max(in, out)`` rows, and forms W otherwise. Square CWY at N = L:
-    N·L·64 + 4·N·L·B flops forward instead of ≈ 3·N³ + 2·N²·B.
+    N·L·64 + 4·N·L·B flops forward (half that for trapezoidal reflectors) instead of
+    ≈ 3·N³ + 2·N²·B. Where a square CWY weight is formed for a training step (autodiff
+    recording), it is the same blocks applied to the identity, in the parameters' dtype;
+    ``weight`` (and the no-grad forward) forms it as
+    :func:`householderla.torch.orthogonal` does (float32 in float64, rounded once).
 
     Examples
     --------
@@ -83,6 +99,7 @@ class OrthogonalLinear(torch.nn.Module):
         bias: bool = True,
         map: str = "cwy",
         *,
+        structure: str | None = None,
         init: str = "haar",
         generator: torch.Generator | None = None,
         device: Any = None,
@@ -99,9 +116,14 @@ class OrthogonalLinear(torch.nn.Module):
         dtype = torch.get_default_dtype() if dtype is None else dtype
         if dtype not in (torch.float32, torch.float64):
             raise TypeError(f"dtype must be torch.float32 or torch.float64; got {dtype}")
+        if structure is None:
+            square_cwy = map == "cwy" and in_features == out_features
+            structure = "trapezoidal" if square_cwy else "dense"
+        if structure not in STRUCTURES:
+            raise ValueError(f"structure must be one of {STRUCTURES}; got {structure!r}")
         self.in_features, self.out_features = in_features, out_features
-        self.map = map
-        self._map = Orthogonal((out_features, in_features), map, None)
+        self.map, self.structure = map, structure
+        self._map = Orthogonal((out_features, in_features), map, None, structure=structure)
         with torch.no_grad():
             V = self._map.initial_vectors(init, dtype, device, generator)
         self.vectors = torch.nn.ParameterList(V if isinstance(V, tuple) else (V,))
@@ -133,15 +155,30 @@ class OrthogonalLinear(torch.nn.Module):
             got = "a scalar" if x.ndim == 0 else f"shape {tuple(x.shape)}"
             raise ValueError(f"x must have shape (..., {self.in_features}); got {got}")
         x2 = x.reshape(-1, self.in_features)
-        op = self._map.operator(*self.vectors) if self.uses_operator(x2.shape[0]) else None
+        if not self.uses_operator(x2.shape[0]):
+            return torch.nn.functional.linear(x, self._formed(), self.bias)
+        op = self._map.operator(*self.vectors)
         if op is None:
             return torch.nn.functional.linear(x, self.weight, self.bias)
         # the method, not ``@``: dynamo puts ``object @ tensor`` into a graph as it is
         y = op.__matmul__(x2.mT).mT.reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
+    def _formed(self) -> torch.Tensor:
+        """W for a forward that forms it: under autodiff, a square CWY weight as its operator
+        applied to the identity (blocked compact WY, :func:`householderla._blocked.use_blocks`;
+        forward + backward of ``cwy(V) @ h`` at N = B = 512, float64, one thread: 60 ms by
+        the blocks of trapezoidal V, 118 ms by the single factor pair that ``weight`` uses);
+        ``weight`` otherwise."""
+        N = self.in_features
+        if self.map != "cwy" or N != self.out_features or not needs_graph(*self.vectors):
+            return self.weight
+        V = self.vectors[0]
+        return self._map.operator(V).__matmul__(torch.eye(N, dtype=V.dtype, device=V.device))
+
     def extra_repr(self) -> str:
+        tail = f", structure={self.structure!r}" if self.structure != "dense" else ""
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
-            f"bias={self.bias is not None}, map={self.map!r}"
+            f"bias={self.bias is not None}, map={self.map!r}{tail}"
         )

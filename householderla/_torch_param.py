@@ -15,10 +15,11 @@ from .cwy import cwy, tcwy
 from .householder import householder_vectors, tcwy_vectors
 from .svd import bounded_sigma, svd_householder, svd_householder_params
 
-__all__ = ["INITS", "MAPS", "Orthogonal", "orthogonal"]
+__all__ = ["INITS", "MAPS", "STRUCTURES", "Orthogonal", "orthogonal"]
 
 MAPS = ("cwy", "tcwy", "svd")
 INITS = ("haar", "identity", "keep")
+STRUCTURES = ("dense", "trapezoidal")
 
 
 def _haar_stiefel(shape: tuple[int, ...], dtype: Any, device: Any, gen: Any) -> torch.Tensor:
@@ -32,14 +33,29 @@ def _haar_stiefel(shape: tuple[int, ...], dtype: Any, device: Any, gen: Any) -> 
 
 
 def _fixing_vectors(
-    batch: tuple[int, ...], N: int, M: int, count: int, dtype: Any, device: Any, gen: Any
+    batch: tuple[int, ...],
+    N: int,
+    M: int,
+    count: int,
+    dtype: Any,
+    device: Any,
+    gen: Any,
+    trapezoidal: bool = False,
 ) -> torch.Tensor:
     """``count`` nonzero-where-possible reflection vectors whose product fixes e₁…e_M:
     pairs (w, w) (H(w)H(w) = I) and, for odd ``count``, one w supported on rows > M (zero when
-    M = N). Unlike zero vectors (H(0) = I has zero gradient) they can train."""
+    M = N). Unlike zero vectors (H(0) = I has zero gradient) they can train. ``trapezoidal``:
+    the pair in columns (2i, 2i + 1) is supported on rows ≥ 2i + 1, so that both columns
+    keep it under the lower-trapezoidal mask (column j reads rows ≥ j)."""
     W = torch.randn(
         batch + (N, (count + 1) // 2), dtype=torch.float64, device=device, generator=gen
     )
+    if trapezoidal:
+        W = torch.where(
+            torch.arange(N, device=device)[:, None] > 2 * torch.arange(W.shape[-1], device=device),
+            W,
+            0.0,
+        )
     cols = [W[..., j // 2] for j in range(count)]
     if count % 2:
         cols[-1] = torch.cat([torch.zeros_like(cols[-1][..., :M]), cols[-1][..., M:]], dim=-1)
@@ -48,12 +64,14 @@ def _fixing_vectors(
     return torch.stack(cols, dim=-1).to(dtype)
 
 
-def _trainable(V: torch.Tensor, M: int) -> torch.Tensor:
+def _trainable(V: torch.Tensor, M: int, trapezoidal: bool = False) -> torch.Tensor:
     """The same product H(v₁)…H(v_L) (first M columns) with no zero vector left where one can
     be avoided: zero columns (identity factors, whose gradient is 0, so they never train) are
     moved to the end, and there replaced by pairs (w, w) (H(w)H(w) = I), counted from the
     last column; an odd one out gets a w supported on rows ≥ M (zero for square maps).
-    Assigning W = I (all-zero vectors) then trains like ``init="identity"``."""
+    Assigning W = I (all-zero vectors) then trains like ``init="identity"``. ``trapezoidal``
+    (lower-trapezoidal V, which moving nonzero columns to the front keeps): a pair in columns
+    (p − 1, p) is supported on rows ≥ p."""
     zero = torch.all(V == 0, dim=-2)  # (..., L)
     if not bool(torch.any(zero)):
         return V
@@ -67,6 +85,9 @@ def _trainable(V: torch.Tensor, M: int) -> torch.Tensor:
     rows = torch.arange(N, device=V.device)[:, None] >= M
     odd = (z % 2 == 1) & (t == z - 1)  # the unpaired one: fixes e₁…e_M
     F = torch.where(odd[..., None, :] & ~rows, torch.zeros_like(F), F)
+    if trapezoidal:  # pair (t = 2i, 2i + 1) sits in columns (L − 2 − 2i, L − 1 − 2i)
+        top = L - 1 - 2 * (t // 2)
+        F = torch.where(torch.arange(N, device=V.device)[:, None] >= top, F, 0.0)
     return torch.where((t < z)[..., None, :], F.to(V.dtype), V)
 
 
@@ -75,7 +96,9 @@ class Orthogonal(torch.nn.Module):
 
     ``forward(V)`` returns the (..., n, k) weight, ``right_inverse(W)`` reflection vectors
     for an orthogonal / Stiefel ``W`` (see :func:`orthogonal`). Wide weights (n < k) are the
-    transpose of a tall Stiefel matrix.
+    transpose of a tall Stiefel matrix. ``structure="trapezoidal"`` (square ``"cwy"`` only)
+    reads the reflectors from the lower trapezoid of V (v_j[i] = 0 for i < j; the entries
+    above the diagonal are ignored and get zero gradients).
     """
 
     def __init__(
@@ -84,10 +107,19 @@ class Orthogonal(torch.nn.Module):
         map: str,
         reflectors: int | None,
         sigma_radius: float = 0.0,
+        structure: str = "dense",
     ) -> None:
         super().__init__()
         if map not in MAPS:
             raise ValueError(f"map must be one of {MAPS}; got {map!r}")
+        if structure not in STRUCTURES:
+            raise ValueError(f"structure must be one of {STRUCTURES}; got {structure!r}")
+        if structure == "trapezoidal" and (map != "cwy" or shape[-2] != shape[-1]):
+            raise ValueError(
+                "structure='trapezoidal' applies to a square weight with map='cwy'; got "
+                f"map={map!r} and shape {tuple(shape)}"
+            )
+        self.trapezoidal = structure == "trapezoidal"
         n, k = shape[-2], shape[-1]
         self.shape = tuple(shape)
         self.map = map
@@ -130,7 +162,15 @@ class Orthogonal(torch.nn.Module):
     def extra_repr(self) -> str:
         if self.map == "svd":
             return f"map='svd', shape={self.shape}, sigma_radius={self.sigma_radius}"
-        return f"map={self.map!r}, shape={self.shape}, reflectors={self.reflectors}"
+        tail = ", structure='trapezoidal'" if self.trapezoidal else ""
+        return f"map={self.map!r}, shape={self.shape}, reflectors={self.reflectors}{tail}"
+
+    def _cwy(self, V: torch.Tensor) -> Any:
+        """``hl.cwy`` of the reflectors: of tril(V) declared trapezoidal (its blocks then skip
+        the zero rows, about half the flops at L = N) when ``structure="trapezoidal"``."""
+        if self.trapezoidal:
+            return cwy(torch.tril(V), structure="trapezoidal")
+        return cwy(V)
 
     # V (..., N, L) -> weight (..., n, k); svd: (U_vecs, [s_hat,] V_vecs) -> weight
     def forward(self, *params: torch.Tensor) -> torch.Tensor:
@@ -140,7 +180,7 @@ class Orthogonal(torch.nn.Module):
         if self.map == "tcwy":
             Q = tcwy(V).matrix()
         elif self.square:
-            Q = cwy(V).matrix()
+            Q = self._cwy(V).matrix()
         else:
             # the method, not ``@``: dynamo (torch 2.13) puts a binary operator with a tensor
             # operand into the graph as it is instead of calling CWY.__matmul__
@@ -161,7 +201,7 @@ class Orthogonal(torch.nn.Module):
             return svd_householder(U, sigma, V)
         (V,) = params
         if self.square and self.map == "cwy":
-            return cwy(V)
+            return self._cwy(V)
         if self.reflectors != self.M:
             return None
         return tcwy(V).T if self.transposed else tcwy(V)
@@ -192,7 +232,7 @@ class Orthogonal(torch.nn.Module):
             )
         Wt = W.mT if self.transposed else W
         if self.map == "cwy" and self.square:
-            return _trainable(householder_vectors(Wt), self.N)
+            return _trainable(householder_vectors(Wt), self.N, self.trapezoidal)
         V = _trainable(tcwy_vectors(Wt), self.M)
         extra = self.reflectors - self.M
         if extra:
@@ -217,10 +257,13 @@ class Orthogonal(torch.nn.Module):
             Q = _haar_stiefel(batch + (self.N, self.M), dtype, device, gen)
             return self._svd_inverse(Q.mT if self.shape[-2] < self.shape[-1] else Q)
         if init == "identity":
-            return _fixing_vectors(batch, self.N, self.M, self.reflectors, dtype, device, gen)
+            return _fixing_vectors(
+                batch, self.N, self.M, self.reflectors, dtype, device, gen, self.trapezoidal
+            )
         if self.reflectors < self.full:
             shape = batch + (self.N, self.reflectors)
-            return torch.randn(shape, dtype=torch.float64, device=device, generator=gen).to(dtype)
+            V = torch.randn(shape, dtype=torch.float64, device=device, generator=gen).to(dtype)
+            return torch.tril(V) if self.trapezoidal else V
         m = self.N if (self.map == "cwy" and self.square) else self.M
         Q = _haar_stiefel(batch + (self.N, m), dtype, device, gen)
         self._pending = None

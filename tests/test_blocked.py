@@ -194,3 +194,66 @@ def test_complex_blocks_with_phases(bk_eager, small_blocks, monkeypatch):
     assert op._factors.blocks is not None
     yh = to_numpy(op.H @ bk.asarray(h, np.complex128))
     np.testing.assert_allclose(yh, Q.conj().T @ h, rtol=0, atol=tol)
+
+
+def test_torch_autodiff_uses_blocks_at_every_width(monkeypatch):
+    """With autograd recording (torch), the first product builds blocks from L ≥ MIN_L_GRAPH
+    on, whatever the width B (``use_blocks(graph=True)``; without a graph 4B ≤ L and
+    L ≥ MIN_L still decide), and its gradients equal the sequential reflections' (an
+    independent oracle: ``householder_apply``'s own backward); wide and column-major
+    operands (a layer's ``x.mT``) included."""
+    torch = require("torch")
+    monkeypatch.setattr(_blocked, "BLOCK", 4)
+    monkeypatch.setattr(_blocked, "MIN_L_GRAPH", 8)
+    assert _blocked.use_blocks(8, 100, graph=True) and not _blocked.use_blocks(4, 1, graph=True)
+    assert not _blocked.use_blocks(8, 100) and not _blocked.use_blocks(300, 100)
+    V, _ = _data(5, 9, 9, 1)
+    x = np.random.default_rng(6).standard_normal((20, 9))  # B = 20 > L: wide
+    G = torch.tensor(np.random.default_rng(7).standard_normal((9, 20)))
+    Vt = torch.tensor(V, requires_grad=True)
+    xt = torch.tensor(x, requires_grad=True)
+    op = hl.cwy(Vt)
+    y = op @ xt.mT  # column-major operand
+    assert op._factors.blocks is not None and op._factors.U is None
+    gb = torch.autograd.grad((y * G).sum(), (Vt, xt))
+    y_ref = hl.torch.householder_apply(Vt, xt.mT)
+    g_ref = torch.autograd.grad((y_ref * G).sum(), (Vt, xt))
+    tol = 100 * EPS[np.float64] * 9
+    torch.testing.assert_close(y, y_ref, rtol=0, atol=tol)
+    for a, b in zip(gb, g_ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=tol * float(G.abs().max()) * 20)
+    with torch.no_grad():  # no graph: the plain rule (4B > L: the single pair)
+        plain = hl.cwy(Vt)
+        plain @ xt.mT
+        assert plain._factors.blocks is None
+
+
+def test_lowrank_vjp_options_give_the_same_cotangents():
+    """``lowrank_vjp`` with h and g concatenated (B ≤ FUSE_MAX_COLUMNS) or not, with the
+    forward's (a, b) passed in (``parts``) and with h̄ and S̄ skipped (``need_h=False``,
+    ``need_s=False``) returns the
+    same Ū, T̄, S̄ (and h̄ where asked) as the plain unfused call; and S̄ = −Tᵀ T̄ Tᵀ."""
+    from householderla._agnostic import compact_wy as K
+
+    rng = np.random.default_rng(8)
+    N, L = 10, 6
+    U, T, _ = K.cwy_factors(rng.standard_normal((N, L)), np)
+    for B in (3, K.FUSE_MAX_COLUMNS + 5):
+        h, g = rng.standard_normal((N, B)), rng.standard_normal((N, B))
+        for transpose in (False, True):
+            kw = {"transpose": transpose, "mode": "square"}
+            ref = K.lowrank_vjp(U, T, h, g, np, fuse=False, **kw)
+            _, a, b = K.lowrank_apply_parts(U, T, h, np, **kw)
+            for out in (
+                K.lowrank_vjp(U, T, h, g, np, **kw),
+                K.lowrank_vjp(U, T, h, g, np, parts=(a, b), **kw),
+            ):
+                for x, y in zip(out, ref, strict=True):
+                    np.testing.assert_allclose(x, y, rtol=0, atol=1e3 * EPS[np.float64])
+            skipped = K.lowrank_vjp(U, T, h, g, np, need_h=False, need_s=False, **kw)
+            assert skipped[1] is None and skipped[3] is None
+            np.testing.assert_allclose(skipped[2], ref[2], rtol=0, atol=1e3 * EPS[np.float64])
+            np.testing.assert_allclose(skipped[0], ref[0], rtol=0, atol=1e3 * EPS[np.float64])
+            np.testing.assert_allclose(
+                K.s_bar_from_t_bar(T, ref[2], np), ref[3], rtol=0, atol=1e3 * EPS[np.float64]
+            )

@@ -41,13 +41,14 @@ def _stiefel(rng, shape, off=0.2):
 
 # -- every map: gradcheck, gradgradcheck, Function node ----------------------------------------
 
-# name -> (f(*inputs), input shapes, expected Function in the graph)
+# name -> (f(*inputs), input shapes, expected Function in the graph); products with an h of
+# the factors' dtype keep Uᵀh and T Uᵀh for their backward (LowRankApplyKept)
 MAPS = {
-    "cwy_apply": (lambda V, h: hl.cwy(V) @ h, [(2, 6, 3), (6, 2)], "LowRankApply"),
-    "cwy_transpose_apply": (lambda V, h: hl.cwy(V).T @ h, [(6, 4), (2, 6, 2)], "LowRankApply"),
+    "cwy_apply": (lambda V, h: hl.cwy(V) @ h, [(2, 6, 3), (6, 2)], "LowRankApplyKept"),
+    "cwy_transpose_apply": (lambda V, h: hl.cwy(V).T @ h, [(6, 4), (2, 6, 2)], "LowRankApplyKept"),
     "cwy_matrix": (lambda V: hl.cwy(V).matrix(), [(2, 5, 5)], "LowRankApply"),
-    "tcwy_apply": (lambda V, x: hl.tcwy(V) @ x, [(2, 6, 3), (3, 2)], "LowRankApply"),
-    "tcwy_transpose_apply": (lambda V, y: hl.tcwy(V).T @ y, [(6, 3), (6,)], "LowRankApply"),
+    "tcwy_apply": (lambda V, x: hl.tcwy(V) @ x, [(2, 6, 3), (3, 2)], "LowRankApplyKept"),
+    "tcwy_transpose_apply": (lambda V, y: hl.tcwy(V).T @ y, [(6, 3), (6,)], "LowRankApplyKept"),
     "tcwy_matrix": (lambda V: hl.tcwy(V).matrix(), [(2, 6, 3)], "LowRankApply"),
     "householder_apply": (hlt.householder_apply, [(2, 6, 3), (6, 2)], "HouseholderApply"),
     "householder_product": (hlt.householder_product, [(5, 4)], "HouseholderApply"),

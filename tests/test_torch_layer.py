@@ -110,7 +110,78 @@ def test_bad_arguments():
         hl.torch.OrthogonalLinear(3, 3, init="keep")
     with pytest.raises(TypeError, match="dtype"):
         hl.torch.OrthogonalLinear(3, 3, dtype=torch.int64)
+    with pytest.raises(ValueError, match="structure must be one of"):
+        hl.torch.OrthogonalLinear(3, 3, structure="upper")
+    for args in ((4, 3, True, "cwy"), (3, 3, True, "tcwy"), (3, 3, True, "svd")):
+        with pytest.raises(ValueError, match="structure='trapezoidal' applies to a square"):
+            hl.torch.OrthogonalLinear(*args, structure="trapezoidal")
     layer = hl.torch.OrthogonalLinear(4, 3)
     with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., 4\)"):
         layer(torch.randn(2, 5))
     assert "in_features=4, out_features=3" in repr(layer)
+
+
+@pytest.mark.parametrize("rows", [5, 30])  # the operator path (B ≤ N), the formed one (B > N)
+def test_trapezoidal_reflectors_and_their_gradients(rows, monkeypatch):
+    """A square "cwy" layer reads its reflectors from the lower trapezoid of V by default:
+    V starts lower trapezoidal (Haar init by Householder QR), the entries above the diagonal
+    get zero gradients and stay zero under SGD, and the gradients of the others equal those
+    through ``layer.weight`` (the single factor pair of tril(V), an independent oracle) on the
+    blocked operator path and on the formed one (blocks applied to I). ``structure="dense"``
+    trains every entry."""
+    monkeypatch.setattr(_blocked, "BLOCK", 4)
+    monkeypatch.setattr(_blocked, "MIN_L_GRAPH", 8)
+    N = 12
+    layer = hl.torch.OrthogonalLinear(N, N, generator=torch.Generator().manual_seed(3),
+                                      dtype=torch.float64)  # fmt: skip
+    assert layer.structure == "trapezoidal" and "structure='trapezoidal'" in repr(layer)
+    V = layer.vectors[0]
+    upper = torch.triu(torch.ones(N, N, dtype=torch.bool), diagonal=1)
+    assert not bool(V.detach()[upper].any())
+    x = torch.randn(rows, N, dtype=torch.float64)
+    G = torch.randn(rows, N, dtype=torch.float64)
+    assert layer.uses_operator(rows) == (rows <= N)
+    (layer(x) * G).sum().backward()
+    g_path = V.grad.clone()
+    V.grad = None
+    ((x @ layer.weight.T + layer.bias) * G).sum().backward()
+    assert not bool(g_path[upper].any()) and float(g_path.abs().max()) > 0
+    torch.testing.assert_close(g_path, V.grad, rtol=0, atol=1e3 * TOL * rows)
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    opt.step()
+    assert not bool(V.detach()[upper].any())
+    W = layer.weight.detach()
+    torch.testing.assert_close(W.T @ W, torch.eye(N, dtype=W.dtype), rtol=0, atol=TOL * N)
+    dense = hl.torch.OrthogonalLinear(N, N, structure="dense", dtype=torch.float64)
+    (dense(x) * G).sum().backward()
+    assert float(dense.vectors[0].grad[upper].abs().max()) > 0
+
+
+def test_trapezoidal_assignment_reaches_both_determinants_and_trains():
+    """Assigning Q (det +1 and det −1) gives back Q with lower-trapezoidal vectors; assigning
+    I (all-zero Householder vectors) and ``init="identity"`` give I by pairs that the mask
+    keeps (column j reads rows ≥ j), which train: one SGD step moves W, and W stays
+    orthogonal."""
+    N = 7
+    upper = torch.triu(torch.ones(N, N, dtype=torch.bool), diagonal=1)
+    layer = hl.torch.OrthogonalLinear(N, N, bias=False, dtype=torch.float64)
+    Q = torch.linalg.qr(torch.randn(N, N, dtype=torch.float64))[0]
+    for sign in (1.0, -1.0):
+        Qs = Q.clone()
+        Qs[:, 0] *= sign * torch.sign(torch.linalg.det(Q))
+        layer.weight = Qs
+        assert not bool(layer.vectors[0].detach()[upper].any())
+        torch.testing.assert_close(layer.weight.detach(), Qs, rtol=0, atol=TOL * N)
+    eye = torch.eye(N, dtype=torch.float64)
+    layer.weight = eye
+    ident = hl.torch.OrthogonalLinear(N, N, bias=False, init="identity", dtype=torch.float64)
+    for lay in (layer, ident):
+        V = lay.vectors[0].detach()
+        assert not bool(V[upper].any()) and float(V.abs().sum()) > 0
+        torch.testing.assert_close(lay.weight.detach(), eye, rtol=0, atol=TOL * N)
+        x = torch.randn(4, N, dtype=torch.float64)
+        (lay(x) * torch.randn(4, N, dtype=torch.float64)).sum().backward()
+        torch.optim.SGD(lay.parameters(), lr=0.1).step()
+        W = lay.weight.detach()
+        assert float((W - eye).abs().max()) > 1e-3
+        torch.testing.assert_close(W.T @ W, eye, rtol=0, atol=TOL * N)

@@ -144,6 +144,15 @@ def lowrank_apply(
         return xp.astype(y, out)
     if h is not None and h.dtype != U.dtype and is_half(xp, h.dtype):
         return _half_apply(U, T, h, xp, transpose=transpose, mode=mode)
+    return lowrank_apply_parts(U, T, h, xp, transpose=transpose, mode=mode)[0]
+
+
+def lowrank_apply_parts(
+    U: Any, T: Any, h: Any, xp: Any, *, transpose: bool, mode: str
+) -> tuple[Any, Any, Any]:
+    """(y, a, b) with y = R(h) − U_out b, a = U_inᴴ h, b = M a: :func:`lowrank_apply` for
+    factors and h of one dtype, with the two small products its backward reads again
+    (:func:`lowrank_vjp`'s ``parts``: 2·N·L·B + 2·L²·B flops it then skips)."""
     M, U_in, U_out = _roles(U, T, transpose, mode, xp)
     a = mH(U_in, xp) if h is None else mH(U_in, xp) @ h
     b = M @ a
@@ -152,7 +161,7 @@ def lowrank_apply(
     if h is None:
         n_in = U_in.shape[-2]
         h = eye_like(xp, n_in, U.dtype, device_of(U))
-    return _residual(h, ub, n_out, mode, xp)
+    return _residual(h, ub, n_out, mode, xp), a, b
 
 
 def _residual(h: Any, ub: Any, n_out: int, mode: str, xp: Any) -> Any:
@@ -185,8 +194,25 @@ def _u_bar(Ubar_out: Any, Ubar_in: Any, m: int, mode: str, xp: Any) -> Any:
     return xp.concat([Ubar_in[..., :m, :] + Ubar_out, Ubar_in[..., m:, :]], axis=-2)
 
 
+#: Widest batch (columns of h) for which :func:`lowrank_vjp` concatenates h and g into one
+#: GEMM operand. Wider, the concatenation is a memory pass of 2·N·B numbers with no GEMM-rate
+#: gain: at N = 512, B = 1024 (float64, torch, one thread) it took 35% of a training step.
+FUSE_MAX_COLUMNS = 64
+
+
 def lowrank_vjp(
-    U: Any, T: Any, h: Any, g: Any, xp: Any, *, transpose: bool, mode: str, fuse: bool = True
+    U: Any,
+    T: Any,
+    h: Any,
+    g: Any,
+    xp: Any,
+    *,
+    transpose: bool,
+    mode: str,
+    fuse: bool = True,
+    need_h: bool = True,
+    need_s: bool = True,
+    parts: tuple[Any, Any] | None = None,
 ) -> tuple[Any, Any, Any, Any]:
     """Backward of :func:`lowrank_apply` for the cotangent ``g`` of its output.
 
@@ -203,9 +229,14 @@ def lowrank_vjp(
     docstring.)
 
     Batch axes that broadcasting added are summed out so the results have the shapes of
-    ``U``, ``h`` and ``T``. Cost: four GEMMs of the forward's shapes plus L²·B. ``fuse=False``
-    keeps h and g apart (no concatenation along the batch columns, which would move a batch
-    sharded over its columns between devices).
+    ``U``, ``h`` and ``T``. Cost: four GEMMs of the forward's shapes plus L²·B, one fewer
+    with ``need_h=False`` (h̄ is then ``None``: h is a constant). ``fuse=False`` keeps h and
+    g apart (no concatenation along the batch columns, which would move a batch sharded over
+    its columns between devices); so does a batch wider than ``FUSE_MAX_COLUMNS``.
+    ``need_s=False`` skips S̄ (``None``; a caller that takes T̄ instead, like torch's rule
+    table, whose factor node receives the sum of its consumers' T̄).
+    ``parts``: (a, b) as the forward computed them (:func:`lowrank_apply_parts`), not
+    recomputed here (and no fusion: only c = U_outᴴ g is left to multiply).
     """
     h_dtype = None if h is None else h.dtype
     if is_half(xp, g.dtype) or (h is not None and is_half(xp, h.dtype)):
@@ -215,7 +246,12 @@ def lowrank_vjp(
         h = h if h is None or h.dtype == U.dtype else xp.astype(h, U.dtype)
     M, U_in, U_out = _roles(U, T, transpose, mode, xp)
     fused = (
-        fuse and mode == "square" and h is not None and tuple(h.shape[:-1]) == tuple(g.shape[:-1])
+        fuse
+        and parts is None
+        and mode == "square"
+        and h is not None
+        and h.shape[-1] <= FUSE_MAX_COLUMNS
+        and tuple(h.shape[:-1]) == tuple(g.shape[:-1])
     )
     if fused:
         # one GEMM Uᵀ[h g] and one [g h][b d]ᵀ instead of two each: same flops, half the
@@ -223,10 +259,14 @@ def lowrank_vjp(
         B = h.shape[-1]
         ac = mH(U, xp) @ xp.concat([h, g], axis=-1)
         a, c = ac[..., :B], ac[..., B:]
+    elif parts is not None:
+        a, b = parts
+        c = mH(U_out, xp) @ g
     else:
         a = mH(U_in, xp) if h is None else mH(U_in, xp) @ h
         c = mH(U_out, xp) @ g
-    b = M @ a
+    if parts is None:
+        b = M @ a
     d = mH(M, xp) @ c
     dT = mH(d, xp)
     m = T.shape[-1]
@@ -235,7 +275,7 @@ def lowrank_vjp(
     else:
         Ubar = _u_bar(-(g @ mH(b, xp)), -dT if h is None else -(h @ dT), m, mode, xp)
     h_bar = None
-    if h is not None:
+    if h is not None and need_h:
         Rg = g
         if mode == "embed":
             Rg = g[..., : h.shape[-2], :]
@@ -250,12 +290,14 @@ def lowrank_vjp(
         h_bar = h_bar if h_bar.dtype == h_dtype else xp.astype(h_bar, h_dtype)
     Mbar = -(c @ mH(a, xp))
     T_bar = mH(Mbar, xp) if transpose else Mbar
-    S_bar = b @ dT if transpose else d @ mH(b, xp)
+    S_bar = None
+    if need_s:
+        S_bar = sum_to_shape(b @ dT if transpose else d @ mH(b, xp), tuple(T.shape), xp)
     return (
         sum_to_shape(Ubar, tuple(U.shape), xp),
         h_bar,
         sum_to_shape(T_bar, tuple(T.shape), xp),
-        sum_to_shape(S_bar, tuple(T.shape), xp),
+        S_bar,
     )
 
 
