@@ -98,6 +98,25 @@ def _rows(x: Any) -> Any:
     return x if x is None or x.ndim < 2 or x.stride(-1) == 1 else x.contiguous()
 
 
+def _lowrank_cotangents(ctx: Any, U: Any, T: Any, h: Any, g: Any, parts: Any) -> tuple:
+    """(Ū, T̄, h̄) of the low-rank apply for the cotangent g: ``compact_wy.lowrank_vjp`` on
+    row-major operands, without S̄ (the factor node converts the sum of its consumers' T̄)
+    and without h̄ where h needs none; ``parts``: the forward's (a, b), or None."""
+    U_bar, h_bar, T_bar, _ = K.lowrank_vjp(
+        U,
+        T,
+        _rows(h),
+        _rows(g),
+        _xp,
+        transpose=ctx.transpose,
+        mode=ctx.mode,
+        need_h=ctx.needs_input_grad[2],
+        need_s=False,
+        parts=parts,
+    )
+    return U_bar, T_bar, h_bar
+
+
 class LowRankApply(torch.autograd.Function):
     """(U, T, h) ↦ R(h) − U_out M U_inᵀ h (``h=None``: the dense matrix, rounded once to
     ``out`` when given: the half dtype of V, whose factors are float32)."""
@@ -119,18 +138,7 @@ class LowRankApply(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> Any:
         U, T, h = ctx.saved_tensors
-        U_bar, h_bar, T_bar, _ = K.lowrank_vjp(
-            U,
-            T,
-            _rows(h),
-            _rows(g),
-            _xp,
-            transpose=ctx.transpose,
-            mode=ctx.mode,
-            need_h=ctx.needs_input_grad[2],
-            need_s=False,
-        )
-        return U_bar, T_bar, h_bar, None, None, None
+        return (*_lowrank_cotangents(ctx, U, T, h, g, None), None, None, None)
 
 
 class LowRankApplyKept(torch.autograd.Function):
@@ -156,19 +164,8 @@ class LowRankApplyKept(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor, _a: Any, _b: Any) -> Any:
         U, T, h, a, b = ctx.saved_tensors
-        U_bar, h_bar, T_bar, _ = K.lowrank_vjp(
-            U,
-            T,
-            _rows(h),
-            _rows(g),
-            _xp,
-            transpose=ctx.transpose,
-            mode=ctx.mode,
-            need_h=ctx.needs_input_grad[2],
-            need_s=False,
-            parts=None if torch.is_grad_enabled() else (a, b),
-        )
-        return U_bar, T_bar, h_bar, None, None
+        parts = None if torch.is_grad_enabled() else (a, b)
+        return (*_lowrank_cotangents(ctx, U, T, h, g, parts), None, None)
 
 
 def _lowrank(xp: Any, U: Any, T: Any, h: Any, transpose: bool, mode: str, out: Any = None) -> Any:
