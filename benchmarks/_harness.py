@@ -149,9 +149,11 @@ def measure(
     times: dict[str, list[float]] = {k: [] for k in fns}
     order = list(timers.items())
     for i in range(reps):
-        # each round starts one method later: the first method after the slowest one pays
-        # for what that one left cold (measured: 0.5 ms on a 1.7 ms training step at N = 128
-        # after geotorch's 9 ms step), and no method should always be that one
+        # each round starts one method later, so that no method is always timed right after
+        # the same (slow) one. A bias with the method's place in ``fns`` remains at small
+        # sizes: at N = 128 the training step listed first read ≈ 0.4 ms (20–30%) slower
+        # than the same code listed second, with or without the rotation (cause not found:
+        # no page faults, GC off); per-process timing would be needed to remove it
         shift = i % len(order)
         for k, t in order[shift:] + order[:shift]:
             times[k].append(t.timeit(loops[k]) / loops[k])
