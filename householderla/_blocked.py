@@ -107,7 +107,7 @@ def _stacked_block_factors(
             sdiag = xp.concat([sdiag, half], axis=-1)
     batch = tuple(V.shape[:-2])
     Vb = xp.moveaxis(xp.reshape(V, (*batch, N, m, BLOCK)), -2, -3)  # (..., m, N, nb)
-    sd = None if sdiag is None else xp.reshape(sdiag, (*batch, m, BLOCK))
+    sd = None if sdiag is None else xp.reshape(sdiag, (*sdiag.shape[:-1], m, BLOCK))
     U, T, _ = call(r, "cwy_factors", xp, Vb, sd)
     out = []
     for b in range(m):

@@ -165,9 +165,8 @@ class LazyFactors:
     def get_blocks(self, B: int) -> list[tuple[int, Any, Any]] | None:
         """The blocked factors for a product with B columns: built on the first product when
         the single pair is not built and ``use_blocks`` says so, then reused; else None."""
-        graph = aac.is_torch_namespace(self.xp) and needs_graph(self.V)
         if self.blocks is None and (
-            self.U is not None or not use_blocks(self.V.shape[-1], B, graph)
+            self.U is not None or not use_blocks(self.V.shape[-1], B, needs_graph(self.V))
         ):
             return None
         if self._stale(None if self.blocks is None else self.blocks[0][1]):
