@@ -337,12 +337,13 @@ def test_disable_env_var_and_namespace_dispatch(monkeypatch):
 @pytest.mark.parametrize("transpose", [False, True])
 @pytest.mark.parametrize("trapezoidal", [False, True])
 def test_batch_lanes_equal_per_matrix_kernel_bit_for_bit(dtype, P, N, L, B, transpose, trapezoidal):
-    """P ≥ TILE/2 matrices of the smallest N (≤ LANES_MAX_N_APPLY, ≤ LANES_MAX_N_FORM when
-    forming) run in the SIMD lanes; the operations and their order are those of the
-    per-matrix kernel, so every matrix must agree bit for bit — applied to operands, formed
-    from [I; 0] (``hform``, which skips the unchanged columns for trapezoidal V), and with a
-    partial tile (P not a multiple of the tile). Larger N: tests/test_small_batches.py."""
-    assert N <= nk.LANES_MAX_N_APPLY <= nk.LANES_MAX_N_FORM
+    """P ≥ BATCH_MIN matrices of N ≤ 3 run in the SIMD lanes. Their dot products are one
+    running sum, the per-matrix kernel's four partial sums by row mod 4: with three rows or
+    fewer each partial sum holds one term and ((s₀ + s₁) + (s₂ + 0)) = ((s₀ + s₁) + s₂), so
+    every matrix must agree bit for bit — applied to operands, formed from [I; 0] (``hform``,
+    which skips the unchanged columns for trapezoidal V), and with a partial tile (P not a
+    multiple of eight). Larger N: :func:`test_batch_lanes_equal_column_blocks_bit_for_bit`."""
+    assert P >= nk.BATCH_MIN and N <= nk.LANES_MAX_N
     V, H = batch_case(P, N, L, B, dtype, trapezoidal)
     kw = {"transpose": transpose, "trapezoidal": trapezoidal}
     assert np.array_equal(nk.hprod(V, H, **kw), per_matrix_hprod(V, H, **kw))
@@ -352,6 +353,48 @@ def test_batch_lanes_equal_per_matrix_kernel_bit_for_bit(dtype, P, N, L, B, tran
             Q, per_matrix_hprod(V, np.eye(N, dtype=dtype), trapezoidal=trapezoidal)
         )
         assert np.array_equal(nk.hform(V, 2, trapezoidal=trapezoidal), Q[..., :2])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("P", "N", "L", "C"),
+    [(37, 8, 5, 2), (64, 16, 16, 1), (20, 12, 7, 13), (17, 3, 3, 8), (9, 5, 2, 7),
+     (8, 1, 1, 1), (30, 16, 16, 16), (11, 6, 0, 3), (13, 4, 4, 0), (24, 24, 24, 8)],
+)  # fmt: skip
+@pytest.mark.parametrize("trapezoidal", [False, True])
+def test_batch_lanes_equal_column_blocks_bit_for_bit(dtype, P, N, L, C, trapezoidal):
+    """The lanes kernel (:mod:`householderla._kernels.numba_lanes`, compiled with LLVM's SLP
+    vectoriser) does the column-block kernel's operations in its order, one matrix per lane,
+    so the two must agree bit for bit in every mode: operands of their own or one shared,
+    forming from [I; 0] (columns < k skipped with trapezoidal V), transposed; P not a
+    multiple of the eight lanes, L = 0 and C = 0 included. A vectoriser that reordered a
+    sum, mixed lanes or dropped the tail tile would differ."""
+    from householderla._kernels.numba_columns import apply_columns
+    from householderla._kernels.numba_lanes import apply_lanes
+
+    V, H = batch_case(P, N, L, C, dtype, trapezoidal)
+    safe = 500 if dtype == np.float64 else 60
+    E = np.eye(N, C, dtype=dtype)[None]
+    modes = [(H, False, False), (H, False, True), (H[:1].copy(), False, False),
+             (E, True, False), (E, True, True)]  # fmt: skip
+    for X, identity, transpose in modes:
+        Y1, Y2 = np.full((P, N, C), np.nan, dtype), np.full((P, N, C), np.nan, dtype)
+        s1 = apply_lanes(V, X, Y1, trapezoidal, identity, transpose, safe)
+        s2 = apply_columns(V, X, Y2, trapezoidal, identity, transpose, safe)
+        assert s1 == s2 == 0
+        assert np.array_equal(Y1, Y2), (identity, transpose)
+
+
+def test_lanes_compile_leaves_numba_config_unchanged():
+    """The lanes kernel turns Numba's SLP vectoriser on for its own compilation only: after
+    the import the process-wide setting is the user's (the environment's) again."""
+    import os
+
+    from numba.core import config
+
+    import householderla._kernels.numba_lanes  # noqa: F401
+
+    assert config.SLP_VECTORIZE == int(os.environ.get("NUMBA_SLP_VECTORIZE", "0"))
 
 
 def test_batch_lanes_rescale_zero_columns_and_nonfinite():

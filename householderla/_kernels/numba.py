@@ -26,9 +26,9 @@ import numpy as np
 
 from .._lib.checks import check_finite_norms
 from .._lib.linalg import sum_to_shape
-from .numba_batch import TILE, apply_tiles
 from .numba_checks import lapack_unit_lower, upper_is_zero
 from .numba_columns import apply_columns
+from .numba_lanes import apply_lanes
 from .numba_larft import larft_forward
 from .numba_loops import (
     HAVE_NUMBA,
@@ -56,19 +56,22 @@ __all__ = [
     "upper_is_zero",
 ]
 
-#: Largest N for the batched kernels: at N = 64 (1024 matrices) the batch-lane kernel took 55
-#: against 86 µs a matrix for the per-matrix kernel; at N = 128 the two tie (measured, one
-#: thread), and the column-block kernel beats the lanes there too.
+#: Largest N for the batched kernels (lanes or column blocks); above, the per-matrix kernel:
+#: at N = 64 (1024 matrices) a batched kernel took 55 against 86 µs a matrix for the
+#: per-matrix one, and at N = 128 the two tie (measured, one thread).
 TILE_MAX_N = 64
 
-#: Largest N the batch lanes keep when forming ([I; 0]) and when applying; above, the
-#: column-block kernel (:mod:`~householderla._kernels.numba_columns`) is faster: forming
-#: 8192 matrices, lanes / columns 0.5 / 0.8 ms at N = 4, 1.05 / 1.6 at N = 6, 2.0 / 1.8 at N = 8,
-#: 12.2 / 7.8 at N = 16; applying to 8 columns 0.43 / 0.52 ms at N = 2, 0.70 / 0.70 at
-#: N = 3, 1.0 / 0.9 at N = 4, 10.4 / 5.2 at N = 16 (pinned to one core of the 2-core VM, one
-#: thread, float64, trapezoidal V).
-LANES_MAX_N_FORM = 6
-LANES_MAX_N_APPLY = 3
+#: Fewest matrices (each with its own V) for the batched kernels; fewer go one by one.
+BATCH_MIN = 16
+
+#: Largest N the SIMD lanes (:mod:`~householderla._kernels.numba_lanes`) take, forming and
+#: applying; above, the column-block kernel (:mod:`~householderla._kernels.numba_columns`)
+#: is faster. Kernel alone, float64, trapezoidal V, one thread, 2-core AMD EPYC VM (AVX-512),
+#: lanes / columns in ms: forming 8192 matrices 0.22 / 0.82 at N = 3, 1.06 / 2.0 at N = 8,
+#: 5.4 / 8.1 at N = 16, 2048 matrices 3.9 / 5.2 at N = 24, 11.9 / 10.8 at N = 32; applying
+#: to 8 columns 0.47 / 0.92 at N = 3, 1.45 / 2.13 at N = 8, 5.19 / 5.24 at N = 16, 2.0 / 2.4
+#: at N = 24 (2048), 4.9 / 4.1 at N = 32.
+LANES_MAX_N = 24
 
 
 # -- entry kernels (explicit signatures: read-only C inputs accept writable arrays too) -------
@@ -335,8 +338,8 @@ def hprod(
 def hform(V: Any, ncols: int | None = None, *, trapezoidal: bool = False) -> np.ndarray:
     """The dense H(v₁)…H(v_L) (its first ``ncols`` columns), shape (..., N, ncols), by the
     reflections applied to [I; 0]; NaN/Inf in V raise ``ValueError``. A batch of small
-    matrices runs in the SIMD lanes (:mod:`~householderla._kernels.numba_batch`, N ≤
-    ``LANES_MAX_N_FORM``) or eight columns at a time
+    matrices runs in the SIMD lanes (:mod:`~householderla._kernels.numba_lanes`, N ≤
+    ``LANES_MAX_N``) or eight columns at a time
     (:mod:`~householderla._kernels.numba_columns`), which with ``trapezoidal`` V also skip
     the columns < k that H(v_k) leaves unchanged (LAPACK orgqr's 4N³/3 flops for L = N);
     4·N·L·ncols flops per matrix otherwise."""
@@ -353,17 +356,16 @@ def hform(V: Any, ncols: int | None = None, *, trapezoidal: bool = False) -> np.
 def _forward(
     V3: np.ndarray, H3: np.ndarray, Y3: np.ndarray, trap: bool, transpose: bool, identity: bool
 ) -> int:
-    """Y3 (P, N, B) ← the products. When P ≥ TILE/2 matrices of N ≤ TILE_MAX_N each have
-    their own V: the batch-lane kernel for the smallest N, the column-block kernel above
-    (``LANES_MAX_N_FORM`` / ``_APPLY``); else the per-matrix one (``identity``: H3 is [I; 0],
+    """Y3 (P, N, B) ← the products. When P ≥ BATCH_MIN matrices of N ≤ TILE_MAX_N each have
+    their own V: the batch-lane kernel up to ``LANES_MAX_N``, the column-block kernel above
+    (the two give the same bits); else the per-matrix one (``identity``: H3 is [I; 0],
     which the batched kernels exploit). Columns outside the safe range are rescaled first
     (exact). Returns the number of non-finite columns."""
     P, n, _ = Y3.shape
     safe = SAFE_EXP[Y3.dtype]
-    batched = V3.shape[0] == P and P >= TILE // 2 and n <= TILE_MAX_N
+    batched = V3.shape[0] == P and P >= BATCH_MIN and n <= TILE_MAX_N
     if batched:
-        lanes = n <= (LANES_MAX_N_FORM if identity else LANES_MAX_N_APPLY)
-        kernel = apply_tiles if lanes else apply_columns
+        kernel = apply_lanes if n <= LANES_MAX_N else apply_columns
     else:
         kernel = fp_kernel
     extra = (identity, transpose) if batched else (transpose,)

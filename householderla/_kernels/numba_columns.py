@@ -14,14 +14,12 @@ reflections k > j for the block ending at column j (they leave e_j unchanged): L
 its last four columns only, and run on those). With many columns (``WIDE_MIN_C``) one sweep
 over all of them, the column loops innermost, vectorises and wins (:func:`_sweep_wide`).
 
-Scalar code is the point: Numba leaves LLVM's SLP vectoriser off, so eight independent
-running sums in registers (≈ 4 flops a cycle, the two multiply pipes full) beat the SIMD
-lanes, whose sums go through memory and whose tiles must be transposed in and out.
-Measured (pinned to one core of the 2-core VM, one thread, float64, trapezoidal V, while the
-other core was busy, ±10%; the batch-lane kernel of :mod:`householderla._kernels.numba_batch`
-in brackets): forming 8192 matrices 16 × 16 7.3–7.9 ms (12.2–13.4), 1024 of 64 × 64
-32–36 ms (64–68); applying to 8 columns 5.2–6.1 ms (10–12) and 8.8–9.7 ms (22–24). At
-N ≤ 6 (forming) and N ≤ 3 (applying) the lanes stay faster.
+Scalar code: Numba leaves LLVM's SLP vectoriser off by default, so eight independent
+running sums in registers (≈ 4 flops a cycle, the two multiply pipes full) are what this
+kernel has. Measured (pinned to one core of the 2-core VM, one thread, float64, trapezoidal
+V, while the other core was busy, ±10%): forming 8192 matrices 16 × 16 7.3–7.9 ms, 1024 of
+64 × 64 32–36 ms; applying to 8 columns 5.2–6.1 ms and 8.8–9.7 ms. Up to N = 24 the SIMD
+lanes of :mod:`householderla._kernels.numba_lanes` (same operations, same bits) are faster.
 
 Numerics: everything in the input dtype; each dot product is one running sum over the rows
 in increasing order (no partial sums: the eight columns are the independent chains), and
@@ -358,7 +356,7 @@ def apply_columns(
 ) -> int:
     """Y[p] ← H(v₁)…H(v_L) X[p] for every p (H(v_L)…H(v₁) with ``transpose``), X = [I; 0]
     (``identity``) or H[p] (H[0] for a shared operand); the interface of
-    :func:`householderla._kernels.numba_batch.apply_tiles`.
+    :func:`householderla._kernels.numba_lanes.apply_lanes`.
 
     V (P, N, L) and H (Ph, N, C) read-only, Y (P, N, C) written. Returns −1 (Y incomplete)
     if a column of V must be rescaled first, else the number of non-finite columns."""
