@@ -116,6 +116,7 @@ class LazyFactors:
         sdiag: Any = None,
         theta: Any = None,
         tau: Any = None,
+        trapezoidal: bool | None = None,
     ) -> None:
         self.V, self.xp, self.structure, self.sdiag = V, xp, structure, sdiag
         self.tau, self.panels_used = tau, False  # LAPACK's τ (..., L) of V, or None
@@ -127,7 +128,8 @@ class LazyFactors:
         # more than N/2 reflectors: repeated products may switch to the dense Q
         self.dense_pays = 2 * V.shape[-1] > V.shape[-2]
         self.blocks: list[tuple[int, Any, Any]] | None = None  # blocked factors (``_blocked``)
-        self._trapezoidal: bool | None = None
+        # "auto"'s detected structure: None until needed, unless the caller scanned V already
+        self._trapezoidal: bool | None = trapezoidal
         self.sequential_used = False
         # the products of a built single-matrix operator on NumPy / torch without autodiff:
         # (U, T, Uᴴ, Tᴴ), and the array type they serve (see CompactWYOperator.__matmul__)
@@ -272,6 +274,23 @@ def _compiled_larft(V: Any) -> Any:
         return T
 
     return t_of
+
+
+def scan_reflectors(V: Any) -> tuple[bool, bool] | None:
+    """(all entries finite, lower trapezoidal) for a stack V (..., N, L) of NumPy arrays or
+    plain CPU tensors (float32/float64, C order), from one Numba pass; None (nothing checked)
+    for other input, a single matrix or without Numba. The two checks an operator's
+    construction and first ``.matrix()`` make, in one read of V instead of two (8192 stacked
+    16 × 16: 0.4 against 1.1 ms, one thread)."""
+    if V.ndim < 3 or not math.prod(V.shape) or not is_eager(V):
+        return None
+    views = [V] if type(V) is np.ndarray else plain_cpu_views(V)
+    nk = numba_enabled() if views is not None else None
+    v = views[0] if nk is not None else None
+    if v is None or v.dtype not in (np.float32, np.float64) or not v.flags.c_contiguous:
+        return None  # (another layout would cost a copy: the NumPy checks read it in place)
+    finite, lower = nk.finite_lower(v.reshape((-1, *v.shape[-2:])))
+    return bool(finite), bool(lower)
 
 
 def _upper_is_zero(V: Any, xp: Any) -> bool:

@@ -65,13 +65,14 @@ class CompactWYOperator(LinearOperatorMixin):
         sdiag: Any = None,
         theta: Any = None,
         tau: Any = None,
+        trapezoidal: bool | None = None,
     ) -> None:
         self._V = V  # the given vectors, resolved but never copied or written
         self._xp = xp
         self._transposed = transposed  # Qᴴ (Qᵀ for real V)
         self._conjugated = conjugated  # conj(·) of that; only ever True for complex V
         if factors is None:
-            factors = LazyFactors(V, xp, structure, sdiag, theta, tau)
+            factors = LazyFactors(V, xp, structure, sdiag, theta, tau, trapezoidal)
         self._factors = factors
 
     # -- array-like metadata -------------------------------------------------------------

@@ -28,10 +28,12 @@ from typing import Any
 
 import numpy as np
 
+from ._factors import scan_reflectors
 from ._interop.dask import is_dask_array
 from ._lib.checks import (
     broadcast_batch,
     check_finite,
+    check_finite_columns,
     check_reflectors,
     check_structure,
     finite_reflectors,
@@ -119,14 +121,17 @@ def cwy(V: Any, *, theta: Any = None, structure: str = "auto", xp: Any = None) -
         if theta is not None:
             raise TypeError("theta is not supported for a row-chunked Dask V")
         return tall_operator(V, "square")  # type: ignore[return-value]
-    V, xp, structure, theta = _prepare(V, structure, xp, theta, -2)
-    return CWY(V, xp, False, None, structure, theta=theta)
+    V, xp, structure, theta, lower = _prepare(V, structure, xp, theta, -2)
+    return CWY(V, xp, False, None, structure, theta=theta, trapezoidal=lower)
 
 
-def _prepare(V: Any, structure: Any, xp: Any, theta: Any, axis: int) -> tuple[Any, Any, str, Any]:
-    """Resolved, validated V (tril(V) for "trapezoidal"), namespace, structure and phases θ
+def _prepare(
+    V: Any, structure: Any, xp: Any, theta: Any, axis: int
+) -> tuple[Any, Any, str, Any, bool | None]:
+    """Resolved, validated V (tril(V) for "trapezoidal"), namespace, structure, phases θ
     (None, or real of V's precision with V complex and both broadcast to one batch shape;
-    ``axis`` -2 for θ of length N, -1 for length L)."""
+    ``axis`` -2 for θ of length N, -1 for length L) and whether V is lower trapezoidal where
+    one pass of :func:`~householderla._factors.scan_reflectors` checked it (else None)."""
     if theta is None:
         xp, _, _, (V,) = resolve([("V", V)], xp, complex_ok=True, half=True)
     else:
@@ -154,16 +159,25 @@ def _prepare(V: Any, structure: Any, xp: Any, theta: Any, axis: int) -> tuple[An
         if tuple(theta.shape[:-1]) != batch:
             theta = xp.broadcast_to(theta, (*batch, K))
     structure = check_structure(structure)
+    # a stack of NumPy / CPU torch floats: the value and structure checks in one pass
+    scan = scan_reflectors(V) if theta is None else None
+    lower = None if scan is None else scan[1]
     if structure == "trapezoidal":
-        Vt = xp.tril(V)
-        if is_eager(V) and math.prod(V.shape) and bool(xp.any(V != Vt)):
+        Vt = V if lower else xp.tril(V)  # (scanned: V itself; unscanned lazy V: upper ignored)
+        if lower is False or (
+            lower is None and is_eager(V) and math.prod(V.shape) and bool(xp.any(V != Vt))
+        ):
             raise ValueError(
                 'structure="trapezoidal" declares V lower trapezoidal, but V has nonzero '
                 "entries above its diagonal; pass tril(V) (for LAPACK's (a, tau) the reflectors "
                 "are tril(a, -1) + I scaled by tau != 0), or structure='auto'"
             )
-        V = Vt  # unchecked under jax.jit and on lazy arrays: the upper part is ignored
-    V = finite_reflectors(V, xp)  # NaN/Inf raise when the operator is built (eager V)
+        V = Vt
+    if scan is None:
+        V = finite_reflectors(V, xp)  # NaN/Inf raise when the operator is built (eager V)
+    elif not scan[0]:
+        check_finite_columns(V, xp)  # raises, naming the columns
+    return V, xp, structure, theta, lower
     return V, xp, structure, theta
 
 
@@ -214,5 +228,5 @@ def tcwy(V: Any, *, theta: Any = None, structure: str = "auto", xp: Any = None) 
         if theta is not None:
             raise TypeError("theta is not supported for a row-chunked Dask V")
         return tall_operator(V, "embed")  # type: ignore[return-value]
-    V, xp, structure, theta = _prepare(V, structure, xp, theta, -1)
-    return TCWY(V, xp, False, None, structure, theta=theta)
+    V, xp, structure, theta, lower = _prepare(V, structure, xp, theta, -1)
+    return TCWY(V, xp, False, None, structure, theta=theta, trapezoidal=lower)

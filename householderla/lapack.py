@@ -18,6 +18,7 @@ import numpy as np
 
 from ._agnostic.lapack import lapack_reflectors, normalized_sdiag, sq_norms, tau_mismatch
 from ._kernels import numba_for
+from ._lapack_stack import lapack_stack
 from ._lib.checks import check_finite
 from ._lib.namespace import is_complex, resolve
 from ._lib.tracing import is_eager
@@ -118,12 +119,15 @@ def from_lapack(a: Any, tau: Any, *, thin: bool = False, xp: Any = None) -> CWY 
     storage-efficient WY representation for products of Householder transformations", SIAM
     J. Sci. Stat. Comput. 1989, give the compact form used.
 
-    Stacks of small real NumPy ``(a, τ)`` (m ≤ ``SMALL_M`` = 64) are read by one Numba pass
-    that builds V and checks it (NaN/Inf below the diagonal, τ against 2/‖vᵢ‖²), and their
-    first product and ``.matrix()`` apply the reflections by the batched Numba kernels
-    (:mod:`householderla._kernels.numba_columns`): 8192 stacked 16 × 16 in ≈ 9 ms, against
-    ≈ 21 ms for ``torch.linalg.householder_product`` (pinned to one core of the 2-core VM,
-    one thread; ``benchmarks/small.py``).
+    Stacks of P ≥ 16 small real NumPy ``(a, τ)`` (m ≤ ``SMALL_M`` = 64, k = n, C order) are
+    checked by one read-only Numba pass (NaN/Inf below the diagonal, τ against 2/‖vᵢ‖²), and
+    their ``.matrix()`` and first product read ``a`` in place in the batched Numba kernels
+    (:mod:`householderla._kernels.numba_lanes`, ``numba_columns``), with no V built: 8192
+    stacked 16 × 16 formed in ≈ 7 ms against ≈ 16 ms for
+    ``torch.linalg.householder_product`` (one thread; ``benchmarks/small.py``). V and the
+    CWY factors are built when anything else needs them, so such an operator, like
+    :func:`cwy`'s with V, reads ``a`` when it is used: do not write into ``a`` while you use
+    it. Other small stacks build V in the same one pass.
 
     Examples
     --------
@@ -155,6 +159,10 @@ def from_lapack(a: Any, tau: Any, *, thin: bool = False, xp: Any = None) -> CWY 
     if not isinstance(thin, bool):
         raise TypeError(f"thin must be True or False; got {thin!r}")
     check_finite(tau, xp, "tau")
+    stack = None if thin else lapack_stack(a, tau, xp, SMALL_M)
+    if stack is not None:  # a stack of small NumPy (a, τ): read in place, checked in one pass
+        _tau_error(stack[1], m, float(np.finfo(a.dtype).eps), False)
+        return stack[0]
     V = _small_numpy_reflectors(a, tau, m, xp)
     if V is not None:  # checked in the same pass; real, so no sdiag
         tau = tau.detach() if hasattr(tau, "detach") else tau

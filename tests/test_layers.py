@@ -8,7 +8,7 @@
     3  public modules                cwy, householder, lapack, ornn, svd, retractions, stiefel, vjp
                                      (and their private helpers _operator, _factors, _blocked,
                                      _compose, _linear_operator, _svd_vjp, _svd_params,
-                                     _euclidean, _tall, _fixed_polar)
+                                     _euclidean, _tall, _fixed_polar, _lapack_stack)
     4  adapters                      torch, jax, lineax, _torch_optim, _torch_param, _torch_layer,
                                      _torch_muon, _optax, _optax_muon
     5  __init__
@@ -51,6 +51,7 @@ PUBLIC_PRIVATE = {
     "_blocked",
     "_tall",
     "_fixed_polar",
+    "_lapack_stack",
 }
 ADAPTERS = {
     "torch",

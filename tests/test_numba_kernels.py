@@ -377,12 +377,50 @@ def test_batch_lanes_equal_column_blocks_bit_for_bit(dtype, P, N, L, C, trapezoi
     E = np.eye(N, C, dtype=dtype)[None]
     modes = [(H, False, False), (H, False, True), (H[:1].copy(), False, False),
              (E, True, False), (E, True, True)]  # fmt: skip
+    plain = (np.empty((0, 0), dtype), False)  # (τ, unit): V itself, no LAPACK τ
     for X, identity, transpose in modes:
         Y1, Y2 = np.full((P, N, C), np.nan, dtype), np.full((P, N, C), np.nan, dtype)
-        s1 = apply_lanes(V, X, Y1, trapezoidal, identity, transpose, safe)
-        s2 = apply_columns(V, X, Y2, trapezoidal, identity, transpose, safe)
+        s1 = apply_lanes(V, X, Y1, trapezoidal, identity, transpose, safe, *plain)
+        s2 = apply_columns(V, X, Y2, trapezoidal, identity, transpose, safe, *plain)
         assert s1 == s2 == 0
         assert np.array_equal(Y1, Y2), (identity, transpose)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("P", "N", "k"), [(19, 8, 8), (9, 16, 11), (17, 3, 3), (10, 40, 40)])
+def test_batch_kernels_read_lapack_reflectors_in_place(dtype, P, N, k):
+    """``unit`` mode: both batched kernels read LAPACK's ``a`` as ``?orgqr`` does (the unit
+    diagonal implied, nothing above it read, τ = 0 columns the identity) and must give the
+    bits they give on the V built from it (``lapack_unit_lower``); ``a`` may be wider than
+    τ is long. R's entries (here NaN and huge) must never be read."""
+    from householderla._kernels.numba_columns import apply_columns
+    from householderla._kernels.numba_lanes import apply_lanes
+
+    rng = np.random.default_rng(N + k)
+    a = rng.standard_normal((P, N, N)).astype(dtype)
+    a[:, np.arange(N), np.arange(N)] = np.nan  # the diagonal holds R's: never read
+    a[np.triu(np.ones((P, N, N), bool), 1)] = 1e30
+    v = np.tril(np.nan_to_num(a), -1)[..., :k] + np.eye(N, k, dtype=dtype)
+    tau = (2 / np.sum(v.astype(np.float64) ** 2, axis=-2)).astype(dtype)
+    tau[1, k // 2] = 0  # H = I whatever the column holds
+    tau[P - 1, 0] = 0
+    V = np.empty((P, N, k), dtype)
+    nk.lapack_unit_lower(a[..., :k].copy(), tau, V)
+    safe = 500 if dtype == np.float64 else 60
+    C = rng.standard_normal((P, N, 5)).astype(dtype)
+    E = np.eye(N, dtype=dtype)[None]
+    none = np.empty((0, 0), dtype)
+    kernels = [apply_columns] + ([apply_lanes] if N <= nk.LANES_MAX_N else [])
+    for kernel in kernels:
+        for X, identity, transpose in ((C, False, False), (C, False, True), (E, True, False)):
+            Y1 = np.full((P, N, X.shape[2]), np.nan, dtype)
+            Y2 = Y1.copy()
+            assert kernel(a, X, Y1, True, identity, transpose, safe, tau, True) == 0
+            assert kernel(V, X, Y2, True, identity, transpose, safe, none, False) == 0
+            assert np.array_equal(Y1, Y2), (kernel.__name__, identity, transpose)
+    Q = nk.hform(a[..., :k] if k == N else a[..., :k].copy(), tau=tau)
+    ref = per_matrix_hprod(V, np.eye(N, dtype=dtype))
+    np.testing.assert_allclose(Q, ref, rtol=0, atol=32 * EPS[dtype] * N * k)
 
 
 def test_lanes_compile_leaves_numba_config_unchanged():

@@ -12,6 +12,8 @@ Against LAPACK (dorgqr / dormqr, τ from geqrf) the same bound holds with τ rou
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import scipy.linalg.lapack as la
@@ -182,3 +184,95 @@ def test_structure_detection_of_a_stack():
     torch = require("torch")
     Qt = hl.cwy(torch.from_numpy(dense)).matrix()
     np.testing.assert_allclose(Qt.numpy(), hl.cwy(dense).matrix(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("P", "N", "L"), [(5, 3, 3), (7, 8, 5), (3, 16, 16), (2, 1, 1), (4, 6, 0)])
+def test_one_pass_value_and_structure_scan(dtype, P, N, L):
+    """``finite_lower`` (the scan a stacked V gets when an operator is built) must say what
+    ``isfinite(V).all()`` and ``triu(V, 1) == 0`` say, for every position of a bad entry:
+    the first, the last, on and below the diagonal (values only), above it (both; NaN above
+    counts as nonzero, −0.0 as zero), in the last matrix of the stack."""
+    from householderla._kernels.numba_checks import finite_lower
+
+    rng = np.random.default_rng(N + L)
+    V = np.tril(rng.standard_normal((P, N, L))).astype(dtype)
+
+    def expect(W):
+        return bool(np.isfinite(W).all()), bool(np.all(np.triu(W, 1) == 0))
+
+    assert finite_lower(V) == expect(V) == (True, True)
+    cells = [(p, i, k) for p in (0, P - 1) for i in range(N) for k in range(L)]
+    for (p, i, k), x in itertools.product(cells, (np.nan, np.inf, -np.inf, 0.5, -0.0)):
+        W = V.copy()
+        W[p, i, k] = x
+        assert finite_lower(W) == expect(W), (p, i, k, x)
+
+
+def test_stacks_are_checked_once_at_construction():
+    """A stacked NumPy V is scanned once when the operator is built: NaN/Inf raise there,
+    naming the column, and the structure found is the one "auto" then uses (no second scan:
+    an operator built from a trapezoidal V stays trapezoidal even if the caller writes into
+    V afterwards, as with every other cached factor). A Fortran-ordered stack takes the
+    NumPy checks and gets the same answers."""
+    rng = np.random.default_rng(4)
+    V = np.tril(rng.standard_normal((32, 8, 8)), -1) + np.eye(8)
+    for W in (V, np.asfortranarray(V)):
+        bad = W.copy(order="K")
+        bad[30, 5, 2] = np.inf
+        with pytest.raises(ValueError, match=r"V contains NaN or Inf .*column"):
+            hl.cwy(bad)
+        with pytest.raises(ValueError, match="nonzero entries above its diagonal"):
+            up = W.copy(order="K")
+            up[31, 0, 7] = 1e-300
+            hl.cwy(up, structure="trapezoidal")
+    op = hl.cwy(V)
+    assert op._factors.trapezoidal() is True
+    assert hl.cwy(np.asfortranarray(V))._factors.trapezoidal() is True
+    dense = V.copy()
+    dense[0, 0, 1] = 2.0
+    assert hl.cwy(dense)._factors.trapezoidal() is False
+
+
+def test_lapack_stack_reads_a_in_place_and_builds_v_on_demand():
+    """A stack of small NumPy (a, τ) gives an operator that reads ``a`` in place for
+    ``.matrix()`` and its first ``@`` (no V: a V built and freed with the result cost page
+    faults on every call) and is CWY in every other respect: V = tril(a, −1) + I with τ = 0
+    columns zeroed when asked for, the second product through the factors, transposes,
+    ``C @ op``, pickling, repr; ``a`` is never written. A product that fails to read R as
+    zero (here NaN) or to honour τ = 0 would give NaN or O(1) errors."""
+    import pickle
+
+    from householderla.cwy import CWY
+
+    rng = np.random.default_rng(12)
+    P, N = 40, 8
+    a, tau = _lapack_batch(rng, P, N)
+    a[:, np.arange(N), np.arange(N)] = np.nan  # R's diagonal: never read
+    tau[3, 2] = 0  # H = I whatever the column holds
+    a0 = a.copy()
+    a.setflags(write=False)
+    C = rng.standard_normal((P, N, 3))
+    V = (np.tril(np.nan_to_num(a), -1) + np.eye(N)) * (tau != 0)[:, None, :]
+    Q_ref = per_matrix_hprod(V, np.eye(N))
+    tol = _tol(np.float64, N, N, np.abs(C).max())
+    op = hl.from_lapack(a, tau)
+    assert isinstance(op, CWY) and op.shape == (P, N, N) and op.dtype == np.float64
+    assert repr(op) == f"CWY(shape={(P, N, N)}, dtype=float64)"
+    assert "op" not in op._state  # nothing built by the constructor
+    np.testing.assert_allclose(op.matrix(), Q_ref, rtol=0, atol=tol)
+    np.testing.assert_allclose(op @ C, Q_ref @ C, rtol=0, atol=tol)  # first: in place
+    assert "op" not in op._state
+    np.testing.assert_allclose(op.T @ C, np.swapaxes(Q_ref, -1, -2) @ C, rtol=0, atol=tol)
+    np.testing.assert_allclose(op @ C, Q_ref @ C, rtol=0, atol=tol)  # then: the factors
+    Ct = np.swapaxes(C, -1, -2)
+    np.testing.assert_allclose(Ct @ op, Ct @ Q_ref, rtol=0, atol=tol)
+    np.testing.assert_array_equal(op.V, V)
+    np.testing.assert_allclose(op.T.matrix(), np.swapaxes(Q_ref, -1, -2), rtol=0, atol=tol)
+    back = pickle.loads(pickle.dumps(op.T))
+    assert type(back) is CWY and back.transposed
+    np.testing.assert_allclose(back @ C, np.swapaxes(Q_ref, -1, -2) @ C, rtol=0, atol=tol)
+    np.testing.assert_array_equal(a, a0)
+    fresh = hl.from_lapack(a, tau)  # its first product transposed, a vector shared
+    h = rng.standard_normal(N)
+    np.testing.assert_allclose(fresh.T @ h, np.swapaxes(Q_ref, -1, -2) @ h, rtol=0, atol=tol)

@@ -26,9 +26,8 @@ import numpy as np
 
 from .._lib.checks import check_finite_norms
 from .._lib.linalg import sum_to_shape
-from .numba_checks import lapack_unit_lower, upper_is_zero
-from .numba_columns import apply_columns
-from .numba_lanes import apply_lanes
+from .numba_batched import BATCH_MIN, LANES_MAX_N, TILE_MAX_N, forward, rescaled, taus_of
+from .numba_checks import finite_lower, lapack_check, lapack_unit_lower, upper_is_zero
 from .numba_larft import larft_forward
 from .numba_loops import (
     HAVE_NUMBA,
@@ -45,33 +44,20 @@ if HAVE_NUMBA:
     from numba import types as _nt
 
 __all__ = [
+    "BATCH_MIN",
     "HAVE_NUMBA",
+    "LANES_MAX_N",
     "TILE_MAX_N",
+    "finite_lower",
     "hform",
     "hgrad",
     "hprod",
     "hprod_vector",
+    "lapack_check",
     "lapack_unit_lower",
     "larft_forward",
     "upper_is_zero",
 ]
-
-#: Largest N for the batched kernels (lanes or column blocks); above, the per-matrix kernel:
-#: at N = 64 (1024 matrices) a batched kernel took 55 against 86 µs a matrix for the
-#: per-matrix one, and at N = 128 the two tie (measured, one thread).
-TILE_MAX_N = 64
-
-#: Fewest matrices (each with its own V) for the batched kernels; fewer go one by one.
-BATCH_MIN = 16
-
-#: Largest N the SIMD lanes (:mod:`~householderla._kernels.numba_lanes`) take, forming and
-#: applying; above, the column-block kernel (:mod:`~householderla._kernels.numba_columns`)
-#: is faster. Kernel alone, float64, trapezoidal V, one thread, 2-core AMD EPYC VM (AVX-512),
-#: lanes / columns in ms: forming 8192 matrices 0.22 / 0.82 at N = 3, 1.06 / 2.0 at N = 8,
-#: 5.4 / 8.1 at N = 16, 2048 matrices 3.9 / 5.2 at N = 24, 11.9 / 10.8 at N = 32; applying
-#: to 8 columns 0.47 / 0.92 at N = 3, 1.45 / 2.13 at N = 8, 5.19 / 5.24 at N = 16, 2.0 / 2.4
-#: at N = 24 (2048), 4.9 / 4.1 at N = 32.
-LANES_MAX_N = 24
 
 
 # -- entry kernels (explicit signatures: read-only C inputs accept writable arrays too) -------
@@ -85,34 +71,12 @@ def _sigs(kind: str) -> Any:
         ro3 = _nt.Array(f, 3, "C", readonly=True)
         rw3 = _nt.Array(f, 3, "C")
         b, i = _nt.boolean, _nt.int64
-        if kind == "fp":
-            out.append(i(ro3, ro3, rw3, b, b, i))
-        elif kind == "vec":
+        if kind == "vec":
             ro2, ro1 = _nt.Array(f, 2, "C", readonly=True), _nt.Array(f, 1, "C", readonly=True)
             out.append(i(ro2, ro1, _nt.Array(f, 1, "C"), b, b, i))
         else:
             out.append(i(ro3, ro3, ro3, rw3, rw3, b, b, b, i))
     return out
-
-
-@njit(_sigs("fp"))
-def fp_kernel(V: Any, H: Any, Y: Any, trap: bool, transpose: bool, safe_exp: int) -> int:
-    """Y (P, N, B) ← H(v₁)…H(v_L) H for V (Pv, N, L), H (Ph, N, B), Pv, Ph ∈ {1, P}.
-    Returns −1 (nothing computed) if a column must be rescaled first, else the number of
-    non-finite columns of V."""
-    Pv = V.shape[0]
-    Ph, _, B = H.shape
-    P = Y.shape[0]
-    tau, status = all_taus(V, trap, safe_exp)
-    if status < 0:
-        return status
-    acc = np.empty((4, B), V.dtype)
-    c = np.empty((1, B), V.dtype)
-    for p in range(P):
-        Y[p] = H[p if Ph > 1 else 0]
-        pv = p if Pv > 1 else 0
-        apply_one(V[pv], tau[pv], Y[p], trap, transpose, acc, c)
-    return status
 
 
 @njit(_sigs("vec"))
@@ -248,19 +212,6 @@ def _operands(V: np.ndarray, x: np.ndarray, name: str) -> tuple:
     return dtype, n, L, batch, P, vector, B, V3, X3.reshape((X3.shape[0], n, B))
 
 
-def _rescaled(V3: np.ndarray, trapezoidal: bool) -> tuple[np.ndarray, np.ndarray]:
-    """V3 with each finite nonzero column multiplied by c = 2^−e, its max-abs entry m = f·2^e
-    (f ∈ [½, 1)), and the exponents −e (Pv, 1, L). H(c v) = H(v). ``np.ldexp`` scales
-    exactly without forming c, which overflows for subnormal columns (c = 2^1074)."""
-    W = np.tril(V3) if trapezoidal else V3
-    m = np.max(np.abs(W), axis=-2, keepdims=True).astype(np.float64)
-    ok = np.isfinite(m) & (m > 0)
-    shift = np.where(ok, -np.frexp(np.where(ok, m, 1.0))[1], 0)
-    with np.errstate(over="ignore", invalid="ignore"):  # entries above a trapezoid: unused
-        Vs = np.ldexp(V3.astype(np.float64), shift).astype(V3.dtype)
-    return Vs, shift
-
-
 def _raise_nonfinite(V: Any, trapezoidal: bool) -> None:
     W = np.tril(V) if trapezoidal else V
     check_finite_norms(np.max(np.abs(W), axis=-2, keepdims=True), np)
@@ -298,7 +249,13 @@ def hprod_vector(
 
 
 def hprod(
-    V: Any, h: Any, *, trapezoidal: bool = False, transpose: bool = False, check: bool = True
+    V: Any,
+    h: Any,
+    *,
+    trapezoidal: bool = False,
+    transpose: bool = False,
+    check: bool = True,
+    tau: Any = None,
 ) -> np.ndarray:
     """y = H(v₁)(H(v₂)(…H(v_L) h)) (``transpose``: H(v_L)…H(v₁) h) by the Numba kernel.
 
@@ -314,6 +271,11 @@ def hprod(
         Apply Qᵀ = H(v_L)…H(v₁) instead of Q.
     check : bool
         Raise ``ValueError`` for NaN/Inf in V (else they propagate as NaN).
+    tau : ndarray, shape (..., L), optional
+        LAPACK's τ: V is then LAPACK's ``a`` (``?geqrf``), whose reflectors are read as
+        ``?ormqr`` reads them (unit lower trapezoid, τ = 0: H = I; τ itself is not used
+        otherwise: the kernels recompute 2/‖v‖², which the caller has checked against it).
+        The batched kernels read ``a`` in place; no V is built. Implies ``trapezoidal``.
 
     Returns
     -------
@@ -322,57 +284,43 @@ def hprod(
         ICML 2017 Table 2), plus 2·N·L for the ‖v_k‖².
     """
     V, h = np.asarray(V), np.asarray(h)
-    y = hprod_vector(V, h, trapezoidal=trapezoidal, transpose=transpose, check=check)
-    if y is not None:
-        return y
+    if tau is None:
+        y = hprod_vector(V, h, trapezoidal=trapezoidal, transpose=transpose, check=check)
+        if y is not None:
+            return y
     dtype, n, _, batch, P, vector, B, V3, H3 = _operands(V, h, "h")
     Y = np.empty((*batch, n) if vector else (*batch, n, B), dtype)
     if P == 0:
         return Y
-    status = _forward(V3, H3, Y.reshape((P, n, B)), trapezoidal, transpose, False)
+    t2 = taus_of(tau, V3, dtype)
+    trap = trapezoidal or t2 is not None
+    status = forward(V3, H3, Y.reshape((P, n, B)), trap, transpose, False, t2)
     if status and check:
         _raise_nonfinite(V, trapezoidal)
     return Y
 
 
-def hform(V: Any, ncols: int | None = None, *, trapezoidal: bool = False) -> np.ndarray:
+def hform(
+    V: Any, ncols: int | None = None, *, trapezoidal: bool = False, tau: Any = None
+) -> np.ndarray:
     """The dense H(v₁)…H(v_L) (its first ``ncols`` columns), shape (..., N, ncols), by the
     reflections applied to [I; 0]; NaN/Inf in V raise ``ValueError``. A batch of small
     matrices runs in the SIMD lanes (:mod:`~householderla._kernels.numba_lanes`, N ≤
     ``LANES_MAX_N``) or eight columns at a time
     (:mod:`~householderla._kernels.numba_columns`), which with ``trapezoidal`` V also skip
     the columns < k that H(v_k) leaves unchanged (LAPACK orgqr's 4N³/3 flops for L = N);
-    4·N·L·ncols flops per matrix otherwise."""
+    4·N·L·ncols flops per matrix otherwise. ``tau``: V is LAPACK's ``a``, as in :func:`hprod`
+    (``?orgqr``)."""
     V = np.asarray(V)
     n = V.shape[-2] if V.ndim >= 2 else 0
     E = np.eye(n, n if ncols is None else ncols, dtype=V.dtype)
     dtype, n, _, batch, P, _, B, V3, E3 = _operands(V, E, "ncols")
     Y = np.empty((*batch, n, B), dtype)
-    if P and _forward(V3, E3, Y.reshape((P, n, B)), trapezoidal, False, True):
+    t2 = taus_of(tau, V3, dtype) if P else None
+    trap = trapezoidal or t2 is not None
+    if P and forward(V3, E3, Y.reshape((P, n, B)), trap, False, True, t2):
         _raise_nonfinite(V, trapezoidal)
     return Y
-
-
-def _forward(
-    V3: np.ndarray, H3: np.ndarray, Y3: np.ndarray, trap: bool, transpose: bool, identity: bool
-) -> int:
-    """Y3 (P, N, B) ← the products. When P ≥ BATCH_MIN matrices of N ≤ TILE_MAX_N each have
-    their own V: the batch-lane kernel up to ``LANES_MAX_N``, the column-block kernel above
-    (the two give the same bits); else the per-matrix one (``identity``: H3 is [I; 0],
-    which the batched kernels exploit). Columns outside the safe range are rescaled first
-    (exact). Returns the number of non-finite columns."""
-    P, n, _ = Y3.shape
-    safe = SAFE_EXP[Y3.dtype]
-    batched = V3.shape[0] == P and P >= BATCH_MIN and n <= TILE_MAX_N
-    if batched:
-        kernel = apply_lanes if n <= LANES_MAX_N else apply_columns
-    else:
-        kernel = fp_kernel
-    extra = (identity, transpose) if batched else (transpose,)
-    status = kernel(V3, H3, Y3, trap, *extra, safe)
-    if status < 0:  # some ‖v_k‖² outside the safe range: rescale those columns (exact)
-        status = kernel(_rescaled(V3, trap)[0], H3, Y3, trap, *extra, safe)
-    return status
 
 
 def hgrad(
@@ -425,7 +373,7 @@ def hgrad(
     args = (y is not None, trapezoidal, transpose, SAFE_EXP[dtype])
     status = bp_kernel(V3, X3, G3, Vb, Hb, *args)
     if status < 0:  # rescale the columns whose ‖v‖² is out of range; v̄ = c·v̄' (degree −1)
-        Vs, shift = _rescaled(V3, trapezoidal)
+        Vs, shift = rescaled(V3, trapezoidal)
         status = bp_kernel(Vs, X3, G3, Vb, Hb, *args)
         with np.errstate(over="ignore"):  # a gradient beyond the dtype's range is ±inf
             Vb = np.ldexp(Vb, shift).astype(dtype)

@@ -40,7 +40,7 @@ import numpy as np
 
 from .numba_loops import HAVE_NUMBA, njit
 
-__all__ = ["WIDE_MIN_C", "WIDE_MIN_C_FORM", "apply_columns"]
+__all__ = ["WIDE_MIN_C", "WIDE_MIN_C_FORM", "apply_columns", "unit_reflectors"]
 
 #: Columns from which one sweep over all of them (:func:`_sweep_wide`, vectorised) beats the
 #: blocks of eight: applying to 32 columns took 0.5–0.8× the blocks' time at N = 16…96;
@@ -66,7 +66,7 @@ def _sigs(kind: str) -> Any:
             {
                 "wide": nt.none(ro2, rw1, rw2, i, i, i, b, b, rw1, rw1),
                 "taus": i(ro2, b, nt.float64, nt.float64, rw1, rw1),
-                "entry": i(ro3, ro3, rw3, b, b, b, i),
+                "entry": i(ro3, ro3, rw3, b, b, b, i, ro2, b),
             }[kind]
         )
     return out
@@ -350,17 +350,44 @@ def _block(V: Any, tau: Any, Y: Any, j: int, w: int, last: int, skip: bool, trap
         _sweep4(V, tau, Y, j, k, nref, step, trap)
 
 
+@njit(inline="always")
+def unit_reflectors(a: Any, tau: Any, V: Any) -> None:
+    """V (N, L) ← LAPACK's reflectors of one ``a`` (N, ≥ L) with τ (L,), as ``?orgqr`` reads
+    them: column k is 0 where τ_k = 0 (H = I), else e_k + the entries of ``a`` below the
+    diagonal (the unit diagonal implied, nothing above it read)."""
+    N, L = V.shape
+    for i in range(N):
+        for k in range(L):
+            x = a[i, k] if i > k else (1 if i == k else 0)
+            V[i, k] = x if tau[k] != 0 else 0
+
+
 @njit(_sigs("entry"))
 def apply_columns(
-    V: Any, H: Any, Y: Any, trap: bool, identity: bool, transpose: bool, safe_exp: int
+    V: Any,
+    H: Any,
+    Y: Any,
+    trap: bool,
+    identity: bool,
+    transpose: bool,
+    safe_exp: int,
+    tau_in: Any,
+    unit: bool,
 ) -> int:
     """Y[p] ← H(v₁)…H(v_L) X[p] for every p (H(v_L)…H(v₁) with ``transpose``), X = [I; 0]
     (``identity``) or H[p] (H[0] for a shared operand); the interface of
     :func:`householderla._kernels.numba_lanes.apply_lanes`.
 
     V (P, N, L) and H (Ph, N, C) read-only, Y (P, N, C) written. Returns −1 (Y incomplete)
-    if a column of V must be rescaled first, else the number of non-finite columns."""
+    if a column of V must be rescaled first, else the number of non-finite columns.
+
+    ``unit``: V is LAPACK's ``a`` (P, N, ≥ L) and ``tau_in`` its τ (P, L), L = τ's length;
+    the reflectors are read as ``?orgqr`` reads them (:func:`unit_reflectors`), so no V is
+    built (``trap`` must be True). Each matrix's V is copied into an L1 scratch first (≤ 2 %
+    of the kernel at N = 64), so both modes run one compiled body."""
     P, N, L = V.shape
+    if unit:
+        L = tau_in.shape[1]
     C = Y.shape[2]
     Ph = H.shape[0]
     dt = V.dtype
@@ -372,8 +399,12 @@ def apply_columns(
     S = np.empty((N, 4), dt)  # the last C mod 4 columns, zero-padded to four
     skip = trap and identity and not transpose
     bad = 0
+    Vp = np.empty((N, L), dt)
     for p in range(P):
-        Vp = V[p]
+        if unit:
+            unit_reflectors(V[p], tau_in[p], Vp)
+        else:
+            Vp[:] = V[p]
         Yp = Y[p]
         status = _taus(Vp, trap, lo, hi, tau, acc)
         if status < 0:

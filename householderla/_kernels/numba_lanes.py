@@ -50,7 +50,8 @@ def _sigs() -> Any:
     out = []
     for f in (nt.float32, nt.float64):
         ro3, rw3 = nt.Array(f, 3, "C", readonly=True), nt.Array(f, 3, "C")
-        out.append(nt.int64(ro3, ro3, rw3, nt.boolean, nt.boolean, nt.boolean, nt.int64))
+        ro2, b = nt.Array(f, 2, "C", readonly=True), nt.boolean
+        out.append(nt.int64(ro3, ro3, rw3, b, b, b, nt.int64, ro2, b))
     return out
 
 
@@ -227,7 +228,15 @@ def _taus(Vt: Any, L: int, trap: bool, lo: float, hi: float, tt: Any) -> int:
 
 @_slp_njit(_sigs())
 def apply_lanes(
-    V: Any, H: Any, Y: Any, trap: bool, identity: bool, transpose: bool, safe_exp: int
+    V: Any,
+    H: Any,
+    Y: Any,
+    trap: bool,
+    identity: bool,
+    transpose: bool,
+    safe_exp: int,
+    tau_in: Any,
+    unit: bool,
 ) -> int:
     """Y[p] ← H(v₁)…H(v_L) X[p] for every p (H(v_L)…H(v₁) with ``transpose``), X = [I; 0]
     (``identity``) or H[p] (H[0] for a shared operand); the interface of
@@ -236,8 +245,12 @@ def apply_lanes(
     V (P, N, L) and H (Ph, N, C) read-only, Y (P, N, C) written. Returns −1 (Y incomplete)
     if a column of V must be rescaled first, else the number of non-finite columns.
     Forming from [I; 0] with ``trap`` skips the columns < k (still e_j when H(v_k) comes):
-    LAPACK orgqr's 4N³/3 flops for L = N."""
+    LAPACK orgqr's 4N³/3 flops for L = N. ``unit``: V is LAPACK's ``a`` (P, N, ≥ L) with
+    τ ``tau_in`` (P, L), read as ``?orgqr`` reads it
+    (:func:`~householderla._kernels.numba_columns.unit_reflectors`; ``trap`` True)."""
     P, N, L = V.shape
+    if unit:
+        L = tau_in.shape[1]
     C = Y.shape[2]
     Ph = H.shape[0]
     dt = V.dtype
@@ -253,7 +266,10 @@ def apply_lanes(
         for w in range(LANES):
             for i in range(N):
                 for k in range(min(i + 1, L) if trap else L):
-                    Vt[i, k, w] = V[p0 + w, i, k] if w < wn else 0
+                    x = V[p0 + w, i, k] if w < wn else 0
+                    if unit and w < wn:  # the unit diagonal; τ = 0: H = I
+                        x = (x if i > k else 1) if tau_in[p0 + w, k] != 0 else 0
+                    Vt[i, k, w] = x
         status = _taus(Vt, L, trap, lo, hi, tt)
         if status < 0:
             return -1
