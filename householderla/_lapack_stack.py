@@ -3,7 +3,7 @@
 ``from_lapack(a, tau)`` for a stack of P ≥ ``BATCH_MIN`` real NumPy ``a`` (P…, m, k), m ≤ 64,
 k = n: its ``.matrix()`` and its first ``@`` run the batched Numba kernels on ``a`` itself,
 with the unit diagonal implied and τ = 0 columns the identity, as ``?orgqr`` / ``?ormqr``
-read them (:func:`householderla._kernels.numba_columns.unit_reflectors`). No V is built: for
+read them (:func:`householderla._kernels.numba_checks.unit_reflectors`). No V is built: for
 8192 stacked 16 × 16 that is 16 MB written, which, freed together with the 16 MB result,
 glibc returns to the system and the next call faults in again (≈ 1,000 page faults, 3–4 ms
 a call in a plain loop, measured). V = tril(a, −1) + I (τ ≠ 0 columns) and the CWY factors

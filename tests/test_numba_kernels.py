@@ -359,7 +359,8 @@ def test_batch_lanes_equal_per_matrix_kernel_bit_for_bit(dtype, P, N, L, B, tran
 @pytest.mark.parametrize(
     ("P", "N", "L", "C"),
     [(37, 8, 5, 2), (64, 16, 16, 1), (20, 12, 7, 13), (17, 3, 3, 8), (9, 5, 2, 7),
-     (8, 1, 1, 1), (30, 16, 16, 16), (11, 6, 0, 3), (13, 4, 4, 0), (24, 24, 24, 8)],
+     (8, 1, 1, 1), (30, 16, 16, 16), (11, 6, 0, 3), (13, 4, 4, 0), (24, 24, 24, 8),
+     (11, 24, 20, 40), (9, 60, 60, 60), (3, 61, 57, 61)],  # the column kernel's wide sweep
 )  # fmt: skip
 @pytest.mark.parametrize("trapezoidal", [False, True])
 def test_batch_lanes_equal_column_blocks_bit_for_bit(dtype, P, N, L, C, trapezoidal):
@@ -367,8 +368,10 @@ def test_batch_lanes_equal_column_blocks_bit_for_bit(dtype, P, N, L, C, trapezoi
     vectoriser) does the column-block kernel's operations in its order, one matrix per lane,
     so the two must agree bit for bit in every mode: operands of their own or one shared,
     forming from [I; 0] (columns < k skipped with trapezoidal V), transposed; P not a
-    multiple of the eight lanes, L = 0 and C = 0 included. A vectoriser that reordered a
-    sum, mixed lanes or dropped the tail tile would differ."""
+    multiple of the eight lanes, L = 0 and C = 0 included, and C ≥ ``WIDE_MIN_C`` (forming
+    ≥ ``WIDE_MIN_C_FORM``), where the column kernel sweeps all columns at once, two rows per
+    pass. A vectoriser that reordered a sum, mixed lanes or dropped the tail tile would
+    differ."""
     from householderla._kernels.numba_columns import apply_columns
     from householderla._kernels.numba_lanes import apply_lanes
 

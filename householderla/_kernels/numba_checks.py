@@ -16,7 +16,7 @@ import numpy as np
 
 from .numba_loops import HAVE_NUMBA, njit
 
-__all__ = ["finite_lower", "lapack_check", "lapack_unit_lower", "upper_is_zero"]
+__all__ = ["finite_lower", "lapack_check", "lapack_unit_lower", "unit_reflectors", "upper_is_zero"]
 
 
 def _sigs(kind: str) -> Any:
@@ -77,6 +77,18 @@ def finite_lower(V: Any) -> Any:
             bad |= t != t
             nonzero |= upper[q] & (x != 0)
     return not bad, not nonzero
+
+
+@njit(inline="always")
+def unit_reflectors(a: Any, tau: Any, V: Any) -> None:
+    """V (N, L) ← LAPACK's reflectors of one ``a`` (N, ≥ L) with τ (L,), as ``?orgqr`` reads
+    them: column k is 0 where τ_k = 0 (H = I), else e_k + the entries of ``a`` below the
+    diagonal (the unit diagonal implied, nothing above it read)."""
+    N, L = V.shape
+    for i in range(N):
+        for k in range(L):
+            x = a[i, k] if i > k else (1 if i == k else 0)
+            V[i, k] = x if tau[k] != 0 else 0
 
 
 @njit(inline="always")

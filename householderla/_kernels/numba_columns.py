@@ -14,11 +14,9 @@ reflections k > j for the block ending at column j (they leave e_j unchanged): L
 its last four columns only, and run on those). With many columns (``WIDE_MIN_C``) one sweep
 over all of them, the column loops innermost, vectorises and wins (:func:`_sweep_wide`).
 
-Scalar code: Numba leaves LLVM's SLP vectoriser off by default, so eight independent
-running sums in registers (≈ 4 flops a cycle, the two multiply pipes full) are what this
-kernel has. Measured (pinned to one core of the 2-core VM, one thread, float64, trapezoidal
-V, while the other core was busy, ±10%): forming 8192 matrices 16 × 16 7.3–7.9 ms, 1024 of
-64 × 64 32–36 ms; applying to 8 columns 5.2–6.1 ms and 8.8–9.7 ms. Up to N = 24 the SIMD
+Scalar code (Numba leaves LLVM's SLP vectoriser off, and turning it on here was slower): the
+eight running sums in registers are what the blocks have. One thread, float64, trapezoidal
+V: forming 1024 matrices 64 × 64 28 ms, applying to 8 columns 9.8 ms. Up to N = 24 the SIMD
 lanes of :mod:`householderla._kernels.numba_lanes` (same operations, same bits) are faster.
 
 Numerics: everything in the input dtype; each dot product is one running sum over the rows
@@ -38,9 +36,10 @@ from typing import Any
 
 import numpy as np
 
+from .numba_checks import unit_reflectors
 from .numba_loops import HAVE_NUMBA, njit
 
-__all__ = ["WIDE_MIN_C", "WIDE_MIN_C_FORM", "apply_columns", "unit_reflectors"]
+__all__ = ["WIDE_MIN_C", "WIDE_MIN_C_FORM", "apply_columns"]
 
 #: Columns from which one sweep over all of them (:func:`_sweep_wide`, vectorised) beats the
 #: blocks of eight: applying to 32 columns took 0.5–0.8× the blocks' time at N = 16…96;
@@ -243,11 +242,11 @@ def _sweep4(V: Any, tau: Any, Y: Any, j: int, k: int, nref: int, step: int, trap
 def _sweep_wide(
     V: Any, tau: Any, Y: Any, k: int, nref: int, step: int, trap: bool, skip: bool, acc: Any, c: Any
 ) -> None:
-    """:func:`_sweep8` on all columns of Y at once, the loops over the columns innermost (they
-    vectorise; the sums live in ``acc``, the τγ in ``c``): for many columns (forming at N =
-    64: 41 → 32–36 ms for 1024 matrices; applying to 32 columns 0.5–0.8× the blocks'
-    time). Same operations in the same order as the blocks, so the same bits. ``skip``:
-    columns < k are still e_j when reflection k comes (forming from [I; 0])."""
+    """:func:`_sweep8` on all columns of Y at once, the column loops innermost (they vectorise;
+    sums in ``acc``, τγ in ``c``, each loaded and stored once per two rows): forming 1024
+    matrices of 64 × 64 41 (blocks) → 28 ms, applying to 32 columns 0.5–0.8× the blocks'
+    time. The blocks' operations in their order: the same bits. ``skip``: columns < k are
+    still e_j when reflection k comes (forming from [I; 0])."""
     N, C = Y.shape
     z = Y.dtype.type(0)
     s = k if trap else 0
@@ -274,11 +273,25 @@ def _sweep_wide(
             v = V[i, k]
             for q in range(np.uint64(js), np.uint64(C)):
                 Y[i, q] -= c[q] * v
-        for i in range(np.uint64(max(s, sn)), np.uint64(N)):
+        i0 = max(s, sn)
+        for q in range(np.uint64(jsn), np.uint64(js)):  # columns only the next dot reads
+            for i in range(np.uint64(i0), np.uint64(N)):
+                acc[q] += V[i, kn] * Y[i, q]
+        i = i0
+        while i + 2 <= N:  # two rows per pass: acc and c loaded and stored once for both
+            v, v1 = V[i, k], V[i + 1, k]
+            w, w1 = V[i, kn], V[i + 1, kn]
+            for q in range(np.uint64(js), np.uint64(C)):
+                cq = c[q]
+                y = Y[i, q] - cq * v
+                y1 = Y[i + 1, q] - cq * v1
+                Y[i, q] = y
+                Y[i + 1, q] = y1
+                acc[q] = (acc[q] + w * y) + w1 * y1
+            i += 2
+        if i < N:
             v = V[i, k]
             w = V[i, kn]
-            for q in range(np.uint64(jsn), np.uint64(js)):  # columns only the next dot reads
-                acc[q] += w * Y[i, q]
             for q in range(np.uint64(js), np.uint64(C)):
                 y = Y[i, q] - c[q] * v
                 Y[i, q] = y
@@ -350,18 +363,6 @@ def _block(V: Any, tau: Any, Y: Any, j: int, w: int, last: int, skip: bool, trap
         _sweep4(V, tau, Y, j, k, nref, step, trap)
 
 
-@njit(inline="always")
-def unit_reflectors(a: Any, tau: Any, V: Any) -> None:
-    """V (N, L) ← LAPACK's reflectors of one ``a`` (N, ≥ L) with τ (L,), as ``?orgqr`` reads
-    them: column k is 0 where τ_k = 0 (H = I), else e_k + the entries of ``a`` below the
-    diagonal (the unit diagonal implied, nothing above it read)."""
-    N, L = V.shape
-    for i in range(N):
-        for k in range(L):
-            x = a[i, k] if i > k else (1 if i == k else 0)
-            V[i, k] = x if tau[k] != 0 else 0
-
-
 @njit(_sigs("entry"))
 def apply_columns(
     V: Any,
@@ -381,10 +382,9 @@ def apply_columns(
     V (P, N, L) and H (Ph, N, C) read-only, Y (P, N, C) written. Returns −1 (Y incomplete)
     if a column of V must be rescaled first, else the number of non-finite columns.
 
-    ``unit``: V is LAPACK's ``a`` (P, N, ≥ L) and ``tau_in`` its τ (P, L), L = τ's length;
-    the reflectors are read as ``?orgqr`` reads them (:func:`unit_reflectors`), so no V is
-    built (``trap`` must be True). Each matrix's V is copied into an L1 scratch first (≤ 2 %
-    of the kernel at N = 64), so both modes run one compiled body."""
+    ``unit``: V is LAPACK's ``a`` (P, N, ≥ L), ``tau_in`` its τ (P, L), read as ``?orgqr``
+    reads them (:func:`unit_reflectors`; ``trap`` True). Each matrix's V is copied into an L1
+    scratch first (≤ 2 % of the kernel at N = 64), so both modes run one body."""
     P, N, L = V.shape
     if unit:
         L = tau_in.shape[1]

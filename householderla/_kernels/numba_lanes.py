@@ -247,7 +247,7 @@ def apply_lanes(
     Forming from [I; 0] with ``trap`` skips the columns < k (still e_j when H(v_k) comes):
     LAPACK orgqr's 4N³/3 flops for L = N. ``unit``: V is LAPACK's ``a`` (P, N, ≥ L) with
     τ ``tau_in`` (P, L), read as ``?orgqr`` reads it
-    (:func:`~householderla._kernels.numba_columns.unit_reflectors`; ``trap`` True)."""
+    (:func:`~householderla._kernels.numba_checks.unit_reflectors`; ``trap`` True)."""
     P, N, L = V.shape
     if unit:
         L = tau_in.shape[1]
