@@ -12,9 +12,10 @@ operation per row and column instead of eight scalar ones.
 
 Forming 8192 matrices from N reflectors (float64, one thread, 2-core AMD EPYC VM with
 AVX-512; the column-block kernel of :mod:`householderla._kernels.numba_columns` in
-brackets): N = 3 0.17 ms (0.39), N = 8 1.06 ms (2.5–2.8), N = 16 5.1 ms (9.5–10.2); about
-half of it at N = 16 is the transposition in and out, which bounds the gain. At N = 64 the
-tile's scratch leaves L1 and the column-block kernel wins (the dispatch:
+brackets): N = 3 0.22 ms (0.39), N = 8 0.88 ms (2.5–2.8), N = 16 5.5 ms (9.5–10.2), 3.8 ms
+per 8192 when 2048 are formed (V and Y in the caches: at 8192 the 33 MB leave L3 and the
+transpositions in and out wait on memory, which bounds the gain). At N = 64 the tile's
+scratch leaves L1 and the column-block kernel wins (the dispatch:
 :func:`householderla._kernels.numba._forward`).
 
 Numerics: those of the column-block kernel, so its results and these agree bit for bit
@@ -40,6 +41,11 @@ __all__ = ["LANES", "apply_lanes"]
 #: Matrices per tile: one 512-bit vector of float64 (the kernels below are written out for
 #: eight lanes).
 LANES = 8
+
+#: Smallest N for the column-pair-outer loop (:func:`_sweep2`, update and next dot fused);
+#: below, reflections outer: fewer, longer loops (forming 8192 matrices of 3 × 3: 0.26 →
+#: 0.22 ms, measured side by side).
+FUSE_MIN_N = 5
 
 
 def _sigs() -> Any:
@@ -184,6 +190,102 @@ def _axpy1(Vt: Any, k: int, Yt: Any, j: int, lo: int, hi: int, c: Any) -> None:
 
 
 @njit(inline="always")
+def _axpy_dot2(
+    Vt: Any, k: int, kn: int, Yt: Any, j: int, lo: int, hi: int, c: Any, d: Any, a: Any, b: Any
+) -> Any:
+    """:func:`_axpy2` for reflection k, then the sums a, b of :func:`_dot2` for kn continued
+    on the updated rows lo…hi−1, in one pass (Y loaded once)."""
+    c0, c1, c2, c3, c4, c5, c6, c7 = c
+    d0, d1, d2, d3, d4, d5, d6, d7 = d
+    a0, a1, a2, a3, a4, a5, a6, a7 = a
+    b0, b1, b2, b3, b4, b5, b6, b7 = b
+    for i in range(np.uint64(lo), np.uint64(hi)):
+        v0, v1, v2, v3 = Vt[i, k, 0], Vt[i, k, 1], Vt[i, k, 2], Vt[i, k, 3]
+        v4, v5, v6, v7 = Vt[i, k, 4], Vt[i, k, 5], Vt[i, k, 6], Vt[i, k, 7]
+        u0, u1, u2, u3 = Vt[i, kn, 0], Vt[i, kn, 1], Vt[i, kn, 2], Vt[i, kn, 3]
+        u4, u5, u6, u7 = Vt[i, kn, 4], Vt[i, kn, 5], Vt[i, kn, 6], Vt[i, kn, 7]
+        y0 = Yt[i, j, 0] - c0 * v0
+        y1 = Yt[i, j, 1] - c1 * v1
+        y2 = Yt[i, j, 2] - c2 * v2
+        y3 = Yt[i, j, 3] - c3 * v3
+        y4 = Yt[i, j, 4] - c4 * v4
+        y5 = Yt[i, j, 5] - c5 * v5
+        y6 = Yt[i, j, 6] - c6 * v6
+        y7 = Yt[i, j, 7] - c7 * v7
+        x0 = Yt[i, j + 1, 0] - d0 * v0
+        x1 = Yt[i, j + 1, 1] - d1 * v1
+        x2 = Yt[i, j + 1, 2] - d2 * v2
+        x3 = Yt[i, j + 1, 3] - d3 * v3
+        x4 = Yt[i, j + 1, 4] - d4 * v4
+        x5 = Yt[i, j + 1, 5] - d5 * v5
+        x6 = Yt[i, j + 1, 6] - d6 * v6
+        x7 = Yt[i, j + 1, 7] - d7 * v7
+        Yt[i, j, 0] = y0
+        Yt[i, j, 1] = y1
+        Yt[i, j, 2] = y2
+        Yt[i, j, 3] = y3
+        Yt[i, j, 4] = y4
+        Yt[i, j, 5] = y5
+        Yt[i, j, 6] = y6
+        Yt[i, j, 7] = y7
+        Yt[i, j + 1, 0] = x0
+        Yt[i, j + 1, 1] = x1
+        Yt[i, j + 1, 2] = x2
+        Yt[i, j + 1, 3] = x3
+        Yt[i, j + 1, 4] = x4
+        Yt[i, j + 1, 5] = x5
+        Yt[i, j + 1, 6] = x6
+        Yt[i, j + 1, 7] = x7
+        a0 += u0 * y0
+        a1 += u1 * y1
+        a2 += u2 * y2
+        a3 += u3 * y3
+        a4 += u4 * y4
+        a5 += u5 * y5
+        a6 += u6 * y6
+        a7 += u7 * y7
+        b0 += u0 * x0
+        b1 += u1 * x1
+        b2 += u2 * x2
+        b3 += u3 * x3
+        b4 += u4 * x4
+        b5 += u5 * x5
+        b6 += u6 * x6
+        b7 += u7 * x7
+    return (a0, a1, a2, a3, a4, a5, a6, a7), (b0, b1, b2, b3, b4, b5, b6, b7)
+
+
+@njit(inline="always")
+def _sweep2(Vt: Any, tt: Any, Yt: Any, j: int, k: int, nref: int, step: int, trap: bool) -> None:
+    """Columns j, j+1 ← H(v_k) H(v_{k+step}) … applied last-first: nref reflections from k
+    by ``step`` (±1), each update fused with the next reflection's dot product
+    (:func:`_axpy_dot2`). ``trap``: reflection k reads and writes rows ≥ k only."""
+    N = Yt.shape[0]
+    s = k if trap else 0
+    a, b = _dot2(Vt, k, Yt, j, s, N)
+    c, d = _scaled(tt, k, a), _scaled(tt, k, b)
+    for _ in range(nref - 1):
+        kn = k + step
+        sn = kn if trap else 0
+        a, b = _dot2(Vt, kn, Yt, j, sn, s)  # rows only the next dot reads
+        _axpy2(Vt, k, Yt, j, s, sn, c, d)  # rows only this update writes
+        a, b = _axpy_dot2(Vt, k, kn, Yt, j, max(s, sn), N, c, d, a, b)
+        c, d = _scaled(tt, kn, a), _scaled(tt, kn, b)
+        k, s = kn, sn
+    _axpy2(Vt, k, Yt, j, s, N, c, d)
+
+
+@njit(inline="always")
+def _sweep1(Vt: Any, tt: Any, Yt: Any, j: int, k: int, nref: int, step: int, trap: bool) -> None:
+    """:func:`_sweep2` on column j alone, unfused (an odd column or reflection)."""
+    for q in range(nref):
+        kq = k + q * step
+        r0 = kq if trap else 0
+        c = _scaled(tt, kq, _dot1(Vt, kq, Yt, j, r0, Yt.shape[0]))
+        _axpy1(Vt, kq, Yt, j, r0, Yt.shape[0], c)
+
+
+@njit(inline="always")
 def _lane_tau(Vt: Any, k: int, w: int, lo_row: int, ss: Any, lo: float, hi: float, tt: Any) -> int:
     """τ_k of lane w from its ‖v_k‖² = ``ss``: 0 (set), 1 (non-finite: τ = NaN) or −1 (a
     nonzero ‖v‖² outside [lo, hi]: rescale first, exact since H(cv) = H(v)); zero: τ = 0.
@@ -218,6 +320,13 @@ def _taus(Vt: Any, L: int, trap: bool, lo: float, hi: float, tt: Any) -> int:
     for k in range(L):
         r0 = k if trap else 0
         s = _dot1(Vt, k, Vt, k, r0, Vt.shape[0])
+        ok = (lo <= s[0] <= hi) & (lo <= s[1] <= hi) & (lo <= s[2] <= hi) & (lo <= s[3] <= hi)
+        ok &= (lo <= s[4] <= hi) & (lo <= s[5] <= hi) & (lo <= s[6] <= hi) & (lo <= s[7] <= hi)
+        if ok:  # all eight lanes in range: one vector division
+            two = Vt.dtype.type(2)
+            tt[k, 0], tt[k, 1], tt[k, 2], tt[k, 3] = two / s[0], two / s[1], two / s[2], two / s[3]
+            tt[k, 4], tt[k, 5], tt[k, 6], tt[k, 7] = two / s[4], two / s[5], two / s[6], two / s[7]
+            continue
         for w in range(LANES):
             status = _lane_tau(Vt, k, w, r0, s[w], lo, hi, tt)
             if status < 0:
@@ -285,7 +394,7 @@ def apply_lanes(
                 for i in range(N):
                     for j in range(C):
                         Yt[i, j, w] = H[p0 + w if Ph > 1 else 0, i, j] if w < wn else 0
-        for idx in range(L):
+        for idx in range(L if N < FUSE_MIN_N else 0):  # reflections outer
             k = idx if transpose else L - 1 - idx
             r0 = k if trap else 0
             j = min(k, C) if skip else 0
@@ -295,8 +404,38 @@ def apply_lanes(
                 j += 2
             if j < C:
                 _axpy1(Vt, k, Yt, j, r0, N, _scaled(tt, k, _dot1(Vt, k, Yt, j, r0, N)))
-        for w in range(wn):
+        # or column pairs outer, each update fused with the next reflection's dot (each
+        # column's reflections in the product's order; the columns are independent):
+        # ``skip`` gives column j the reflections k ≤ j only
+        for j in range(0, C if L > 0 and N >= FUSE_MIN_N else 0, 2):
+            pair = j + 1 < C
+            if transpose:
+                k, nref, step = 0, L, 1
+            elif skip:
+                k = min(j, L - 1)
+                if pair and j + 1 <= L - 1:  # reflection j + 1 touches column j + 1 alone
+                    _sweep1(Vt, tt, Yt, j + 1, j + 1, 1, -1, trap)
+                nref, step = k + 1, -1
+            else:
+                k, nref, step = L - 1, L, -1
+            if pair:
+                _sweep2(Vt, tt, Yt, j, k, nref, step, trap)
+            else:
+                _sweep1(Vt, tt, Yt, j, k, nref, step, trap)
+        if wn == LANES:  # 8 × 8 blocks (N = 8 forming 1.04 → 0.89 ms; a tie at N = 16)
             for i in range(N):
-                for j in range(C):
-                    Y[p0 + w, i, j] = Yt[i, j, w]
+                j0 = 0
+                while j0 + 8 <= C:
+                    for w in range(LANES):
+                        for q in range(8):
+                            Y[p0 + w, i, j0 + q] = Yt[i, j0 + q, w]
+                    j0 += 8
+                for w in range(LANES):
+                    for j in range(j0, C):
+                        Y[p0 + w, i, j] = Yt[i, j, w]
+        else:
+            for w in range(wn):
+                for i in range(N):
+                    for j in range(C):
+                        Y[p0 + w, i, j] = Yt[i, j, w]
     return bad
