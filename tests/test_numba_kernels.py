@@ -426,6 +426,32 @@ def test_batch_kernels_read_lapack_reflectors_in_place(dtype, P, N, k):
     np.testing.assert_allclose(Q, ref, rtol=0, atol=32 * EPS[dtype] * N * k)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_lanes_store_large_outputs_past_the_caches_with_the_same_bits(dtype):
+    """An output of ``NT_MIN_BYTES`` or more, aligned (as ``hform`` allocates it), is stored
+    by non-temporal 8 × 8 transposed blocks; misaligned by one element it takes the cached
+    stores. Both must equal the column kernel bit for bit, tail tile and all (P = 8k + 3)."""
+    from householderla._kernels.numba_batched import output
+    from householderla._kernels.numba_columns import apply_columns
+    from householderla._kernels.numba_lanes import NT_MIN_BYTES, apply_lanes
+
+    N = 16
+    P = 8 * (NT_MIN_BYTES // (N * N * np.dtype(dtype).itemsize) // 8 + 1) + 3
+    V, _ = batch_case(P, N, N, 0, dtype, True)
+    E = np.eye(N, dtype=dtype)[None]
+    none = np.empty((0, 0), dtype)
+    ref = np.empty((P, N, N), dtype)
+    safe = 500 if dtype == np.float64 else 60
+    apply_columns(V, E, ref, True, True, False, safe, none, False)
+    aligned = output((P, N, N), dtype)
+    assert aligned.ctypes.data % 64 == 0 and aligned.nbytes >= NT_MIN_BYTES
+    shifted = np.empty(P * N * N + 1, dtype)[1:].reshape(P, N, N)
+    for Y in (aligned, shifted):
+        Y[:] = np.nan
+        assert apply_lanes(V, E, Y, True, True, False, safe, none, False) == 0
+        assert np.array_equal(Y, ref)
+
+
 def test_lanes_compile_leaves_numba_config_unchanged():
     """The lanes kernel turns Numba's SLP vectoriser on for its own compilation only: after
     the import the process-wide setting is the user's (the environment's) again."""

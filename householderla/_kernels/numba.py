@@ -26,7 +26,15 @@ import numpy as np
 
 from .._lib.checks import check_finite_norms
 from .._lib.linalg import sum_to_shape
-from .numba_batched import BATCH_MIN, LANES_MAX_N, TILE_MAX_N, forward, rescaled, taus_of
+from .numba_batched import (
+    BATCH_MIN,
+    LANES_MAX_N,
+    TILE_MAX_N,
+    forward,
+    output,
+    rescaled,
+    taus_of,
+)
 from .numba_checks import finite_lower, lapack_check, lapack_unit_lower, upper_is_zero
 from .numba_larft import larft_forward
 from .numba_loops import (
@@ -289,7 +297,7 @@ def hprod(
         if y is not None:
             return y
     dtype, n, _, batch, P, vector, B, V3, H3 = _operands(V, h, "h")
-    Y = np.empty((*batch, n) if vector else (*batch, n, B), dtype)
+    Y = output((*batch, n) if vector else (*batch, n, B), dtype)
     if P == 0:
         return Y
     t2 = taus_of(tau, V3, dtype)
@@ -315,7 +323,7 @@ def hform(
     n = V.shape[-2] if V.ndim >= 2 else 0
     E = np.eye(n, n if ncols is None else ncols, dtype=V.dtype)
     dtype, n, _, batch, P, _, B, V3, E3 = _operands(V, E, "ncols")
-    Y = np.empty((*batch, n, B), dtype)
+    Y = output((*batch, n, B), dtype)
     t2 = taus_of(tau, V3, dtype) if P else None
     trap = trapezoidal or t2 is not None
     if P and forward(V3, E3, Y.reshape((P, n, B)), trap, False, True, t2):

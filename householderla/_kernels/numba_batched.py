@@ -12,16 +12,26 @@ leaves the safe range are rescaled by a power of two first (exact: H(cv) = H(v))
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from .numba_checks import lapack_unit_lower
 from .numba_columns import apply_columns
-from .numba_lanes import apply_lanes
+from .numba_lanes import NT_MIN_BYTES, apply_lanes
 from .numba_loops import HAVE_NUMBA, SAFE_EXP, all_taus, apply_one, njit
 
-__all__ = ["BATCH_MIN", "LANES_MAX_N", "TILE_MAX_N", "forward", "fp_kernel", "rescaled", "taus_of"]
+__all__ = [
+    "BATCH_MIN",
+    "LANES_MAX_N",
+    "TILE_MAX_N",
+    "forward",
+    "fp_kernel",
+    "output",
+    "rescaled",
+    "taus_of",
+]
 
 #: Largest N for the batched kernels (lanes or column blocks); above, the per-matrix kernel:
 #: at N = 64 (1024 matrices) a batched kernel took 55 against 86 µs a matrix for the
@@ -75,6 +85,19 @@ def fp_kernel(V: Any, H: Any, Y: Any, trap: bool, transpose: bool, safe_exp: int
 
 #: τ of the kernels' plain mode (not read).
 _NO_TAU = {np.dtype(t): np.empty((0, 0), t) for t in (np.float32, np.float64)}
+
+
+def output(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """An uninitialised array for the kernels' result: from ``NT_MIN_BYTES`` on, aligned to
+    64 bytes (a view into a slightly larger buffer), so that the lanes kernel may store it
+    past the caches; NumPy's own allocation elsewhere."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes < NT_MIN_BYTES:
+        return np.empty(shape, dtype)
+    buf = np.empty(nbytes + 64, np.uint8)
+    off = -buf.ctypes.data % 64
+    return buf[off : off + nbytes].view(dtype).reshape(shape)
 
 
 def taus_of(tau: Any, V3: np.ndarray | None, dtype: Any) -> np.ndarray | None:

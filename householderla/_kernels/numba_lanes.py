@@ -4,19 +4,20 @@ For a batch of P matrices of N ≲ 16, a tile of ``LANES`` = 8 matrices is trans
 (N, ·, 8) scratch, so that matrix l of the tile is lane l of every number: each reflection
 H(v_k) = I − τ_k v_k v_kᵀ acts on two columns of all eight matrices at once,
 γ_j = v_kᵀ y_j and y_j ← y_j − (τ_k γ_j) v_k (Mhammedi et al., ICML 2017, Algorithm 1,
-lines 7–10). The sums are tuples of eight scalars (sixteen for two columns) that stay in
-registers, and the kernels are compiled with LLVM's SLP vectoriser on (:func:`_slp_njit`;
-Numba leaves it off by default), which packs the eight lanes' identical operations on
-consecutive addresses into one vector instruction: a 512-bit (float64) or 256-bit (float32)
-operation per row and column instead of eight scalar ones.
+lines 7–10), each update fused with the next reflection's dot product (Y read once per
+reflection). The sums are tuples of eight scalars that stay in registers, and the kernel is
+compiled with LLVM's SLP vectoriser on
+(:func:`~householderla._kernels.numba_simd.slp_njit`; Numba leaves it off), which packs the
+eight lanes into one 512-bit (float64) or 256-bit (float32) instruction. The tile goes out
+by 8 × 8 blocks transposed in registers, past the caches for outputs of ``NT_MIN_BYTES`` or
+more (:mod:`~householderla._kernels.numba_simd`).
 
-Forming 8192 matrices from N reflectors (float64, one thread, 2-core AMD EPYC VM with
-AVX-512; the column-block kernel of :mod:`householderla._kernels.numba_columns` in
-brackets): N = 3 0.22 ms (0.39), N = 8 0.88 ms (2.5–2.8), N = 16 5.5 ms (9.5–10.2), 3.8 ms
-per 8192 when 2048 are formed (V and Y in the caches: at 8192 the 33 MB leave L3 and the
-transpositions in and out wait on memory, which bounds the gain). At N = 64 the tile's
-scratch leaves L1 and the column-block kernel wins (the dispatch:
-:func:`householderla._kernels.numba._forward`).
+Forming 8192 matrices from N reflectors, float64, one thread, the 2-core AMD EPYC VM
+(Zen 4, AVX-512, 32 MB L3): N = 3 0.26 ms, N = 8 0.92 ms, N = 16 4.6 ms (5.7 ms with
+cached stores: V and Y together, 33 MB, leave the L3, and each line of Y was read before
+being written); the column-block kernel of :mod:`householderla._kernels.numba_columns`
+took 0.39, 2.5–2.8 and 9.5–10.2 ms. At N = 64 the tile's scratch leaves L1 and the
+column-block kernel wins (the dispatch: :func:`householderla._kernels.numba_batched.forward`).
 
 Numerics: those of the column-block kernel, so its results and these agree bit for bit
 (tests/test_small_batches.py): everything in the input dtype; τ = 2/‖v‖² and every dot
@@ -35,8 +36,20 @@ from typing import Any
 import numpy as np
 
 from .numba_loops import HAVE_NUMBA, njit
+from .numba_simd import (
+    address,
+    slp_njit,
+    store_fence,
+    store_transposed8,
+    store_transposed8_nt,
+)
 
 __all__ = ["LANES", "apply_lanes"]
+
+#: Output size from which the kernel's full 8 × 8 blocks are stored non-temporally
+#: (:func:`~householderla._kernels.numba_simd.store_transposed8_nt`; the output must be
+#: aligned to the vector, which :func:`~householderla._kernels.numba.hform` arranges).
+NT_MIN_BYTES = 8 << 20
 
 #: Matrices per tile: one 512-bit vector of float64 (the kernels below are written out for
 #: eight lanes).
@@ -59,29 +72,6 @@ def _sigs() -> Any:
         ro2, b = nt.Array(f, 2, "C", readonly=True), nt.boolean
         out.append(nt.int64(ro3, ro3, rw3, b, b, b, nt.int64, ro2, b))
     return out
-
-
-def _slp_njit(sigs: Any) -> Any:
-    """:func:`~householderla._kernels.numba_loops.njit` with LLVM's SLP vectoriser on for this
-    compilation only (Numba's ``config.SLP_VECTORIZE``, read when the pass manager is built),
-    under Numba's compiler lock so that no other compilation sees the switch; the cached
-    machine code is what this compilation produced."""
-
-    def deco(fn: Any) -> Any:
-        if not HAVE_NUMBA:
-            return fn
-        from numba.core import config
-        from numba.core.compiler_lock import global_compiler_lock
-
-        with global_compiler_lock:
-            old = config.SLP_VECTORIZE
-            config.SLP_VECTORIZE = 1
-            try:
-                return njit(sigs)(fn)
-            finally:
-                config.SLP_VECTORIZE = old
-
-    return deco
 
 
 # Eight lanes written out: lane l of a tuple is matrix l of the tile. Row indices are unsigned
@@ -335,7 +325,7 @@ def _taus(Vt: Any, L: int, trap: bool, lo: float, hi: float, tt: Any) -> int:
     return bad
 
 
-@_slp_njit(_sigs())
+@slp_njit(_sigs())
 def apply_lanes(
     V: Any,
     H: Any,
@@ -366,9 +356,14 @@ def apply_lanes(
     lo = math.ldexp(1.0, -safe_exp)
     hi = math.ldexp(1.0, safe_exp)
     Vt = np.zeros((N, max(L, 1), LANES), dt)  # (trap: the entries above row k stay 0)
-    Yt = np.empty((N, max(C, 1), LANES), dt)
+    Cs = max(C, 1)
+    Yt = np.empty((N, Cs, LANES), dt)
     tt = np.empty((max(L, 1), LANES), dt)
     skip = trap and identity and not transpose
+    # an output beyond a quarter of the last-level cache, aligned to the vector: its full
+    # 8 × 8 blocks bypass the caches (no write-allocate read of Y)
+    vec = LANES * Y.itemsize
+    nt = Y.size * Y.itemsize >= NT_MIN_BYTES and C % LANES == 0 and address(Y) % vec == 0
     bad = 0
     for p0 in range(0, P, LANES):
         wn = min(LANES, P - p0)
@@ -422,13 +417,15 @@ def apply_lanes(
                 _sweep2(Vt, tt, Yt, j, k, nref, step, trap)
             else:
                 _sweep1(Vt, tt, Yt, j, k, nref, step, trap)
-        if wn == LANES:  # 8 × 8 blocks (N = 8 forming 1.04 → 0.89 ms; a tie at N = 16)
+        if wn == LANES:  # 8 × 8 blocks transposed in registers
             for i in range(N):
                 j0 = 0
                 while j0 + 8 <= C:
-                    for w in range(LANES):
-                        for q in range(8):
-                            Y[p0 + w, i, j0 + q] = Yt[i, j0 + q, w]
+                    s0, d0 = (i * Cs + j0) * LANES, (p0 * N + i) * C + j0
+                    if nt:
+                        store_transposed8_nt(Yt, s0, Y, d0, N * C)
+                    else:
+                        store_transposed8(Yt, s0, Y, d0, N * C)
                     j0 += 8
                 for w in range(LANES):
                     for j in range(j0, C):
@@ -438,4 +435,6 @@ def apply_lanes(
                 for i in range(N):
                     for j in range(C):
                         Y[p0 + w, i, j] = Yt[i, j, w]
+    if nt:
+        store_fence()
     return bad
