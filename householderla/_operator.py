@@ -372,10 +372,9 @@ class CompactWYOperator(LinearOperatorMixin):
 
     def _small_matrix(self, V: Any, xp: Any, ncols: int | None) -> Any:
         """Small N (≤ SMALL_N = 64) on NumPy: the reflections applied to [I; 0] by the Numba
-        kernels, all matrices of a batch in one call (the smallest in the SIMD lanes, the
-        others eight columns at a time: :func:`householderla._kernels.numba.hform`; no
-        per-matrix BLAS call or factor build),
-        orgqr's flop count for lower-trapezoidal V. None otherwise (complex V, other
+        kernels, all matrices of a batch in one call (eight at a time in the SIMD lanes:
+        :func:`householderla._kernels.numba.hform`; no per-matrix BLAS call or factor
+        build), orgqr's flop count for lower-trapezoidal V. None otherwise (complex V, other
         reflectors). Timings are in ``benchmarks/results/small.md``."""
         if V.shape[-2] > SMALL_N or self._factors.sdiag is not None:
             return None

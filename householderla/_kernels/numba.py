@@ -314,8 +314,8 @@ def hform(
     """The dense H(v₁)…H(v_L) (its first ``ncols`` columns), shape (..., N, ncols), by the
     reflections applied to [I; 0]; NaN/Inf in V raise ``ValueError``. A batch of small
     matrices runs in the SIMD lanes (:mod:`~householderla._kernels.numba_lanes`, N ≤
-    ``LANES_MAX_N``) or eight columns at a time
-    (:mod:`~householderla._kernels.numba_columns`), which with ``trapezoidal`` V also skip
+    ``LANES_MAX_N``; the dispatch: :mod:`~householderla._kernels.numba_batched`), which
+    with ``trapezoidal`` V also skip
     the columns < k that H(v_k) leaves unchanged (LAPACK orgqr's 4N³/3 flops for L = N);
     4·N·L·ncols flops per matrix otherwise. ``tau``: V is LAPACK's ``a``, as in :func:`hprod`
     (``?orgqr``)."""

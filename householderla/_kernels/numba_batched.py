@@ -2,9 +2,9 @@
 
 A stack of P ≥ ``BATCH_MIN`` matrices of N ≤ ``TILE_MAX_N``, each with its own V, runs in
 one call of a batched kernel: the SIMD lanes up to ``LANES_MAX_N``
-(:mod:`~householderla._kernels.numba_lanes`), eight columns at a time above
-(:mod:`~householderla._kernels.numba_columns`); the two give the same bits. Anything else
-runs matrix by matrix (:func:`fp_kernel`, the per-matrix loops of
+(:mod:`~householderla._kernels.numba_lanes`; on this machine every such N), eight columns
+at a time above (:mod:`~householderla._kernels.numba_columns`); the two give the same
+bits. Anything else runs matrix by matrix (:func:`fp_kernel`, the per-matrix loops of
 :mod:`~householderla._kernels.numba_loops`). LAPACK's ``(a, τ)`` are read in place by the
 batched kernels (``unit`` mode); a V is built for the per-matrix one. Columns whose ‖v‖²
 leaves the safe range are rescaled by a power of two first (exact: H(cv) = H(v)).
@@ -42,13 +42,14 @@ TILE_MAX_N = 64
 BATCH_MIN = 16
 
 #: Largest N the SIMD lanes (:mod:`~householderla._kernels.numba_lanes`) take, forming and
-#: applying; above, the column-block kernel (:mod:`~householderla._kernels.numba_columns`)
-#: is faster. Kernel alone, float64, trapezoidal V, one thread, 2-core AMD EPYC VM (AVX-512),
-#: lanes / columns in ms: forming 8192 matrices 0.22 / 0.82 at N = 3, 1.06 / 2.0 at N = 8,
-#: 5.4 / 8.1 at N = 16, 2048 matrices 3.9 / 5.2 at N = 24, 11.9 / 10.8 at N = 32; applying
-#: to 8 columns 0.47 / 0.92 at N = 3, 1.45 / 2.13 at N = 8, 5.19 / 5.24 at N = 16, 2.0 / 2.4
-#: at N = 24 (2048), 4.9 / 4.1 at N = 32.
-LANES_MAX_N = 24
+#: applying; above, the column-block kernel (:mod:`~householderla._kernels.numba_columns`,
+#: the lanes' bit-for-bit reference). Kernel alone, float64, trapezoidal V, one thread,
+#: 2-core AMD EPYC VM (Zen 4), lanes / columns in ms, forming then applying to 8 columns:
+#: 8192 matrices N = 3 0.27 / 0.86, 0.42 / 0.98; N = 8 0.92 / 2.17, 1.38 / 2.34; N = 16
+#: 4.31 / 8.50, 4.33 / 6.01; 2048 matrices N = 24 2.59 / 5.48, 1.90 / 2.83; N = 32
+#: 6.27 / 11.5, 4.10 / 4.79; 1024 matrices N = 48 8.35 / 17.7, 4.45 / 5.78; N = 64
+#: 21.5 / 30.1, 7.38 / 9.71. The lanes win at every N the batched kernels take.
+LANES_MAX_N = 64
 
 
 def _sigs() -> Any:
@@ -120,7 +121,7 @@ def forward(
     tau: np.ndarray | None = None,
 ) -> int:
     """Y3 (P, N, B) ← the products. When P ≥ BATCH_MIN matrices of N ≤ TILE_MAX_N each have
-    their own V: the batch-lane kernel up to ``LANES_MAX_N``, the column-block kernel above
+    their own V: the SIMD-lane kernel up to ``LANES_MAX_N``, the column-block kernel above
     (the two give the same bits); else the per-matrix one (``identity``: H3 is [I; 0],
     which the batched kernels exploit). ``tau``: V3 is LAPACK's ``a`` (P, N, L) with τ
     (P, L), read in place by the batched kernels (a V is built for the others). Columns

@@ -16,8 +16,8 @@ over all of them, the column loops innermost, vectorises and wins (:func:`_sweep
 
 Scalar code (Numba leaves LLVM's SLP vectoriser off, and turning it on here was slower): the
 eight running sums in registers are what the blocks have. One thread, float64, trapezoidal
-V: forming 1024 matrices 64 × 64 28 ms, applying to 8 columns 9.8 ms. Up to N = 24 the SIMD
-lanes of :mod:`householderla._kernels.numba_lanes` (same operations, same bits) are faster.
+V: forming 1024 matrices 64 × 64 28 ms. The SIMD lanes (:mod:`~.numba_lanes`, same bits)
+are faster at every N ≤ 64 here; this kernel is their reference and the fallback.
 
 Numerics: everything in the input dtype; each dot product is one running sum over the rows
 in increasing order (no partial sums: the eight columns are the independent chains), and

@@ -16,8 +16,10 @@ Forming 8192 matrices from N reflectors, float64, one thread, the 2-core AMD EPY
 (Zen 4, AVX-512, 32 MB L3): N = 3 0.26 ms, N = 8 0.92 ms, N = 16 4.6 ms (5.7 ms with
 cached stores: V and Y together, 33 MB, leave the L3, and each line of Y was read before
 being written); the column-block kernel of :mod:`householderla._kernels.numba_columns`
-took 0.39, 2.5–2.8 and 9.5–10.2 ms. At N = 64 the tile's scratch leaves L1 and the
-column-block kernel wins (the dispatch: :func:`householderla._kernels.numba_batched.forward`).
+took 0.39, 2.5–2.8 and 9.5–10.2 ms. The scratch rows hold an odd number of 64-byte lanes,
+so that a walk down a column meets every L1 set: then the lanes win up to N = 64 too
+(forming 1024 matrices of 64 × 64: 21.5 ms, 93 ms with 64-lane rows, the column blocks
+30 ms; the dispatch: :func:`householderla._kernels.numba_batched.forward`).
 
 Numerics: those of the column-block kernel, so its results and these agree bit for bit
 (tests/test_small_batches.py): everything in the input dtype; τ = 2/‖v‖² and every dot
@@ -355,8 +357,11 @@ def apply_lanes(
     dt = V.dtype
     lo = math.ldexp(1.0, -safe_exp)
     hi = math.ldexp(1.0, safe_exp)
-    Vt = np.zeros((N, max(L, 1), LANES), dt)  # (trap: the entries above row k stay 0)
-    Cs = max(C, 1)
+    # rows of an odd number of 64-byte lanes: a walk down a column meets every L1 set (an
+    # even count, e.g. 32 or 64 columns, maps a column to 2 or 1 of the 64 sets: forming
+    # 1024 matrices of 64 × 64 took 93 ms, not 20)
+    Vt = np.zeros((N, L | 1, LANES), dt)  # (trap: the entries above row k stay 0)
+    Cs = C | 1
     Yt = np.empty((N, Cs, LANES), dt)
     tt = np.empty((max(L, 1), LANES), dt)
     skip = trap and identity and not transpose
