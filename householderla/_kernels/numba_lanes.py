@@ -39,23 +39,22 @@ import numpy as np
 
 from .numba_loops import HAVE_NUMBA, njit
 from .numba_simd import (
+    LANES,
     address,
+    operands_in,
     slp_njit,
     store_fence,
-    store_transposed8,
-    store_transposed8_nt,
+    tile_in,
+    tile_out,
 )
 
 __all__ = ["LANES", "apply_lanes"]
 
 #: Output size from which the kernel's full 8 × 8 blocks are stored non-temporally
-#: (:func:`~householderla._kernels.numba_simd.store_transposed8_nt`; the output must be
+#: (:func:`~householderla._kernels.numba_simd.transpose8_nt`; the output must be
 #: aligned to the vector, which :func:`~householderla._kernels.numba.hform` arranges).
 NT_MIN_BYTES = 8 << 20
 
-#: Matrices per tile: one 512-bit vector of float64 (the kernels below are written out for
-#: eight lanes).
-LANES = 8
 
 #: Smallest N for the column-pair-outer loop (:func:`_sweep2`, update and next dot fused);
 #: below, reflections outer: fewer, longer loops (forming 8192 matrices of 3 × 3: 0.26 →
@@ -360,7 +359,8 @@ def apply_lanes(
     # rows of an odd number of 64-byte lanes: a walk down a column meets every L1 set (an
     # even count, e.g. 32 or 64 columns, maps a column to 2 or 1 of the 64 sets: forming
     # 1024 matrices of 64 × 64 took 93 ms, not 20)
-    Vt = np.zeros((N, L | 1, LANES), dt)  # (trap: the entries above row k stay 0)
+    Ls = L | 1
+    Vt = np.zeros((N, Ls, LANES), dt)  # (trap: the entries above row k stay 0)
     Cs = C | 1
     Yt = np.empty((N, Cs, LANES), dt)
     tt = np.empty((max(L, 1), LANES), dt)
@@ -372,13 +372,16 @@ def apply_lanes(
     bad = 0
     for p0 in range(0, P, LANES):
         wn = min(LANES, P - p0)
-        for w in range(LANES):
-            for i in range(N):
-                for k in range(min(i + 1, L) if trap else L):
-                    x = V[p0 + w, i, k] if w < wn else 0
-                    if unit and w < wn:  # the unit diagonal; τ = 0: H = I
-                        x = (x if i > k else 1) if tau_in[p0 + w, k] != 0 else 0
-                    Vt[i, k, w] = x
+        if wn == LANES:  # full 8 × 8 blocks transposed in registers, then the rest
+            tile_in(V, p0, L, trap, unit, tau_in, Vt, Ls)
+        else:
+            for w in range(LANES):
+                for i in range(N):
+                    for k in range(min(i + 1, L) if trap else L):
+                        x = V[p0 + w, i, k] if w < wn else 0
+                        if unit and w < wn:  # the unit diagonal; τ = 0: H = I
+                            x = (x if i > k else 1) if tau_in[p0 + w, k] != 0 else 0
+                        Vt[i, k, w] = x
         status = _taus(Vt, L, trap, lo, hi, tt)
         if status < 0:
             return -1
@@ -389,6 +392,8 @@ def apply_lanes(
                     e = dt.type(1) if i == j else dt.type(0)
                     for w in range(LANES):
                         Yt[i, j, w] = e
+        elif wn == LANES and Ph > 1:  # the operands' 8 × 8 blocks transposed in registers
+            operands_in(H, p0, Yt, Cs)
         else:
             for w in range(LANES):
                 for i in range(N):
@@ -422,19 +427,8 @@ def apply_lanes(
                 _sweep2(Vt, tt, Yt, j, k, nref, step, trap)
             else:
                 _sweep1(Vt, tt, Yt, j, k, nref, step, trap)
-        if wn == LANES:  # 8 × 8 blocks transposed in registers
-            for i in range(N):
-                j0 = 0
-                while j0 + 8 <= C:
-                    s0, d0 = (i * Cs + j0) * LANES, (p0 * N + i) * C + j0
-                    if nt:
-                        store_transposed8_nt(Yt, s0, Y, d0, N * C)
-                    else:
-                        store_transposed8(Yt, s0, Y, d0, N * C)
-                    j0 += 8
-                for w in range(LANES):
-                    for j in range(j0, C):
-                        Y[p0 + w, i, j] = Yt[i, j, w]
+        if wn == LANES:  # 8 × 8 blocks transposed in registers (past the caches with nt)
+            tile_out(Yt, Y, p0, 0, N, C, Cs, nt)
         else:
             for w in range(wn):
                 for i in range(N):

@@ -1,6 +1,8 @@
 """SIMD for the SIMD-lane kernel: LLVM's SLP vectoriser, and an 8 × 8 transpose in registers.
 
 :func:`slp_njit` compiles a kernel with LLVM's SLP vectoriser on (Numba leaves it off).
+:func:`tile_in`, :func:`operands_in` and :func:`tile_out` move a tile of eight matrices
+into and out of the lanes kernel's (N, ·, 8) scratch by :func:`transpose8`.
 
 The lanes kernel (:mod:`householderla._kernels.numba_lanes`) ends each tile of eight
 matrices by writing lane w of its scratch Yt (N, C, 8) to matrix w of the output. Written as
@@ -22,17 +24,25 @@ from typing import Any
 from .numba_loops import HAVE_NUMBA, njit
 
 __all__ = [
+    "LANES",
     "NONTEMPORAL",
     "address",
+    "operands_in",
     "slp_njit",
     "store_fence",
-    "store_transposed8",
-    "store_transposed8_nt",
+    "tile_in",
+    "tile_out",
+    "transpose8",
+    "transpose8_nt",
 ]
 
-#: Whether :func:`store_transposed8_nt` really bypasses the caches: x86-64, where the
+#: Matrices per tile of the lanes kernel (:mod:`~householderla._kernels.numba_lanes`): one
+#: 512-bit vector of float64; the transposes below are written for eight.
+LANES = 8
+
+#: Whether :func:`transpose8_nt` really bypasses the caches: x86-64, where the
 #: ``sfence`` that orders such stores before the kernel returns exists (elsewhere it is
-#: :func:`store_transposed8`).
+#: :func:`transpose8`).
 NONTEMPORAL = platform.machine().lower() in ("x86_64", "amd64")
 
 # (a, b) → the shufflevector masks of each round; round r pairs vector q with q + 2^r
@@ -90,29 +100,29 @@ def _make(nontemporal: bool) -> Any:
     from numba.extending import intrinsic
 
     @intrinsic
-    def store(typingctx: Any, src: Any, s0: Any, dst: Any, d0: Any, stride: Any) -> Any:
-        """dst.flat[d0 + w·stride + q] = src.flat[s0 + 8q + w] for q, w < 8 (C-contiguous
-        arrays of one dtype; flat element offsets)."""
-        sig = types.void(src, types.int64, dst, types.int64, types.int64)
+    def transpose8(typingctx: Any, src: Any, s0: Any, ss: Any, dst: Any, d0: Any, ds: Any) -> Any:
+        """dst.flat[d0 + w·ds + q] = src.flat[s0 + q·ss + w] for q, w < 8 (C-contiguous
+        arrays of one dtype; flat element offsets and strides; unchecked bounds)."""
+        i64t = types.int64
+        sig = types.void(src, i64t, i64t, dst, i64t, i64t)
 
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            sv, s0v, dv, d0v, stv = args
-            i64 = ir.IntType(64)
             a = signature.args
-            s0v = context.cast(builder, s0v, a[1], types.int64)
-            d0v = context.cast(builder, d0v, a[3], types.int64)
-            stv = context.cast(builder, stv, a[4], types.int64)
-            sp = context.make_array(signature.args[0])(context, builder, sv).data
-            dp = context.make_array(signature.args[2])(context, builder, dv).data
-            elt = context.get_data_type(signature.args[0].dtype)
+            sv, dv = args[0], args[3]
+            s0v, ssv, d0v, dsv = (context.cast(builder, args[n], a[n], i64t) for n in (1, 2, 4, 5))
+            i64 = ir.IntType(64)
+            sp = context.make_array(a[0])(context, builder, sv).data
+            dp = context.make_array(a[3])(context, builder, dv).data
+            elt = context.get_data_type(a[0].dtype)
             vty = ir.VectorType(elt, 8)
             size = context.get_abi_sizeof(elt)
             rows = []
             for q in range(8):
-                p = builder.gep(sp, [builder.add(s0v, ir.Constant(i64, 8 * q))])
-                rows.append(builder.load(builder.bitcast(p, vty.as_pointer()), align=size))
+                off = builder.add(s0v, builder.mul(ssv, ir.Constant(i64, q)))
+                p = builder.bitcast(builder.gep(sp, [off]), vty.as_pointer())
+                rows.append(builder.load(p, align=size))
             for w, col in enumerate(_transposed(builder, rows)):
-                off = builder.add(d0v, builder.mul(stv, ir.Constant(i64, w)))
+                off = builder.add(d0v, builder.mul(dsv, ir.Constant(i64, w)))
                 p = builder.bitcast(builder.gep(dp, [off]), vty.as_pointer())
                 st = builder.store(col, p, align=8 * size if nontemporal else size)
                 if nontemporal:
@@ -122,7 +132,7 @@ def _make(nontemporal: bool) -> Any:
 
         return sig, codegen
 
-    return store
+    return transpose8
 
 
 def _make_address() -> Any:
@@ -167,9 +177,70 @@ def _make_fence() -> Any:
 
 
 if HAVE_NUMBA:
-    store_transposed8 = _make(False)
-    store_transposed8_nt = _make(True) if NONTEMPORAL else store_transposed8
+    transpose8 = _make(False)
+    transpose8_nt = _make(True) if NONTEMPORAL else transpose8
     address = _make_address()
     store_fence = _make_fence()
 else:  # pragma: no cover - the kernels are not compiled without Numba
-    store_transposed8 = store_transposed8_nt = address = store_fence = None
+    transpose8 = transpose8_nt = address = store_fence = None
+
+
+@njit(inline="always")
+def tile_in(V: Any, p0: int, L: int, trap: bool, unit: bool, tau_in: Any, Vt: Any, Ls: int):
+    """Vt[i, k, w] ← column k of matrix p0 + w's reflectors (a full tile of eight): blocks
+    of eight columns by :func:`transpose8`, the entries above the diagonal (``trap``)
+    zeroed after, LAPACK's unit diagonal and τ = 0 columns (``unit``) set after; the last
+    L mod 8 columns one by one."""
+    _, N, n = V.shape
+    k8 = L - L % 8
+    for i in range(N):
+        for k0 in range(0, min(k8, i + 1) if trap else k8, 8):
+            transpose8(V, (p0 * N + i) * n + k0, N * n, Vt, (i * Ls + k0) * LANES, LANES)
+            if trap:
+                for k in range(i + 1, min(k0 + 8, L)):
+                    for w in range(LANES):
+                        Vt[i, k, w] = 0
+        for w in range(LANES):
+            for k in range(k8, min(i + 1, L) if trap else L):
+                Vt[i, k, w] = V[p0 + w, i, k]
+    if unit:
+        for w in range(LANES):
+            for k in range(min(N, L)):
+                Vt[k, k, w] = 1
+                if tau_in[p0 + w, k] == 0:  # H = I
+                    for i in range(k, N):
+                        Vt[i, k, w] = 0
+
+
+@njit(inline="always")
+def tile_out(Yt: Any, Y: Any, p0: int, i0: int, i1: int, C: int, Cs: int, nt: bool):
+    """Rows i0…i1−1 of the full tile Yt (matrices p0…p0+7) into Y: 8 × 8 blocks transposed
+    in registers (past the caches with ``nt``), the last C mod 8 columns one by one."""
+    N = Y.shape[1]
+    for i in range(i0, i1):
+        j0 = 0
+        while j0 + 8 <= C:
+            s0, d0 = (i * Cs + j0) * LANES, (p0 * N + i) * C + j0
+            if nt:
+                transpose8_nt(Yt, s0, LANES, Y, d0, N * C)
+            else:
+                transpose8(Yt, s0, LANES, Y, d0, N * C)
+            j0 += 8
+        for w in range(LANES):
+            for j in range(j0, C):
+                Y[p0 + w, i, j] = Yt[i, j, w]
+
+
+@njit(inline="always")
+def operands_in(H: Any, p0: int, Yt: Any, Cs: int) -> None:
+    """Yt[i, j, w] ← H[p0 + w, i, j] (eight operands of a full tile): 8 × 8 blocks by
+    :func:`transpose8`, the last C mod 8 columns one by one."""
+    _, N, C = H.shape
+    for i in range(N):
+        j0 = 0
+        while j0 + 8 <= C:
+            transpose8(H, (p0 * N + i) * C + j0, N * C, Yt, (i * Cs + j0) * LANES, LANES)
+            j0 += 8
+        for w in range(LANES):
+            for j in range(j0, C):
+                Yt[i, j, w] = H[p0 + w, i, j]
