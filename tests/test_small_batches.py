@@ -111,42 +111,43 @@ def test_operators_on_batches_equal_dorgqr_and_dormqr(N, P):
     np.testing.assert_allclose(Qt, ref, rtol=0, atol=tol)
 
 
-def test_from_lapack_one_pass_checks_name_the_bad_argument(monkeypatch):
+@pytest.mark.parametrize("N", [4, 8])  # k ≤ 4: the per-column check in registers
+def test_from_lapack_one_pass_checks_name_the_bad_argument(monkeypatch, N):
     """The Numba pass of from_lapack keeps the Array API path's errors: NaN/Inf below the
     diagonal of a (one matrix of a stack), a τ that is not 2/‖v‖² (one entry of a stack), a
     ‖v‖² that overflows; NaN in a τ = 0 column, the diagonal or the upper part is ignored
     (H(i) = I whatever the column holds, R is not read)."""
     rng = np.random.default_rng(7)
-    a, tau = _lapack_batch(rng, 20, 8)
+    a, tau = _lapack_batch(rng, 20, N)
     Q = hl.from_lapack(a, tau).matrix()
     bad = a.copy()
-    bad[13, 5, 2] = np.nan
+    bad[13, N - 1, 2] = np.nan
     with pytest.raises(ValueError, match=r"a \(below the diagonal\) contains NaN or Inf"):
         hl.from_lapack(bad, tau)
     t = tau.copy()
-    t[4, 3] *= 1.01
+    t[4, 1] *= 1.01
     with pytest.raises(ValueError, match="not LAPACK's 2/"):
         hl.from_lapack(a, t)
     big = a.copy()
-    big[2, 6, 1] = 1e200  # ‖v‖² overflows: τ cannot match
+    big[2, N - 2, 1] = 1e200  # ‖v‖² overflows: τ cannot match
     with pytest.raises(ValueError, match="not LAPACK's 2/"):
         hl.from_lapack(big, tau)
     junk = a.copy()
     junk[:, 0, 3] = np.nan  # above the diagonal (R)
     junk[:, 2, 2] = np.inf  # the diagonal
     t = tau.copy()
-    t[9, 4] = 0
-    junk[9, 6, 4] = np.nan  # below the diagonal of a τ = 0 column
+    t[9, 1] = 0
+    junk[9, N - 1, 1] = np.nan  # below the diagonal of a τ = 0 column
     got = hl.from_lapack(junk, t).matrix()
     assert np.all(np.isfinite(got))
     with monkeypatch.context() as mp:  # the Array API path reads the same entries
         mp.setenv("HL_DISABLE_NUMBA", "1")
         np.testing.assert_allclose(
-            hl.from_lapack(junk, t).matrix(), got, atol=_tol(np.float64, 8, 8)
+            hl.from_lapack(junk, t).matrix(), got, atol=_tol(np.float64, N, N)
         )
     np.testing.assert_allclose(got[:9], Q[:9], rtol=0, atol=0)
-    V9 = (np.tril(a[9], -1) + np.eye(8)) * (t[9] != 0)  # columns 4 and 7 (geqrf's last) out
-    np.testing.assert_allclose(got[9], hl.cwy(V9).matrix(), atol=_tol(np.float64, 8, 8))
+    V9 = (np.tril(a[9], -1) + np.eye(N)) * (t[9] != 0)  # column 1 and geqrf's last out
+    np.testing.assert_allclose(got[9], hl.cwy(V9).matrix(), atol=_tol(np.float64, N, N))
 
 
 def test_float32_stacks_stay_float32():

@@ -150,6 +150,25 @@ def lapack_check(a: Any, tau: Any) -> Any:
     none = np.empty((m, 0), a.dtype)
     worst = 0.0
     nonfinite = 0
+    if k <= 4:  # few columns: each ‖v_i‖² and its check in registers (N = 3: 0.09 → 0.06 ms)
+        for p in range(P):
+            for i in range(k):
+                t = np.float64(tau[p, i])
+                if t == 0:
+                    continue
+                x = 1.0
+                for r in range(i + 1, m):
+                    y = np.float64(a[p, r, i])
+                    x += y * y
+                err = abs(t * x / 2 - 1)
+                if err <= 1.7976931348623157e308:
+                    worst = max(worst, err)
+                else:  # ‖v‖² overflowed, or NaN/Inf in a (as _tau_check)
+                    for r in range(i + 1, m):
+                        if not abs(np.float64(a[p, r, i])) <= 1.7976931348623157e308:
+                            nonfinite += 1
+                    worst = np.inf
+        return worst, nonfinite
     for p in range(P):
         ss[:k] = 1
         for r in range(m):

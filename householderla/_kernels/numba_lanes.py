@@ -169,15 +169,17 @@ def _axpy2(Vt: Any, k: int, Yt: Any, j: int, lo: int, hi: int, c: Any, d: Any) -
 def _axpy1(Vt: Any, k: int, Yt: Any, j: int, lo: int, hi: int, c: Any) -> None:
     """y_j −= c v_k over rows lo…hi−1, per lane."""
     c0, c1, c2, c3, c4, c5, c6, c7 = c
-    for i in range(np.uint64(lo), np.uint64(hi)):
-        Yt[i, j, 0] -= c0 * Vt[i, k, 0]
-        Yt[i, j, 1] -= c1 * Vt[i, k, 1]
-        Yt[i, j, 2] -= c2 * Vt[i, k, 2]
-        Yt[i, j, 3] -= c3 * Vt[i, k, 3]
-        Yt[i, j, 4] -= c4 * Vt[i, k, 4]
-        Yt[i, j, 5] -= c5 * Vt[i, k, 5]
-        Yt[i, j, 6] -= c6 * Vt[i, k, 6]
-        Yt[i, j, 7] -= c7 * Vt[i, k, 7]
+    for i in range(np.uint64(lo), np.uint64(hi)):  # (as _axpy2: then SLP packs it)
+        v0, v1, v2, v3 = Vt[i, k, 0], Vt[i, k, 1], Vt[i, k, 2], Vt[i, k, 3]
+        v4, v5, v6, v7 = Vt[i, k, 4], Vt[i, k, 5], Vt[i, k, 6], Vt[i, k, 7]
+        Yt[i, j, 0] -= c0 * v0
+        Yt[i, j, 1] -= c1 * v1
+        Yt[i, j, 2] -= c2 * v2
+        Yt[i, j, 3] -= c3 * v3
+        Yt[i, j, 4] -= c4 * v4
+        Yt[i, j, 5] -= c5 * v5
+        Yt[i, j, 6] -= c6 * v6
+        Yt[i, j, 7] -= c7 * v7
 
 
 @njit(inline="always")
