@@ -186,14 +186,51 @@ else:  # pragma: no cover - the kernels are not compiled without Numba
 
 
 @njit(inline="always")
+def _flat_in(X: Any, p0: int, Xt: Any) -> None:
+    """Xt.flat[8q + w] = X[p0 + w].flat[q]: matrices p0…p0+7 of X (P, N, n), each read as
+    one row of N·n, transposed into scratch whose rows are n lanes long (tiny N: one
+    transpose per eight entries instead of a row-by-row walk)."""
+    _, N, n = X.shape
+    size = N * n
+    q8 = size - size % 8
+    for q0 in range(0, q8, 8):
+        transpose8(X, p0 * size + q0, size, Xt, q0 * LANES, LANES)
+    for q in range(q8, size):
+        i, k = q // n, q % n
+        for w in range(LANES):
+            Xt[i, k, w] = X[p0 + w, i, k]
+
+
+@njit(inline="always")
+def _flat_out(Yt: Any, Y: Any, p0: int) -> None:
+    """Y[p0 + w].flat[q] = Yt.flat[8q + w]: :func:`_flat_in` backwards."""
+    _, N, C = Y.shape
+    size = N * C
+    q8 = size - size % 8
+    for q0 in range(0, q8, 8):
+        transpose8(Yt, q0 * LANES, LANES, Y, p0 * size + q0, size)
+    for q in range(q8, size):
+        i, j = q // C, q % C
+        for w in range(LANES):
+            Y[p0 + w, i, j] = Yt[i, j, w]
+
+
+@njit(inline="always")
 def tile_in(V: Any, p0: int, L: int, trap: bool, unit: bool, tau_in: Any, Vt: Any, Ls: int):
     """Vt[i, k, w] ← column k of matrix p0 + w's reflectors (a full tile of eight): blocks
     of eight columns by :func:`transpose8`, the entries above the diagonal (``trap``)
     zeroed after, LAPACK's unit diagonal and τ = 0 columns (``unit``) set after; the last
     L mod 8 columns one by one."""
     _, N, n = V.shape
+    if Ls == n:  # rows as long as the scratch's: the tile is one flat (N·n) × 8 transpose
+        _flat_in(V, p0, Vt)
+        if trap:
+            for i in range(min(N, L)):
+                for k in range(i + 1, L):
+                    for w in range(LANES):
+                        Vt[i, k, w] = 0
     k8 = L - L % 8
-    for i in range(N):
+    for i in range(N if Ls != n else 0):
         for k0 in range(0, min(k8, i + 1) if trap else k8, 8):
             transpose8(V, (p0 * N + i) * n + k0, N * n, Vt, (i * Ls + k0) * LANES, LANES)
             if trap:
@@ -217,6 +254,9 @@ def tile_out(Yt: Any, Y: Any, p0: int, i0: int, i1: int, C: int, Cs: int, nt: bo
     """Rows i0…i1−1 of the full tile Yt (matrices p0…p0+7) into Y: 8 × 8 blocks transposed
     in registers (past the caches with ``nt``), the last C mod 8 columns one by one."""
     N = Y.shape[1]
+    if Cs == C and i0 == 0 and i1 == N:  # (C odd, never ``nt``) one flat transpose
+        _flat_out(Yt, Y, p0)
+        return
     for i in range(i0, i1):
         j0 = 0
         while j0 + 8 <= C:
@@ -236,6 +276,9 @@ def operands_in(H: Any, p0: int, Yt: Any, Cs: int) -> None:
     """Yt[i, j, w] ← H[p0 + w, i, j] (eight operands of a full tile): 8 × 8 blocks by
     :func:`transpose8`, the last C mod 8 columns one by one."""
     _, N, C = H.shape
+    if Cs == C:
+        _flat_in(H, p0, Yt)
+        return
     for i in range(N):
         j0 = 0
         while j0 + 8 <= C:
