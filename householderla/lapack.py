@@ -123,7 +123,7 @@ def from_lapack(a: Any, tau: Any, *, thin: bool = False, xp: Any = None) -> CWY 
     checked by one read-only Numba pass (NaN/Inf below the diagonal, τ against 2/‖vᵢ‖²), and
     their ``.matrix()`` and first product read ``a`` in place in the batched Numba kernels
     (:mod:`householderla._kernels.numba_lanes`, ``numba_columns``), with no V built: 8192
-    stacked 16 × 16 formed in ≈ 7 ms against ≈ 16 ms for
+    stacked 16 × 16 formed in ≈ 5 ms against ≈ 16.5 ms for
     ``torch.linalg.householder_product`` (one thread; ``benchmarks/small.py``). V and the
     CWY factors are built when anything else needs them, so such an operator, like
     :func:`cwy`'s with V, reads ``a`` when it is used: do not write into ``a`` while you use

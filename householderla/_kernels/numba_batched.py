@@ -45,10 +45,9 @@ BATCH_MIN = 16
 #: applying; above, the column-block kernel (:mod:`~householderla._kernels.numba_columns`,
 #: the lanes' bit-for-bit reference). Kernel alone, float64, trapezoidal V, one thread,
 #: 2-core AMD EPYC VM (Zen 4), lanes / columns in ms, forming then applying to 8 columns:
-#: 8192 matrices N = 3 0.27 / 0.86, 0.42 / 0.98; N = 8 0.92 / 2.17, 1.38 / 2.34; N = 16
-#: 4.31 / 8.50, 4.33 / 6.01; 2048 matrices N = 24 2.59 / 5.48, 1.90 / 2.83; N = 32
-#: 6.27 / 11.5, 4.10 / 4.79; 1024 matrices N = 48 8.35 / 17.7, 4.45 / 5.78; N = 64
-#: 21.5 / 30.1, 7.38 / 9.71. The lanes win at every N the batched kernels take.
+#: 8192 matrices N = 3 0.13 / 0.87, 0.26 / 1.00; N = 8 0.95 / 2.18, 1.21 / 2.37; N = 16
+#: 3.94 / 8.57, 4.16 / 6.04; 2048 matrices N = 24 2.43 / 5.46, 1.32 / 2.80; 1024 matrices
+#: N = 64 19.0 / 29.4, 4.25 / 9.79. The lanes win at every N the batched kernels take.
 LANES_MAX_N = 64
 
 

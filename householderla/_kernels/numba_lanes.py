@@ -13,13 +13,14 @@ by 8 × 8 blocks transposed in registers, past the caches for outputs of ``NT_MI
 more (:mod:`~householderla._kernels.numba_simd`).
 
 Forming 8192 matrices from N reflectors, float64, one thread, the 2-core AMD EPYC VM
-(Zen 4, AVX-512, 32 MB L3): N = 3 0.26 ms, N = 8 0.92 ms, N = 16 4.6 ms (5.7 ms with
-cached stores: V and Y together, 33 MB, leave the L3, and each line of Y was read before
-being written); the column-block kernel of :mod:`householderla._kernels.numba_columns`
-took 0.39, 2.5–2.8 and 9.5–10.2 ms. The scratch rows hold an odd number of 64-byte lanes,
-so that a walk down a column meets every L1 set: then the lanes win up to N = 64 too
-(forming 1024 matrices of 64 × 64: 21.5 ms, 93 ms with 64-lane rows, the column blocks
-30 ms; the dispatch: :func:`householderla._kernels.numba_batched.forward`).
+(Zen 4, AVX-512, 32 MB L3): N = 3 0.13 ms, N = 8 0.95 ms, N = 16 3.9 ms (5.7 ms with
+cached stores and scalar transposes: V and Y together, 33 MB, leave the L3, and each line
+of Y was read before being written); the column-block kernel
+(:mod:`householderla._kernels.numba_columns`) takes 0.87, 2.2 and 8.6 ms. The scratch
+rows hold an odd number of 64-byte lanes, so that a walk down a column meets every L1
+set: the lanes then win up to N = 64 too (forming 1024 matrices of 64 × 64: 19 ms; 93 ms
+with 64-lane rows; the column blocks 29 ms; the dispatch:
+:func:`householderla._kernels.numba_batched.forward`).
 
 Numerics: those of the column-block kernel, so its results and these agree bit for bit
 (tests/test_small_batches.py): everything in the input dtype; τ = 2/‖v‖² and every dot
