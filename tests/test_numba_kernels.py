@@ -452,6 +452,41 @@ def test_lanes_store_large_outputs_past_the_caches_with_the_same_bits(dtype):
         assert np.array_equal(Y, ref)
 
 
+def test_kernel_modules_record_the_kernels_they_compile_from():
+    """Numba's on-disk cache (``cache=True``) keys a compiled function on the source of its
+    own file, not on the functions it inlines or calls from other files: a change to
+    ``numba_simd`` alone would leave ``apply_lanes``'s cached machine code in use, stale.
+    So each kernel module records a hash of the sibling kernel modules it imports
+    (``KERNEL_DEPS``); changing one of them makes this test fail with the new value, and
+    writing it changes the dependent's source, which invalidates its cache (in dependency
+    order: the hash covers the siblings' own ``KERNEL_DEPS`` lines)."""
+    import ast
+    import hashlib
+    import re
+    from pathlib import Path
+
+    pkg = Path(hl.__file__).parent / "_kernels"
+    checked = 0
+    for path in sorted(pkg.glob("numba*.py")):
+        text = path.read_text(encoding="utf-8")
+        deps = sorted(
+            {
+                n.module
+                for n in ast.walk(ast.parse(text))
+                if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module
+                if n.module.startswith("numba")
+            }
+        )
+        if not deps:
+            continue
+        want = hashlib.sha256(b"".join((pkg / f"{d}.py").read_bytes() for d in deps))
+        got = re.search(r'^KERNEL_DEPS = "([0-9a-f]*)"', text, re.M)
+        value = want.hexdigest()[:16]
+        assert got and got.group(1) == value, f'{path.name}: set KERNEL_DEPS = "{value}"'
+        checked += 1
+    assert checked >= 7
+
+
 def test_lanes_compile_leaves_numba_config_unchanged():
     """The lanes kernel turns Numba's SLP vectoriser on for its own compilation only: after
     the import the process-wide setting is the user's (the environment's) again."""

@@ -13,8 +13,10 @@ read-only C-contiguous inputs, so writable and read-only arrays share one compil
 (float32 and float64 each), compiled when this module is first imported (≈ 46 s of CPU
 on one core of the 2-core VM for all of them with the batched kernels and checks, measured
 cold; the column-block kernel ≈ 17 s of it) and then loaded from Numba's on-disk cache
-(``cache=True``, ≈ 1 s). Without Numba the module still imports (``HAVE_NUMBA = False``)
-and callers use the NumPy path.
+(``cache=True``, ≈ 1 s). That cache keys a function on its own file only, so each kernel
+module records a hash of the sibling kernel modules it compiles from (``KERNEL_DEPS``,
+checked by tests/test_numba_kernels.py): a change there then recompiles it too. Without
+Numba the module still imports (``HAVE_NUMBA = False``) and callers use the NumPy path.
 """
 
 from __future__ import annotations
@@ -66,6 +68,11 @@ __all__ = [
     "larft_forward",
     "upper_is_zero",
 ]
+
+#: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
+#: compiled function on its own file only, so changing this line when one of them changes
+#: makes the cache recompile (tests/test_numba_kernels.py checks it).
+KERNEL_DEPS = "6824fbdd2f7ab6a8"
 
 
 # -- entry kernels (explicit signatures: read-only C inputs accept writable arrays too) -------

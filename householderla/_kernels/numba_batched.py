@@ -33,6 +33,11 @@ __all__ = [
     "taus_of",
 ]
 
+#: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
+#: compiled function on its own file only, so changing this line when one of them changes
+#: makes the cache recompile (tests/test_numba_kernels.py checks it).
+KERNEL_DEPS = "a84fed1c42f03745"
+
 #: Largest N for the batched kernels (lanes or column blocks); above, the per-matrix kernel:
 #: at N = 64 (1024 matrices) a batched kernel took 55 against 86 µs a matrix for the
 #: per-matrix one, and at N = 128 the two tie (measured, one thread).

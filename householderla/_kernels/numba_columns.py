@@ -5,19 +5,14 @@ output columns are swept in blocks of eight (then four, then a zero-padded rest)
 reflection H(v_k) = I − τ_k v_k v_kᵀ acts on a block row by row, γ_j = v_kᵀ y_j and
 y_j ← y_j − (τ_k γ_j) v_k (Mhammedi et al., ICML 2017, Algorithm 1, lines 7–10), with the
 update of reflection k and the dot products of the next one sharing one pass over the rows.
-The eight running sums and the eight τγ stay in registers (Numba scalars), so a row costs two
-loads of V, eight loads and eight stores of Y and 32 flops; V and Y are read and written in
-place, with no transposed copies. Starting from [I; 0] with lower-trapezoidal V (LAPACK's
-layout) the rows < k, which H(v_k) leaves exactly unchanged, are skipped, and so are the
-reflections k > j for the block ending at column j (they leave e_j unchanged): LAPACK orgqr's
-4N³/3 flops for L = N, instead of 4N³ (the reflections after the block's fourth column touch
-its last four columns only, and run on those). With many columns (``WIDE_MIN_C``) one sweep
-over all of them, the column loops innermost, vectorises and wins (:func:`_sweep_wide`).
-
-Scalar code (Numba leaves LLVM's SLP vectoriser off, and turning it on here was slower): the
-eight running sums in registers are what the blocks have. One thread, float64, trapezoidal
-V: forming 1024 matrices 64 × 64 28 ms. The SIMD lanes (:mod:`~.numba_lanes`, same bits)
-are faster at every N ≤ 64 here; this kernel is their reference and the fallback.
+The eight running sums and τγ stay in registers (Numba scalars, no SLP: it was slower
+here); V and Y are read and written in place. From [I; 0] with lower-trapezoidal V the rows
+< k (unchanged by H(v_k)) are skipped, and so are the reflections k > j for the block ending
+at column j: LAPACK orgqr's 4N³/3 flops for L = N (the reflections after the block's fourth
+column run on its last four only). With many columns (``WIDE_MIN_C``) one sweep over all
+of them, the column loops innermost, vectorises and wins (:func:`_sweep_wide`). One thread,
+float64: forming 1024 matrices 64 × 64 28 ms. The SIMD lanes (:mod:`~.numba_lanes`, same
+bits) are faster at every N ≤ 64 here; this kernel is their reference and the fallback.
 
 Numerics: everything in the input dtype; each dot product is one running sum over the rows
 in increasing order (no partial sums: the eight columns are the independent chains), and
@@ -40,6 +35,11 @@ from .numba_checks import unit_reflectors
 from .numba_loops import HAVE_NUMBA, njit
 
 __all__ = ["WIDE_MIN_C", "WIDE_MIN_C_FORM", "apply_columns"]
+
+#: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
+#: compiled function on its own file only, so changing this line when one of them changes
+#: makes the cache recompile (tests/test_numba_kernels.py checks it).
+KERNEL_DEPS = "04dd5a3f9703506e"
 
 #: Columns from which one sweep over all of them (:func:`_sweep_wide`, vectorised) beats the
 #: blocks of eight: applying to 32 columns took 0.5–0.8× the blocks' time at N = 16…96;

@@ -23,6 +23,11 @@ from .numba_loops import HAVE_NUMBA, njit
 
 __all__ = ["larft_forward"]
 
+#: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
+#: compiled function on its own file only, so changing this line when one of them changes
+#: makes the cache recompile (tests/test_numba_kernels.py checks it).
+KERNEL_DEPS = "b69cbf0b21263f0c"
+
 
 def _sigs() -> Any:
     if not HAVE_NUMBA:
