@@ -52,7 +52,8 @@ def numba_kernels() -> ModuleType:
 def entry_kernels() -> tuple[Any, Any, Any]:
     """(forward, forward for one vector, backward) @njit kernels."""
     nk = numba_kernels()
-    return nk.fp_kernel, nk.fp_vec_kernel, nk.bp_kernel
+    batched = importlib.import_module("householderla._kernels.numba_batched")
+    return batched.fp_kernel, nk.fp_vec_kernel, nk.bp_kernel
 
 
 @contextlib.contextmanager
