@@ -54,11 +54,12 @@ __all__ = ["LANES", "apply_lanes"]
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "f3aab013a79b01a5"
+KERNEL_DEPS = "789c3ea8a9284bbf"
 
 #: Output size from which the kernel's full 8 × 8 blocks are stored non-temporally
 #: (:func:`~householderla._kernels.numba_simd.transpose8_nt`; the output must be
-#: aligned to the vector, which :func:`~householderla._kernels.numba.hform` arranges).
+#: aligned to the vector, which :func:`~householderla._kernels.numba_batched.output`
+#: arranges).
 NT_MIN_BYTES = 8 << 20
 
 
@@ -436,7 +437,7 @@ def apply_lanes(
             else:
                 _sweep1(Vt, tt, Yt, j, k, nref, step, trap)
         if wn == LANES:  # 8 × 8 blocks transposed in registers (past the caches with nt)
-            tile_out(Yt, Y, p0, 0, N, C, Cs, nt)
+            tile_out(Yt, Y, p0, Cs, nt)
         else:
             for w in range(wn):
                 for i in range(N):

@@ -234,17 +234,18 @@ def tile_in(V: Any, p0: int, L: int, trap: bool, unit: bool, tau_in: Any, Vt: An
                 for k in range(i + 1, L):
                     for w in range(LANES):
                         Vt[i, k, w] = 0
-    k8 = L - L % 8
-    for i in range(N if Ls != n else 0):
-        for k0 in range(0, min(k8, i + 1) if trap else k8, 8):
-            transpose8(V, (p0 * N + i) * n + k0, N * n, Vt, (i * Ls + k0) * LANES, LANES)
-            if trap:
-                for k in range(i + 1, min(k0 + 8, L)):
-                    for w in range(LANES):
-                        Vt[i, k, w] = 0
-        for w in range(LANES):
-            for k in range(k8, min(i + 1, L) if trap else L):
-                Vt[i, k, w] = V[p0 + w, i, k]
+    else:
+        k8 = L - L % 8
+        for i in range(N):
+            for k0 in range(0, min(k8, i + 1) if trap else k8, 8):
+                transpose8(V, (p0 * N + i) * n + k0, N * n, Vt, (i * Ls + k0) * LANES, LANES)
+                if trap:
+                    for k in range(i + 1, min(k0 + 8, L)):
+                        for w in range(LANES):
+                            Vt[i, k, w] = 0
+            for w in range(LANES):
+                for k in range(k8, min(i + 1, L) if trap else L):
+                    Vt[i, k, w] = V[p0 + w, i, k]
     if unit:
         for w in range(LANES):
             for k in range(min(N, L)):
@@ -255,14 +256,14 @@ def tile_in(V: Any, p0: int, L: int, trap: bool, unit: bool, tau_in: Any, Vt: An
 
 
 @njit(inline="always")
-def tile_out(Yt: Any, Y: Any, p0: int, i0: int, i1: int, C: int, Cs: int, nt: bool):
-    """Rows i0…i1−1 of the full tile Yt (matrices p0…p0+7) into Y: 8 × 8 blocks transposed
-    in registers (past the caches with ``nt``), the last C mod 8 columns one by one."""
-    N = Y.shape[1]
-    if Cs == C and i0 == 0 and i1 == N:  # (C odd, never ``nt``) one flat transpose
+def tile_out(Yt: Any, Y: Any, p0: int, Cs: int, nt: bool) -> None:
+    """The full tile Yt (matrices p0…p0+7) into Y: 8 × 8 blocks transposed in registers
+    (past the caches with ``nt``), the last C mod 8 columns one by one."""
+    _, N, C = Y.shape
+    if Cs == C:  # (C odd, never ``nt``) one flat transpose
         _flat_out(Yt, Y, p0)
         return
-    for i in range(i0, i1):
+    for i in range(N):
         j0 = 0
         while j0 + 8 <= C:
             s0, d0 = (i * Cs + j0) * LANES, (p0 * N + i) * C + j0
