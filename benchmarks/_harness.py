@@ -90,13 +90,18 @@ def progress(total: int, desc: str = "", unit: str = "meas") -> Any:
 class Profile:
     """How long one measurement takes: loops per sample calibrated so that a sample takes
     ≥ ``sample_s`` (0: one call per sample), then ``min_rep``..``max_rep`` samples taking
-    ≥ ``min_total`` seconds together, cut to ``max_total`` (1 sample for longer calls)."""
+    ≥ ``min_total`` seconds together, cut to ``max_total`` (1 sample for longer calls).
+    Methods whose call takes less than ``rewarm_s`` get one untimed call right before each
+    sample, so that a sample is the steady state of a loop of that method, not the first call
+    after another method (whose larger working set left the caches cold: a 1 ms training step
+    read 0.3 ms slower right after an 8 ms one)."""
 
     sample_s: float = 0.0
     min_total: float = 0.2
     max_total: float = 2.0
     min_rep: int = 3
     max_rep: int = 30
+    rewarm_s: float = 0.0
 
 
 class _Enough(Exception):
@@ -148,14 +153,15 @@ def measure(
         reps = max(1, min(reps, r, int(prof.max_total // max(s, 1e-9))))
     times: dict[str, list[float]] = {k: [] for k in fns}
     order = list(timers.items())
+    rewarm = {k: sample[k] / loops[k] < prof.rewarm_s for k in fns}
     for i in range(reps):
-        # each round starts one method later, so that no method is always timed right after
-        # the same (slow) one. A bias with the method's place in ``fns`` remains at small
-        # sizes: at N = 128 the training step listed first read ≈ 0.4 ms (20–30%) slower
-        # than the same code listed second, with or without the rotation (cause not found:
-        # no page faults, GC off); per-process timing would be needed to remove it
+        # each round starts one method later, and every other round runs backwards, so that
+        # no method is always timed right after the same (slow) one
         shift = i % len(order)
-        for k, t in order[shift:] + order[:shift]:
+        rnd = order[shift:] + order[:shift]
+        for k, t in rnd if i % 2 == 0 else rnd[::-1]:
+            if rewarm[k]:
+                t.timeit(1)
             times[k].append(t.timeit(loops[k]) / loops[k])
     out = {k: {"median_s": statistics.median(v), "min_s": min(v)} for k, v in times.items()}
     for k, o in out.items():

@@ -50,7 +50,7 @@ FULL = {
     "N": [128, 256, 512, 1024],
     "B": [32, 256, 1024],
     "dtypes": ["float32", "float64"],
-    "profile": H.Profile(min_total=0.4, max_total=3.0, min_rep=3, max_rep=10),
+    "profile": H.Profile(min_total=0.4, max_total=3.0, min_rep=3, max_rep=10, rewarm_s=0.02),
 }
 QUICK = {
     "N": [32, 64],

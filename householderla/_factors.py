@@ -151,9 +151,14 @@ class LazyFactors:
 
     def trapezoidal(self) -> bool:
         """Whether V is lower trapezoidal: declared ("trapezoidal"), excluded ("dense"), or
-        detected once on eager arrays ("auto": one N·L comparison; never on lazy arrays)."""
+        detected once on eager arrays ("auto": one N·L comparison; never on lazy arrays, and
+        never while autodiff records V: its zeros are then values, not the map's structure,
+        and the entries above the diagonal have derivatives that the products skipping them
+        would drop)."""
         if self.structure != "auto":
             return self.structure == "trapezoidal"
+        if needs_graph(self.V):
+            return False
         if self._trapezoidal is None:
             self._trapezoidal = _upper_is_zero(self.V, self.xp)
         return self._trapezoidal

@@ -11,7 +11,10 @@ forward: for a batch of B rows, forming W costs ≈ 3·N³ flops for a square CW
 blocks of nb reflectors (:mod:`householderla._blocked`; 2·N²·B for trapezoidal V at L = N),
 so up to B = N the layer never forms W, and above it forms W by the same blocks applied to
 the identity. The backward is the explicit VJPs of the blocks, each reusing the factors and
-the products its forward built.
+the products its forward built. A small square CWY layer (N ≤ ``ONE_NODE_MAX_N``) trains
+through one autograd node instead (``_autodiff.torch.CWYLinear``: the unnormalised compact WY
+form of Mhammedi et al., ICML 2017, Proposition 1, with its VJP; ``docs/theory/cwy.rst``, "One
+node for a small layer"), whose few GEMMs and solves replace the blocks' ≈ 170 torch calls.
 """
 
 from __future__ import annotations
@@ -21,15 +24,23 @@ from typing import Any
 
 import torch
 
-from ._lib.tracing import needs_graph
+from ._autodiff.torch import CWYLinear
+from ._lib.tracing import is_transformed, needs_graph
 from ._torch_param import INITS, MAPS, STRUCTURES, Orthogonal
 
-__all__ = ["OPERATOR_MAX_ROWS", "OrthogonalLinear"]
+__all__ = ["ONE_NODE_MAX_N", "OPERATOR_MAX_ROWS", "OrthogonalLinear"]
 
 #: The operator path runs for a batch of at most this many rows per max(in, out) (forming W
 #: above it): the flop counts cross near B ≈ 1.6·N for a square CWY weight; 1.0 keeps a margin
 #: for the blocks' smaller GEMMs (``benchmarks/training_step.py`` measures both paths).
 OPERATOR_MAX_ROWS = 1.0
+#: Largest N for which a square CWY layer's training forward is one autograd node
+#: (``_autodiff.torch.CWYLinear``: the single factor pair, its product and backward) instead
+#: of the blocks' composed nodes. Training step (forward + backward + SGD), B = 32, float32,
+#: torch, one thread, one node / blocks / torch's Cayley map: N = 128: 0.97 / 1.48 / 1.23 ms;
+#: N = 192: 1.8–2.1 / 2.5 / 2.6–3.1 ms; N = 256: 3.6 / 2.8 / 5.3 ms (the single pair's
+#: 2·N·L² Gram and 4·N·L² backward against the blocks' 2·N·L·nb each).
+ONE_NODE_MAX_N = 192
 
 
 class OrthogonalLinear(torch.nn.Module):
@@ -77,7 +88,10 @@ class OrthogonalLinear(torch.nn.Module):
     ≈ 3·N³ + 2·N²·B. Where a square CWY weight is formed for a training step (autodiff
     recording), it is the same blocks applied to the identity, in the parameters' dtype;
     ``weight`` (and the no-grad forward) forms it as
-    :func:`householderla.torch.orthogonal` does (float32 in float64, rounded once).
+    :func:`householderla.torch.orthogonal` does (float32 in float64, rounded once). A square
+    CWY layer with N ≤ ``ONE_NODE_MAX_N`` trains through one autograd node instead (same
+    choice between applying and forming W, by the unnormalised form; ``torch.func``
+    transforms and ``torch.compile`` take the blocks).
 
     Examples
     --------
@@ -155,6 +169,11 @@ class OrthogonalLinear(torch.nn.Module):
             got = "a scalar" if x.ndim == 0 else f"shape {tuple(x.shape)}"
             raise ValueError(f"x must have shape (..., {self.in_features}); got {got}")
         x2 = x.reshape(-1, self.in_features)
+        if self._one_node(x2):
+            V, formed = self.vectors[0], not self.uses_operator(x2.shape[0])
+            y = CWYLinear.apply(V, x2, self.structure == "trapezoidal", formed)
+            y = y.reshape(*x.shape[:-1], self.out_features)
+            return y if self.bias is None else y + self.bias
         if not self.uses_operator(x2.shape[0]):
             return torch.nn.functional.linear(x, self._formed(), self.bias)
         op = self._map.operator(*self.vectors)
@@ -163,6 +182,22 @@ class OrthogonalLinear(torch.nn.Module):
         # the method, not ``@``: dynamo puts ``object @ tensor`` into a graph as it is
         y = op.__matmul__(x2.mT).mT.reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
+
+    def _one_node(self, x: torch.Tensor) -> bool:
+        """Whether ``forward`` runs as one ``CWYLinear`` node: a square CWY weight with
+        N ≤ ``ONE_NODE_MAX_N`` whose vectors autograd records (a training step), x of the
+        vectors' dtype, outside ``torch.func`` transforms and ``torch.compile`` tracing
+        (which take the composed nodes, whose rules they support)."""
+        V = self.vectors[0]
+        return (
+            self.map == "cwy"
+            and x.dtype == V.dtype
+            and self.in_features == self.out_features <= ONE_NODE_MAX_N
+            and torch.is_grad_enabled()
+            and V.requires_grad
+            and not is_transformed(V)
+            and not torch.compiler.is_compiling()
+        )
 
     def _formed(self) -> torch.Tensor:
         """W for a forward that forms it: under autodiff, a square CWY weight as its operator

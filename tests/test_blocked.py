@@ -95,6 +95,27 @@ def test_torch_gradients_through_blocks_equal_the_single_block(small_blocks):
     assert torch.autograd.gradgradcheck(f, (Vt, ht))
 
 
+@pytest.mark.parametrize("B", [2, 20])  # blocks (B < L), the single pair's sequential paths
+def test_zeros_of_a_recorded_v_are_not_its_structure(small_blocks, monkeypatch, B):
+    """``structure="auto"`` on a lower-triangular V that autograd records: the zeros above the
+    diagonal are values, so their derivatives are kept (the gradient equals that of
+    ``structure="dense"``, nonzero above the diagonal). Detecting the structure there made the
+    blocks skip rows < s and return 0 for those entries (a dense-V layer at its triangular
+    Haar init then trained as a trapezoidal one)."""
+    torch = require("torch")
+    monkeypatch.setattr(_blocked, "MIN_L_GRAPH", 8)
+    V, h = _data(5, 12, 12, B)
+    Vt = torch.tensor(np.tril(V), requires_grad=True)
+    G = torch.tensor(np.random.default_rng(6).standard_normal((12, B)))
+    grads = [
+        torch.autograd.grad(((hl.cwy(Vt, structure=s) @ torch.tensor(h)) * G).sum(), Vt)[0]
+        for s in ("auto", "dense")
+    ]
+    upper = torch.triu(torch.ones(12, 12, dtype=torch.bool), diagonal=1)
+    assert float(grads[1][upper].abs().max()) > 1e-3
+    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=100 * EPS[np.float64] * 12)
+
+
 def test_jax_gradients_through_blocks(small_blocks):
     """jax.grad through the blocked product (each block's custom_vjp rules), eager and under
     jit, equals the single block's gradient."""

@@ -185,3 +185,121 @@ def test_trapezoidal_assignment_reaches_both_determinants_and_trains():
         W = lay.weight.detach()
         assert float((W - eye).abs().max()) > 1e-3
         torch.testing.assert_close(W.T @ W, eye, rtol=0, atol=TOL * N)
+
+
+def _graph_nodes(y: torch.Tensor) -> set[str]:
+    """Names of the autograd nodes behind y."""
+    seen, todo = set(), [y.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is not None and type(node).__name__ not in seen:
+            seen.add(type(node).__name__)
+            todo += [n for n, _ in node.next_functions]
+    return seen
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("rows", [5, 30])  # the operator path (B ≤ N), the formed one (B > N)
+@pytest.mark.parametrize("structure", ["trapezoidal", "dense"])
+def test_one_node_equals_the_composed_nodes(structure, rows, dtype, monkeypatch):
+    """A square CWY layer with N ≤ ONE_NODE_MAX_N trains through one ``CWYLinear`` node (the
+    unnormalised form, ``_agnostic.cwy_rows``); its output and the gradients of V, the bias
+    and x equal those of the composed nodes (unit columns, blocks of 4; forced by
+    ``ONE_NODE_MAX_N = 0``). Both run N reflections in another grouping: 100·eps·N of the
+    entries' size in float64; in float32 both accumulate the Gram in float64 and round each
+    product once, 50·eps·N. A missing transpose or a lost term is off by O(1)."""
+    monkeypatch.setattr(_blocked, "BLOCK", 4)
+    monkeypatch.setattr(_blocked, "MIN_L_GRAPH", 8)
+    N = 12
+
+    def make():
+        gen = torch.Generator().manual_seed(5)
+        return hl.torch.OrthogonalLinear(N, N, structure=structure, dtype=dtype, generator=gen)
+
+    one, composed = make(), make()
+    eps = EPS[np.float64 if dtype == torch.float64 else np.float32]
+    tol = (100 if dtype == torch.float64 else 50) * eps * N
+    x = torch.randn(1, rows, N, dtype=dtype, requires_grad=True)  # a leading batch axis
+    G = torch.randn(1, rows, N, dtype=dtype)
+    results = []
+    for layer, limit in ((one, _torch_layer.ONE_NODE_MAX_N), (composed, 0)):
+        monkeypatch.setattr(_torch_layer, "ONE_NODE_MAX_N", limit)
+        assert layer._one_node(x.reshape(-1, N)) == (limit > 0)
+        y = layer(x)
+        assert ("CWYLinearBackward" in _graph_nodes(y)) == (limit > 0)
+        gx = torch.autograd.grad((y * G).sum(), x, retain_graph=True)[0]
+        (y * G).sum().backward()
+        results.append((y.detach(), gx, [layer.vectors[0].grad, layer.bias.grad]))
+    (y1, gx1, g1), (y0, gx0, g0) = results
+    torch.testing.assert_close(y1, y0, rtol=0, atol=tol * float(y0.abs().max()))
+    torch.testing.assert_close(gx1, gx0, rtol=0, atol=tol * float(gx0.abs().max()))
+    for a, b in zip(g1, g0, strict=True):
+        assert float(b.abs().max()) > 0
+        torch.testing.assert_close(a, b, rtol=0, atol=tol * float(b.abs().max()))
+    if structure == "trapezoidal":
+        upper = torch.triu(torch.ones(N, N, dtype=torch.bool), diagonal=1)
+        assert not bool(g1[0][upper].any())
+
+
+@pytest.mark.parametrize("formed", [False, True])
+@pytest.mark.parametrize("trapezoidal", [False, True])
+def test_one_node_first_and_second_derivatives(trapezoidal, formed):
+    """``gradcheck`` and ``gradgradcheck`` of the one-node product (V, x) ↦ x Qᵀ: the second
+    derivatives (a gradient penalty's) come from the same operations recomputed under grad
+    mode in the backward, which autograd records."""
+    from householderla._autodiff.torch import CWYLinear
+
+    gen = torch.Generator().manual_seed(6)
+    V = torch.randn(5, 5, dtype=torch.float64, generator=gen).requires_grad_(True)
+    x = torch.randn(8 if formed else 3, 5, dtype=torch.float64, generator=gen)
+    x.requires_grad_(True)
+
+    def f(V_, x_):
+        return CWYLinear.apply(V_, x_, trapezoidal, formed)
+
+    assert torch.autograd.gradcheck(f, (V, x))
+    assert torch.autograd.gradgradcheck(f, (V, x))
+
+
+def test_one_node_dispatch(monkeypatch):
+    """The one node runs for a training forward only: not without grad, not for x of another
+    dtype, not above ONE_NODE_MAX_N, not under ``torch.func`` (whose gradient, through the
+    composed rules, equals the one node's), never for the other maps; NaN in V raises as on
+    the composed path."""
+    from householderla._autodiff.torch import CWYLinear
+
+    layer = hl.torch.OrthogonalLinear(6, 6, dtype=torch.float64)
+    x = torch.randn(3, 6, dtype=torch.float64)
+    assert layer._one_node(x)
+    with torch.no_grad():
+        assert not layer._one_node(x)
+    assert not layer._one_node(x.float())
+    monkeypatch.setattr(_torch_layer, "ONE_NODE_MAX_N", 5)
+    assert not layer._one_node(x)
+    monkeypatch.undo()
+    assert not hl.torch.OrthogonalLinear(6, 6, map="tcwy", dtype=torch.float64)._one_node(x)
+    calls = []
+
+    class Spy:
+        @staticmethod
+        def apply(*args):
+            calls.append(args[1].shape)
+            return CWYLinear.apply(*args)
+
+    monkeypatch.setattr(_torch_layer, "CWYLinear", Spy)
+    G = torch.randn(3, 6, dtype=torch.float64)
+    (layer(x) * G).sum().backward()
+    assert len(calls) == 1
+    params = dict(layer.named_parameters())
+
+    def loss(p):
+        return (torch.func.functional_call(layer, p, (x,)) * G).sum()
+
+    grads = torch.func.grad(loss)({k: v.detach() for k, v in params.items()})
+    assert len(calls) == 1  # the transform took the composed rules
+    for k, v in params.items():
+        torch.testing.assert_close(grads[k], v.grad, rtol=0, atol=1e3 * TOL)
+    with torch.no_grad():
+        layer.vectors[0][4, 1] = float("nan")
+    with pytest.raises(ValueError, match=r"V contains NaN or Inf \(in column\(s\) \[1\]\)"):
+        layer(x)

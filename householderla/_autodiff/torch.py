@@ -8,6 +8,9 @@ One ``torch.autograd.Function`` per differentiable primitive, in the ``forward``
 - ``LowRankApply``: (U, T, h) ↦ R(h) − U_out M U_inᵀ h; backward ``compact_wy.lowrank_vjp``
   (``LowRankApplyKept`` where h has the factors' dtype: the same map, keeping Uᵀh and
   M Uᵀh for the backward).
+- ``CWYLinear``: (V, x) ↦ x Qᵀ, a small orthogonal layer's Gram, product and backward in
+  one node (``cwy_rows``; not a rule: ``householderla._torch_layer`` calls it; old-style
+  ``forward(ctx, …)``, as the layer takes the composed rules under ``torch.func``).
 - ``HouseholderApply``: (V, h) ↦ H(v₁)…H(v_L) h; backward ``householder_apply_vjp``.
 - ``HouseholderApplyNumba``: the same map by the Numba kernels through DLPack (CPU);
   backward ``_kernels.numba.hgrad``, ``once_differentiable``.
@@ -35,6 +38,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .._agnostic import compact_wy as K
+from .._agnostic import cwy_rows as R
 from .._agnostic import retraction as RK
 from .._agnostic.newton_schulz import polar_backward, polar_forward
 from .._agnostic.reflections import householder_apply_vjp, reflect_all
@@ -172,6 +176,38 @@ def _lowrank(xp: Any, U: Any, T: Any, h: Any, transpose: bool, mode: str, out: A
     if out is None and h is not None and h.dtype == U.dtype == T.dtype:
         return LowRankApplyKept.apply(U, T, h, transpose, mode)[0]
     return LowRankApply.apply(U, T, h, transpose, mode, out)
+
+
+class CWYLinear(torch.autograd.Function):
+    """(V, x, trapezoidal, formed) ↦ x Qᵀ for rows x (B, N) and Q = I − V S⁻¹ Vᵀ the square
+    CWY map of V (N, N) (of its lower trapezoid with ``trapezoidal``), by the unnormalised
+    form of :mod:`householderla._agnostic.cwy_rows`: a small orthogonal layer's Gram, product
+    and their backward as one autograd node (``householderla._torch_layer``), where composed
+    nodes' Python and dispatch outweigh the GEMMs. ``formed``: W is formed and x Wᵀ taken.
+    The backward reads S and the kept products (``rows_vjp``). Under double backward (grad
+    mode on in the backward) they are recomputed from the saved V and x by the same torch
+    operations, which autograd then records."""
+
+    @staticmethod
+    def forward(ctx: Any, V: Any, x: Any, trapezoidal: bool, formed: bool) -> Any:
+        Vt = V.tril() if trapezoidal else V
+        S = R.rows_factor(Vt, _xp)
+        y, kept = R.rows_product(Vt, S, x, _xp, formed)
+        ctx.trapezoidal, ctx.formed = trapezoidal, formed
+        ctx.save_for_backward(V, x, Vt, S, *(kept if formed else (kept,)))
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> Any:
+        V, x, Vt, S, *kept = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            Vt = V.tril() if ctx.trapezoidal else V
+            S = R.rows_factor(Vt, _xp)
+            _, parts = R.rows_product(Vt, S, x, _xp, ctx.formed)
+        else:
+            parts = tuple(kept) if ctx.formed else kept[0]
+        V_bar, x_bar = R.rows_vjp(Vt, S, x, g, parts, _xp, ctx.formed, ctx.needs_input_grad[1])
+        return (V_bar.tril() if ctx.trapezoidal else V_bar), x_bar, None, None
 
 
 # -- sequential Householder products -----------------------------------------------------------
