@@ -35,11 +35,13 @@ __all__ = ["ONE_NODE_MAX_N", "OPERATOR_MAX_ROWS", "OrthogonalLinear"]
 #: for the blocks' smaller GEMMs (``benchmarks/training_step.py`` measures both paths).
 OPERATOR_MAX_ROWS = 1.0
 #: Largest N for which a square CWY layer's training forward is one autograd node
-#: (``_autodiff.torch.CWYLinear``: the single factor pair, its product and backward) instead
-#: of the blocks' composed nodes. Training step (forward + backward + SGD), B = 32, float32,
-#: torch, one thread, one node / blocks / torch's Cayley map: N = 128: 0.97 / 1.48 / 1.23 ms;
-#: N = 192: 1.8–2.1 / 2.5 / 2.6–3.1 ms; N = 256: 3.6 / 2.8 / 5.3 ms (the single pair's
-#: 2·N·L² Gram and 4·N·L² backward against the blocks' 2·N·L·nb each).
+#: (``_autodiff.torch.CWYLinear``: the Gram, two triangular solves and a few GEMMs, with their
+#: backward) instead of the blocks' composed nodes. Training step (forward + backward + SGD),
+#: torch, one thread, one node / blocks / torch's Cayley map, in ms: N = 128, B = 32,
+#: float32: 0.81 / 1.49 / 1.23; N = 192, B = 32, float32: 1.36 / 2.17 / 2.62; B = N = 192,
+#: float64: 4.07 / 4.55 / 3.92; N = 256, float64: B = 32 3.36 / 4.00 / 8.71, B = 256
+#: 9.08 / 7.91 / 9.83 (there the single pair's 2·N·L² Gram and the apply's L² terms weigh
+#: more than the blocks' calls).
 ONE_NODE_MAX_N = 192
 
 

@@ -165,7 +165,10 @@ def _prepare(
     if structure == "trapezoidal":
         Vt = V if lower else xp.tril(V)  # (scanned: V itself; unscanned lazy V: upper ignored)
         if lower is False or (
-            lower is None and is_eager(V) and math.prod(V.shape) and bool(xp.any(V != Vt))
+            lower is None
+            and is_eager(V)
+            and math.prod(V.shape)
+            and bool(xp.any(xp.triu(V, k=1) != 0))  # (V != tril(V) is True at a NaN below)
         ):
             raise ValueError(
                 'structure="trapezoidal" declares V lower trapezoidal, but V has nonzero '
@@ -178,7 +181,6 @@ def _prepare(
     elif not scan[0]:
         check_finite_columns(V, xp)  # raises, naming the columns
     return V, xp, structure, theta, lower
-    return V, xp, structure, theta
 
 
 def tcwy(V: Any, *, theta: Any = None, structure: str = "auto", xp: Any = None) -> TCWY:

@@ -28,6 +28,9 @@ def test_nan_and_inf_rejected_on_eager_arrays(bk_eager):
         V[2, 1] = bad
         with pytest.raises(ValueError, match=r"V contains NaN or Inf \(in column\(s\) \[1\]\)"):
             hl.cwy(bk.asarray(V))
+        for structure in ("trapezoidal", "dense"):  # below the diagonal: not a structure error
+            with pytest.raises(ValueError, match=r"V contains NaN or Inf \(in column\(s\) \[1\]\)"):
+                hl.cwy(bk.asarray(np.tril(V)), structure=structure)
         with pytest.raises(ValueError, match="NaN or Inf"):
             hl.householder_apply(bk.asarray(V), bk.asarray(np.ones(4)))
         with pytest.raises(ValueError, match="NaN or Inf"):
