@@ -28,7 +28,7 @@ def _data(zero_column: bool = False, trapezoidal: bool = False, seed: int = 0):
         V = np.tril(V)
     if zero_column:
         V[:, 3] = 0.0
-    return V, rng.standard_normal((4, N)), rng.standard_normal((9, N))
+    return V, rng.standard_normal((4, N))
 
 
 @pytest.mark.parametrize("formed", [False, True])
@@ -36,7 +36,7 @@ def _data(zero_column: bool = False, trapezoidal: bool = False, seed: int = 0):
 def test_rows_product_is_the_product_of_reflections(bk_eager, formed, zero_column):
     """y = x Qᵀ with Q = H(v₁)…H(v_N) (H(0) = I for a zero column), by the operator path and
     the formed one; the formed W is Q itself."""
-    V, x, _ = _data(zero_column, trapezoidal=True)
+    V, x = _data(zero_column, trapezoidal=True)
     Q = product_of_reflections(V)
     xp = bk_eager.xp
     Vb, xb = bk_eager.asarray(V), bk_eager.asarray(x)
@@ -50,7 +50,7 @@ def test_rows_product_is_the_product_of_reflections(bk_eager, formed, zero_colum
 def test_rows_vjp_dot_product_test(bk_eager, formed):
     """⟨V̄, δV⟩ + ⟨x̄, δx⟩ equals the central difference of ℓ = ⟨G, x Qᵀ⟩ along (δV, δx),
     with x̄ None when not asked for; a sign or transpose error in any term is O(1) off."""
-    V, x, _ = _data(seed=1)
+    V, x = _data(seed=1)
     rng = np.random.default_rng(2)
     G, dV, dx = (
         rng.standard_normal(x.shape),
@@ -81,7 +81,7 @@ def test_rows_vjp_dot_product_test(bk_eager, formed):
 def test_zero_column_gets_a_zero_cotangent(bk_eager):
     """H(0) = I: a zero column's cotangent is 0 (never NaN), as the unit-column form defines
     it (``compact_wy.normalize_columns_vjp``), and the others stay finite."""
-    V, x, _ = _data(zero_column=True, seed=3)
+    V, x = _data(zero_column=True, seed=3)
     xp = bk_eager.xp
     Vb, xb = bk_eager.asarray(V), bk_eager.asarray(x)
     S = R.rows_factor(Vb, xp)
@@ -98,7 +98,7 @@ def test_zero_column_gets_a_zero_cotangent(bk_eager):
 @pytest.mark.parametrize("bad", [np.nan, -np.inf])
 def test_non_finite_columns_raise(bk_eager, bad):
     """NaN and ±Inf raise, naming the column."""
-    V, _, _ = _data(seed=4)
+    V, _ = _data(seed=4)
     V[2, 5] = bad
     with pytest.raises(ValueError, match=r"V contains NaN or Inf \(in column\(s\) \[5\]\)"):
         R.rows_factor(bk_eager.asarray(V), bk_eager.xp)
@@ -107,7 +107,7 @@ def test_non_finite_columns_raise(bk_eager, bad):
 def test_overflowing_column_norms_raise(bk_eager):
     """A finite float64 column with ‖v‖² past 1.8e308 raises, naming it and the remedy
     (the unit-column form would take it; the squares here cannot)."""
-    V, _, _ = _data(seed=4)
+    V, _ = _data(seed=4)
     V[2, 5] = 1e200
     with np.errstate(over="ignore"), pytest.raises(ValueError, match=r"column\(s\) \[5\] whose"):
         R.rows_factor(bk_eager.asarray(V), bk_eager.xp)
@@ -116,7 +116,7 @@ def test_overflowing_column_norms_raise(bk_eager):
 def test_float32_accumulates_the_gram_in_float64():
     """float32 V (NumPy): S is float64 (the Gram accumulated there, as ``cwy_factors`` does)
     and the product comes back in float32 within 50·eps₃₂·N of the float64 one."""
-    V, x, _ = _data(seed=5, trapezoidal=True)
+    V, x = _data(seed=5, trapezoidal=True)
     V32, x32 = V.astype(np.float32), x.astype(np.float32)
     S = R.rows_factor(V32, np)
     assert S.dtype == np.float64
