@@ -84,7 +84,7 @@ class LazyFactors:
     the phases θ of a right factor diag(e^{iθ}) (None: no such factor), LAPACK's ``tau``
     (:func:`householderla.from_lapack`; None otherwise), with which the first product and
     ``.matrix()`` run LAPACK's panel algorithms (:meth:`first_panel_product`), and the
-    ``shortcut`` of repeated plain products (the dense Q; :meth:`product_factor`).
+    ``shortcut`` of repeated plain products (the dense Q, or W = U T; :meth:`product_factor`).
     """
 
     __slots__ = (
@@ -125,7 +125,7 @@ class LazyFactors:
         self.phase = None if theta is None else phase_factor(theta, xp)
         self.U = self.T = self.shortcut = None
         self.applied = 0  # columns multiplied by the single pair (U, T) so far
-        # more than N/2 reflectors: repeated products may switch to the dense Q
+        # more than N/2 reflectors: repeated products switch to the dense Q (else to W = U T)
         self.dense_pays = 2 * V.shape[-1] > V.shape[-2]
         self.blocks: list[tuple[int, Any, Any]] | None = None  # blocked factors (``_blocked``)
         # "auto"'s detected structure: None until needed, unless the caller scanned V already
@@ -147,6 +147,8 @@ class LazyFactors:
         self.dense_pays = 2 * V.shape[-1] > V.shape[-2]
         for k, v in state.items():
             setattr(self, k, v)
+        if isinstance(self.shortcut, tuple):  # (Q, Qᴴ), as pickled before W = U T existed
+            self.shortcut = {False: ("dense", self.shortcut[0]), True: ("dense", self.shortcut[1])}
         self.xp = aac.array_namespace(self.V)
 
     def trapezoidal(self) -> bool:
@@ -234,28 +236,39 @@ class LazyFactors:
                 self.direct = (U, T, mH(U, self.xp), mH(T, self.xp))
         return self.U, self.T
 
-    def product_factor(self, B: int) -> Any:
-        """``(Q, Qᴴ)``, the dense matrix, for a plain (no autodiff) product with B columns of
-        an operator with more than N/2 reflectors once it pays, None until then (and always
-        for L ≤ N/2). A product is then one GEMM of 2·N²·B flops instead of
-        4·N·L·B + 2·L²·B; building Q = I − (U T) Uᴴ costs 2·N·L² + 2·N²·L flops once and is
-        done when the columns of the products so far add up to N, when the flops they would
-        have saved (at least 2·L² + 2·N·L per column) match that cost (ski rental: never more
-        than about twice the best choice made knowing the future). Q takes N² ≤ 2·N·L
-        entries, no more than U and T. At L = N = 1024, B = 64 (NumPy, one thread) a product
-        takes 13 ms with U, T and 3.7 ms with Q. For L ≤ N/2, keeping W = U T instead
-        (two GEMMs without T·(Uᴴh)) was measured no faster: it reads W besides U."""
-        if self.shortcut is None:
-            if not self.dense_pays:
-                return None
-            N = self.V.shape[-2]
+    def product_factor(self, B: int, transposed: bool) -> tuple[str, Any] | None:
+        """The factor of a plain (no autodiff) product Q h (Qᴴ h where ``transposed``) with B
+        columns, for an operator used again and again; None until it pays:
+
+        - ``("dense", Q)`` (or Qᴴ) for L > N/2 reflectors: a product is one GEMM of 2·N²·B
+          flops instead of 4·N·L·B + 2·L²·B. Q = I − (U T) Uᴴ costs 2·N·L² + 2·N²·L flops
+          once and takes N² ≤ 2·N·L entries, no more than U and T. At L = N = 1024, B = 64
+          (NumPy, one thread) a product takes 13 ms with U, T and 3.7 ms with Q.
+        - ``("folded", W)`` for L ≤ N/2: W = U T (U Tᴴ for Qᴴ), and Q h = h − W (Uᴴ h), the
+          two GEMMs of 4·N·L·B flops without T's product (2·L²·B). W costs 2·N·L² flops once
+          and N·L entries (a copy of U's size) for each direction used. Measured (NumPy, one
+          thread, float64, ratio to the two GEMMs U (Uᵀ h)): N = 1024, L = 256, B = 64:
+          1.14× with U, T, 1.03–1.07× with W; N = 256, L = 128, B = 16: 1.30× and 1.05×;
+          N = 4096, L = 1024, B = 64: 1.12× and 1.00–1.01×.
+
+        Either is built when the columns of the products so far add up to N, where the flops
+        they would have saved (at least 2·L² per column) match its cost: ski rental, never
+        more than about twice the best choice made knowing the future."""
+        sc = self.shortcut
+        if sc is not None and transposed in sc:
+            return sc[transposed]
+        if sc is None:
             self.applied += B
-            if self.applied < N:
+            if self.applied < self.V.shape[-2]:
                 return None
-            xp, U = self.xp, self.U
-            Q = eye_like(xp, N, U.dtype, device_of(U)) - (U @ self.T) @ mH(U, xp)
-            self.shortcut = (Q, mH(Q, xp))
-        return self.shortcut
+            sc = self.shortcut = {}
+        xp, U, T = self.xp, self.U, self.T
+        if self.dense_pays:
+            Q = eye_like(xp, U.shape[-2], U.dtype, device_of(U)) - (U @ T) @ mH(U, xp)
+            sc[False], sc[True] = ("dense", Q), ("dense", mH(Q, xp))
+        else:  # the other direction's W is built on its first product after the switch
+            sc[transposed] = ("folded", U @ (mH(T, xp) if transposed else T))
+        return sc[transposed]
 
 
 def _compiled_larft(V: Any) -> Any:

@@ -215,8 +215,8 @@ class CompactWYOperator(LinearOperatorMixin):
         factors are not built yet may run the reflections one at a time (Numba kernel) when
         :func:`~householderla.householder.sequential_is_faster` says so for its shape; later
         products build and reuse U, T. A plain product (no autodiff) of an operator used
-        again and again with L > N/2 reflectors switches, once the columns it has multiplied
-        add up to N, to one GEMM with the dense Q
+        again and again switches, once the columns it has multiplied add up to N, to one GEMM
+        with the dense Q (L > N/2 reflectors) or to h − W (Uᴴ h) with W = U T
         (:meth:`~householderla._factors.LazyFactors.product_factor`).
         """
         f = self._factors
@@ -232,13 +232,15 @@ class CompactWYOperator(LinearOperatorMixin):
             and h.shape[0] == direct[0].shape[0]
             and (f.direct_type.__name__ == "ndarray" or self._torch_direct(h))
         ):
-            # the products and nothing else: Q h = h − U (T (Uᴴ h)), Qᴴ h with Tᴴ, or the
-            # dense Q once it pays (LazyFactors.product_factor)
+            # the products and nothing else: Q h = h − U (T (Uᴴ h)), Qᴴ h with Tᴴ, or, once
+            # they pay, the dense Q or h − W (Uᴴ h) (LazyFactors.product_factor)
             U, T, Ut, Tt = direct
-            P = f.shortcut or (f.dense_pays and f.product_factor(1 if h.ndim == 1 else h.shape[1]))
-            if not P:
+            P = f.product_factor(1 if h.ndim == 1 else h.shape[1], self._transposed)
+            if P is None:
                 return h - U @ ((Tt if self._transposed else T) @ (Ut @ h))
-            return P[1] @ h if self._transposed else P[0] @ h  # the dense Q
+            if P[0] == "dense":
+                return P[1] @ h
+            return h - P[1] @ (Ut @ h)
         xp = self._xp
         if is_dask_array(h):
             return dask_matmul(self, h)
@@ -267,11 +269,11 @@ class CompactWYOperator(LinearOperatorMixin):
                 U, T = xp.astype(U, h.dtype), xp.astype(T, h.dtype)
             structured = self._use_structured(hm.shape[-1])
             P = None
-            if f.dense_pays and self._mode == "square" and not structured and U.dtype == hm.dtype:
+            if self._mode == "square" and not structured and U.dtype == hm.dtype:
                 if route(xp, U, T, hm) == "plain":  # no autodiff to record
-                    P = f.shortcut or f.product_factor(hm.shape[-1])
-            if P is not None:  # one GEMM with the dense Q (or Qᴴ)
-                y = (P[1] if self._transposed else P[0]) @ hm
+                    P = f.product_factor(hm.shape[-1], self._transposed)
+            if P is not None:  # one GEMM with the dense Q (Qᴴ), or two with W = U T (U Tᴴ)
+                y = P[1] @ hm if P[0] == "dense" else hm - P[1] @ (mH(U, xp) @ hm)
             else:
                 y = lowrank(U, T, hm, xp, self._transposed, self._mode, structured)
         if phase is not None and self._transposed:  # Dᴴ Q₀ᴴ h

@@ -1,11 +1,11 @@
 """Repeated products of one operator switch to cheaper factors (issue 19, item 2).
 
-A plain product (no autodiff) of a built operator computes Q h = h − U (T (Uᴴ h)); with more
-than N/2 reflectors, once the columns its products have multiplied add up to N, the operator
-keeps the dense Q (one GEMM) — ``LazyFactors.product_factor``. These tests check that the
-switch happens where (and only where) it should, that every product before and after it
-equals the dense product of the reflections, and that products recorded for autodiff never
-take it.
+A plain product (no autodiff) of a built operator computes Q h = h − U (T (Uᴴ h)); once the
+columns its products have multiplied add up to N, the operator keeps the dense Q (one GEMM)
+when it has more than N/2 reflectors, else W = U T (Q h = h − W (Uᴴ h), U Tᴴ for Qᴴ) —
+``LazyFactors.product_factor``. These tests check that the switch happens when (and only
+when) it should and to which factor, that every product before and after it equals the dense
+product of the reflections, and that products recorded for autodiff never take it.
 
 Tolerance: 100·eps·N on entries of O(1) — the product of an orthogonal Q with a vector of
 O(1) entries, each entry a sum of N products whose rounding errors add up to a few eps·N (the
@@ -42,8 +42,8 @@ def _built(op):
 @pytest.mark.parametrize("complex_", [False, True])
 def test_products_before_and_after_the_switch_equal_the_definition(bk, N, L, dense, complex_):
     """Products with 1, then 4 columns (two products of 4 reach N = 12 after the first): the
-    first products use U, T, later ones the dense Q exactly when L > N/2; Q h, Qᴴ h, Qᵀ h and
-    vectors equal the dense product of the reflections throughout."""
+    first products use U, T, later ones the dense Q when L > N/2, else W = U T and U Tᴴ;
+    Q h, Qᴴ h, Qᵀ h and vectors equal the dense product of the reflections throughout."""
     dt = np.complex128 if complex_ else np.float64
     V = _vs(0, N, L, complex_=complex_)
     Q = product_of_reflections(V)
@@ -58,8 +58,10 @@ def test_products_before_and_after_the_switch_equal_the_definition(bk, N, L, den
         v = h[:, 0]
         np.testing.assert_allclose(to_numpy(op @ bk.asarray(v, dt)), Q @ v, atol=_tol(N))
     if plain and not bk.name.startswith("jax"):
-        # every product above was plain: the dense Q exists exactly when L > N/2
-        assert (f.shortcut is not None) is dense
+        # every product above was plain: the dense Q when L > N/2, else W for both directions
+        kinds = {kind for kind, _ in f.shortcut.values()}
+        assert kinds == ({"dense"} if dense else {"folded"})
+        assert sorted(f.shortcut) == [False, True]
     if bk.name.startswith("jax"):
         assert f.shortcut is None  # JAX products go through their custom_vjp rules
 
