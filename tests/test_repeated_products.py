@@ -114,3 +114,23 @@ def test_shortcut_does_not_write_the_inputs():
         y = op @ h
     np.testing.assert_allclose(y, product_of_reflections(V) @ h, atol=_tol(N))
     assert op._factors.shortcut is not None
+
+
+def test_a_pickled_dense_pair_of_an_earlier_version_still_serves_products():
+    """A state pickled before W = U T existed holds the shortcut as the pair (Q, Qᴴ); loading
+    it converts the pair, and products with Q and Qᴴ still equal the reflections'."""
+    import pickle
+
+    N = 8
+    V, h = _vs(10, N, N), _vs(11, N, 3)
+    op = _built(hl.cwy(V))
+    for _ in range(3):
+        op @ h
+    f = op._factors
+    Q, Qh = f.shortcut[False][1], f.shortcut[True][1]
+    f.shortcut = (Q, Qh)  # the earlier layout, as a pickle of it stores it
+    op2 = pickle.loads(pickle.dumps(op))
+    assert op2._factors.shortcut[True][0] == "dense"
+    ref = product_of_reflections(V)
+    np.testing.assert_allclose(op2 @ h, ref @ h, atol=_tol(N))
+    np.testing.assert_allclose(op2.H @ h, ref.T @ h, atol=_tol(N))
