@@ -71,6 +71,30 @@ def _small_numpy_reflectors(a: Any, tau: Any, m: int, xp: Any) -> Any:
     return V
 
 
+def _column_major_reflectors(a: Any, tau: Any, xp: Any) -> Any:
+    """V (m, k) of one column-major NumPy float32/float64 ``a`` (m, n) — LAPACK's layout, as
+    ``scipy.linalg.lapack.?geqrf`` and ``scipy.linalg.qr(mode="raw")`` return it — built and
+    checked (NaN/Inf below the diagonal, τ against 2/‖v‖²) by one Numba pass over the
+    columns, in column-major order; None for other input or without Numba. 1024 × 256
+    float64, one thread: 0.15 ms → 0.05 ms for ``from_lapack`` (the several NumPy passes:
+    V's copy and masks, ‖vᵢ‖², the finiteness and τ checks)."""
+    if type(a) is not np.ndarray or type(tau) is not np.ndarray or a.ndim != 2:
+        return None
+    if not a.flags.f_contiguous or a.dtype not in (np.float32, np.float64) or tau.dtype != a.dtype:
+        return None
+    nk = numba_for(xp, a, tau)
+    if nk is None:
+        return None
+    m, k = a.shape[0], tau.shape[0]
+    Vt = np.empty((k, m), a.dtype)
+    if Vt.size:
+        bad, nonfinite = nk.lapack_unit_lower_columns(a.T, np.ascontiguousarray(tau), Vt)
+        if nonfinite:
+            raise ValueError("a (below the diagonal) contains NaN or Inf")
+        _tau_error(bad, m, float(np.finfo(a.dtype).eps), False)
+    return Vt.T
+
+
 def from_lapack(a: Any, tau: Any, *, thin: bool = False, xp: Any = None) -> CWY | TCWY:
     """Q = H(1)…H(k) from LAPACK's ``(a, tau)`` as a CWY operator (T-CWY with ``thin=True``).
 
@@ -127,7 +151,8 @@ def from_lapack(a: Any, tau: Any, *, thin: bool = False, xp: Any = None) -> CWY 
     ``torch.linalg.householder_product`` (one thread; ``benchmarks/small.py``). V and the
     CWY factors are built when anything else needs them, so such an operator, like
     :func:`cwy`'s with V, reads ``a`` when it is used: do not write into ``a`` while you use
-    it. Other small stacks build V in the same one pass.
+    it. Other small stacks build V in the same one pass, and so does one column-major real
+    ``a`` of any size (``?geqrf``'s own layout), reading each column as a contiguous row.
 
     Examples
     --------
@@ -163,7 +188,9 @@ def from_lapack(a: Any, tau: Any, *, thin: bool = False, xp: Any = None) -> CWY 
     if stack is not None:  # a stack of small NumPy (a, τ): read in place, checked in one pass
         _tau_error(stack[1], m, float(np.finfo(a.dtype).eps), False)
         return stack[0]
-    V = _small_numpy_reflectors(a, tau, m, xp)
+    V = _column_major_reflectors(a, tau, xp)
+    if V is None:
+        V = _small_numpy_reflectors(a, tau, m, xp)
     if V is not None:  # checked in the same pass; real, so no sdiag
         tau = tau.detach() if hasattr(tau, "detach") else tau
         return (TCWY if thin else CWY)(V, xp, structure="trapezoidal", tau=tau)

@@ -427,3 +427,39 @@ def test_wide_panels_of_many_reflectors_equal_orgqr():
     np.testing.assert_allclose(Q, ref, atol=_tol(np.float64, m))
     eye = np.eye(m)
     assert np.linalg.norm(Q.T @ Q - eye) <= 1.25 * np.linalg.norm(ref.T @ ref - eye)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_column_major_a_is_read_in_one_pass_as_the_numpy_route_reads_it(monkeypatch, dtype):
+    """One column-major NumPy ``a`` (LAPACK's layout) is built and checked by one Numba pass
+    over its columns (``lapack._column_major_reflectors``): V equals the NumPy route's
+    tril(a, −1) + I with τ = 0 columns zeroed (NaN in such a column included), k < n and
+    k = 0; NaN/Inf below the diagonal and a τ that is not 2/‖v‖² raise as there."""
+    from householderla import lapack as hl_lapack
+
+    pytest.importorskip("numba")
+    rng = np.random.default_rng(11)
+    qr, tau = _geqrf(rng.standard_normal((9, 6)).astype(dtype))
+    assert qr.flags.f_contiguous and not qr.flags.c_contiguous
+    tau = tau.astype(dtype)
+    tau[3] = 0
+    qr[5, 3] = np.nan  # below the diagonal of a τ = 0 column: never read
+    cases = [(qr, tau), (qr, tau[:4]), (qr, tau[:0])]
+    for a, t in cases:
+        V = hl_lapack._column_major_reflectors(a, t, np)
+        assert V is not None and V.shape == (9, t.shape[0]) and V.dtype == dtype
+        with monkeypatch.context() as m:
+            m.setenv("HL_DISABLE_NUMBA", "1")
+            assert hl_lapack._column_major_reflectors(a, t, np) is None
+            ref = hl.from_lapack(a, t)._factors.V
+        np.testing.assert_array_equal(V, ref)
+        np.testing.assert_array_equal(hl.from_lapack(a, t)._factors.V, ref)
+    assert hl_lapack._column_major_reflectors(np.ascontiguousarray(qr), tau, np) is None
+    bad = qr.copy(order="F")
+    bad[7, 1] = np.inf
+    with pytest.raises(ValueError, match=r"a \(below the diagonal\) contains NaN or Inf"):
+        hl.from_lapack(bad, tau)
+    wrong = tau.copy()
+    wrong[0] *= 1.5
+    with pytest.raises(ValueError, match="not LAPACK's 2/"):
+        hl.from_lapack(qr, wrong)

@@ -37,7 +37,13 @@ from .numba_batched import (
     rescaled,
     taus_of,
 )
-from .numba_checks import finite_lower, lapack_check, lapack_unit_lower, upper_is_zero
+from .numba_checks import (
+    finite_lower,
+    lapack_check,
+    lapack_unit_lower,
+    lapack_unit_lower_columns,
+    upper_is_zero,
+)
 from .numba_larft import larft_forward
 from .numba_loops import (
     HAVE_NUMBA,
@@ -65,6 +71,7 @@ __all__ = [
     "hprod_vector",
     "lapack_check",
     "lapack_unit_lower",
+    "lapack_unit_lower_columns",
     "larft_forward",
     "upper_is_zero",
 ]
@@ -72,7 +79,7 @@ __all__ = [
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "35ea6679dd666bfd"
+KERNEL_DEPS = "106030faaf69d142"
 
 
 # -- entry kernels (explicit signatures: read-only C inputs accept writable arrays too) -------

@@ -16,7 +16,14 @@ import numpy as np
 
 from .numba_loops import HAVE_NUMBA, njit
 
-__all__ = ["finite_lower", "lapack_check", "lapack_unit_lower", "unit_reflectors", "upper_is_zero"]
+__all__ = [
+    "finite_lower",
+    "lapack_check",
+    "lapack_unit_lower",
+    "lapack_unit_lower_columns",
+    "unit_reflectors",
+    "upper_is_zero",
+]
 
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
@@ -36,6 +43,9 @@ def _sigs(kind: str) -> Any:
         elif kind == "lapack_check":
             ro3, ro2 = nt.Array(f, 3, "C", readonly=True), nt.Array(f, 2, "C", readonly=True)
             out.append(nt.Tuple((nt.float64, nt.int64))(ro3, ro2))
+        elif kind == "columns":
+            ro2, ro1 = nt.Array(f, 2, "C", readonly=True), nt.Array(f, 1, "C", readonly=True)
+            out.append(nt.Tuple((nt.float64, nt.int64))(ro2, ro1, nt.Array(f, 2, "C")))
         elif kind == "scan":
             out.append(nt.Tuple((nt.boolean, nt.boolean))(nt.Array(f, 3, "C", readonly=True)))
         else:
@@ -222,4 +232,54 @@ def lapack_unit_lower(a: Any, tau: Any, V: Any) -> Any:
         w, bad = _tau_check(a, tau, p, ss, V[p])
         worst = max(worst, w)
         nonfinite += bad
+    return worst, nonfinite
+
+
+@njit(_sigs("columns"))
+def lapack_unit_lower_columns(at: Any, tau: Any, Vt: Any) -> Any:
+    """:func:`lapack_unit_lower` for one column-major ``a`` (m, n), LAPACK's own layout,
+    given as its transpose ``at`` (n, m) C-contiguous (row i is column i of ``a``), τ (k,),
+    into Vt (k, m) C-contiguous (V in column-major order). Each column is one contiguous
+    row here: zeros, the unit diagonal, a copy of the entries below it, and their squares
+    summed in float64 in four independent partial sums (one sum's add latency would bound
+    the loop). No copy of ``a`` to C order, which the batched kernel needs. Memory-bound
+    once V leaves the caches: 1024 × 256 float64 in 0.12 ms (a plain copy of ``a``: 0.05).
+
+    Returns (max over τ_i ≠ 0 of |τ_i ‖v_i‖²/2 − 1|, inf where ‖v_i‖² overflows; the number
+    of non-finite entries below the diagonal of those columns)."""
+    k = tau.shape[0]
+    m = at.shape[1]
+    worst = 0.0
+    nonfinite = 0
+    for i in range(k):
+        row = Vt[i]
+        t = np.float64(tau[i])
+        if t == 0:  # H(i) = I whatever the column holds
+            row[:] = 0
+            continue
+        row[:i] = 0
+        row[i] = 1
+        src = at[i]
+        row[i + 1 :] = src[i + 1 :]
+        s0 = s1 = s2 = s3 = 0.0
+        r = i + 1
+        while r + 4 <= m:
+            x0, x1 = np.float64(src[r]), np.float64(src[r + 1])
+            x2, x3 = np.float64(src[r + 2]), np.float64(src[r + 3])
+            s0 += x0 * x0
+            s1 += x1 * x1
+            s2 += x2 * x2
+            s3 += x3 * x3
+            r += 4
+        while r < m:
+            x0 = np.float64(src[r])
+            s0 += x0 * x0
+            r += 1
+        err = abs(t * (1.0 + ((s0 + s1) + (s2 + s3))) / 2 - 1)
+        if not err <= 1.7976931348623157e308:  # ‖v‖² overflowed, or NaN/Inf in a
+            for r in range(i + 1, m):
+                if not abs(np.float64(src[r])) <= 1.7976931348623157e308:
+                    nonfinite += 1
+            err = np.inf
+        worst = max(worst, err)
     return worst, nonfinite
