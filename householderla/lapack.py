@@ -50,6 +50,14 @@ def _tau_error(bad: float, m: int, eps: float, complex_: bool) -> None:
     )
 
 
+def _checked(bad: float, nonfinite: int, m: int, dtype: Any) -> None:
+    """Raise for what a Numba pass over real ``(a, τ)`` found: ``nonfinite`` NaN/Inf entries
+    below the diagonal, or τ's largest mismatch ``bad`` beyond :func:`_tau_error`'s bound."""
+    if nonfinite:
+        raise ValueError("a (below the diagonal) contains NaN or Inf")
+    _tau_error(bad, m, float(np.finfo(dtype).eps), False)
+
+
 def _small_numpy_reflectors(a: Any, tau: Any, m: int, xp: Any) -> Any:
     """V (..., m, k) of NumPy float32/float64 ``(a, τ)`` with m ≤ SMALL_M, built and checked
     (NaN/Inf below the diagonal, τ against 2/‖v‖²) by one Numba pass; None for other input
@@ -64,10 +72,7 @@ def _small_numpy_reflectors(a: Any, tau: Any, m: int, xp: Any) -> Any:
     if V.size:
         a3 = np.ascontiguousarray(a.reshape((-1, *a.shape[-2:])))  # (geqrf's is F order)
         t2 = np.ascontiguousarray(tau.reshape((-1, k)))
-        bad, nonfinite = nk.lapack_unit_lower(a3, t2, V.reshape((-1, m, k)))
-        if nonfinite:
-            raise ValueError("a (below the diagonal) contains NaN or Inf")
-        _tau_error(bad, m, float(np.finfo(a.dtype).eps), False)
+        _checked(*nk.lapack_unit_lower(a3, t2, V.reshape((-1, m, k))), m, a.dtype)
     return V
 
 
@@ -75,9 +80,10 @@ def _column_major_reflectors(a: Any, tau: Any, xp: Any) -> Any:
     """V (m, k) of one column-major NumPy float32/float64 ``a`` (m, n) — LAPACK's layout, as
     ``scipy.linalg.lapack.?geqrf`` and ``scipy.linalg.qr(mode="raw")`` return it — built and
     checked (NaN/Inf below the diagonal, τ against 2/‖v‖²) by one Numba pass over the
-    columns, in column-major order; None for other input or without Numba. 1024 × 256
-    float64, one thread: 0.15 ms → 0.05 ms for ``from_lapack`` (the several NumPy passes:
-    V's copy and masks, ‖vᵢ‖², the finiteness and τ checks)."""
+    columns, in column-major order; None for other input or without Numba. ``from_lapack``
+    of 256 × 256 float64, one thread: 0.10 → 0.04 ms (in place of the NumPy passes: V's
+    copy and masks, ‖vᵢ‖², the finiteness and τ checks); 1024 × 1024: 0.60 → 0.40 ms;
+    1024 × 256: 0.148 → 0.139 ms (memory-bound: V no longer fits the caches)."""
     if type(a) is not np.ndarray or type(tau) is not np.ndarray or a.ndim != 2:
         return None
     if not a.flags.f_contiguous or a.dtype not in (np.float32, np.float64) or tau.dtype != a.dtype:
@@ -88,10 +94,7 @@ def _column_major_reflectors(a: Any, tau: Any, xp: Any) -> Any:
     m, k = a.shape[0], tau.shape[0]
     Vt = np.empty((k, m), a.dtype)
     if Vt.size:
-        bad, nonfinite = nk.lapack_unit_lower_columns(a.T, np.ascontiguousarray(tau), Vt)
-        if nonfinite:
-            raise ValueError("a (below the diagonal) contains NaN or Inf")
-        _tau_error(bad, m, float(np.finfo(a.dtype).eps), False)
+        _checked(*nk.lapack_unit_lower_columns(a.T, np.ascontiguousarray(tau), Vt), m, a.dtype)
     return Vt.T
 
 
