@@ -20,10 +20,10 @@ import numpy as np
 from ._agnostic import compact_wy as K
 from ._agnostic import trapezoidal as S
 from ._agnostic.lapack_panels import (
+    ViewPanels,
     apply_panels,
     form_panel_width,
     form_panels,
-    panel_factors,
 )
 from ._agnostic.phases import phase_factor
 from ._autodiff import call, route
@@ -35,7 +35,7 @@ from ._lib.mixed import widen
 from ._lib.namespace import device_of, mH
 from ._lib.tracing import is_eager, needs_graph
 
-__all__ = ["SMALL_N", "LazyFactors", "factors_of", "lowrank"]
+__all__ = ["SMALL_N", "LazyFactors", "compiled_larft", "factors_of", "lowrank"]
 
 
 def factors_of(V: Any, xp: Any, sdiag: Any = None) -> tuple[Any, Any]:
@@ -208,11 +208,11 @@ class LazyFactors:
         self.panels_used = True
         V, xp = self.V, self.xp
         m, L = V.shape[-2], V.shape[-1]
-        Ts = panel_factors(V, self.tau, xp, t_of=_compiled_larft(V))
+        panels = ViewPanels(V, self.tau, xp, t_of=compiled_larft(V))
         if mode == "embed":  # Q [x; 0]
             pad = xp.zeros((*h.shape[:-2], m - L, h.shape[-1]), dtype=h.dtype, device=device_of(h))
             h = xp.concat([h, pad], axis=-2)
-        y = apply_panels(V, Ts, h, xp, transposed)
+        y = apply_panels(panels, h, xp, transposed)
         return y[..., :L, :] if mode == "project" else y
 
     def panel_matrix(self, ncols: int | None) -> Any:
@@ -223,8 +223,7 @@ class LazyFactors:
         V, xp = self.V, self.xp
         ncols = V.shape[-2] if ncols is None else ncols
         nb = form_panel_width(V.shape[-1])
-        Ts = panel_factors(V, self.tau, xp, nb=nb, t_of=_compiled_larft(V))
-        return form_panels(V, Ts, ncols, xp, nb=nb)
+        return form_panels(ViewPanels(V, self.tau, xp, nb, compiled_larft(V)), ncols, xp)
 
     def get(self) -> tuple[Any, Any]:
         if self._stale(self.U):
@@ -271,7 +270,7 @@ class LazyFactors:
         return sc[transposed]
 
 
-def _compiled_larft(V: Any) -> Any:
+def compiled_larft(V: Any) -> Any:
     """The panel T's builder for :func:`~householderla._agnostic.lapack_panels.panel_factors`
     on a NumPy V: ``?larft``'s recurrence compiled by Numba
     (:mod:`householderla._kernels.numba_larft`; ≈ 10 µs for the eight 32 × 32 panels of a

@@ -26,42 +26,32 @@ from ._lib.namespace import device_of
 from .cwy import CWY
 from .householder import sequential_is_faster
 
-__all__ = ["LapackStack"]
+__all__ = ["LapackStack", "LazyLapack", "lapack_stack"]
 
 
-class LapackStack(CWY):
-    """Q = H(1)…H(k) of a NumPy stack ``a`` (..., m, k), τ (..., k), checked by the caller;
-    ``nk``: the Numba entry module. Variants (``.T``) share one state: ``a``, ``tau``, the
-    CWY operator once built, and whether the one in-place first product happened."""
+class LazyLapack:
+    """The part of an operator over LAPACK's ``(a, τ)`` that reads ``a`` in place until
+    anything needs V: ``_build()`` makes the :class:`~householderla.cwy.CWY` (or TCWY)
+    operator once, and V, the factors and everything but the in-place paths of the
+    subclasses are that operator's. Variants (``.T``, ``.H``, ``.conj()``) share one state:
+    ``a``, ``tau``, the operator once built, and whether the one in-place first product
+    happened. Mixed in before :class:`~householderla.cwy.CWY` or TCWY."""
 
-    def __init__(
-        self,
-        a: Any,
-        tau: Any,
-        nk: Any,
-        xp: Any = None,
-        transposed: bool = False,
-        state: dict[str, Any] | None = None,
-        conjugated: bool = False,
-    ) -> None:
-        self._state = state if state is not None else {"a": a, "tau": tau, "nk": nk, "xp": xp}
-        self._xp = self._state["xp"]  # (what CompactWYOperator's methods read besides V)
+    _public_name = "CWY"
+
+    def __init__(self, state: dict[str, Any], transposed: bool = False, conjugated: bool = False):
+        self._state = state
+        self._xp = state["xp"]  # (what CompactWYOperator's methods read besides V)
         self._transposed = transposed
-        self._conjugated = conjugated  # real: always False
+        self._conjugated = conjugated
 
-    # -- the CWY operator, built on first need -------------------------------------------
-    def _built(self) -> CWY:
+    def _build(self) -> Any:  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+    def _built(self) -> Any:
         s = self._state
         if "op" not in s:
-            a, tau = s["a"], s["tau"]
-            V = np.empty(a.shape, a.dtype)
-            s["nk"].lapack_unit_lower(
-                a.reshape((-1, *a.shape[-2:])), tau.reshape((-1, tau.shape[-1])),
-                V.reshape((-1, *a.shape[-2:])),
-            )  # fmt: skip
-            s["op"] = CWY(V, s["xp"], structure="trapezoidal", tau=tau)
-            # the in-place product counts as the first one: later ones build and reuse U, T
-            s["op"]._factors.sequential_used = s.get("used", False)
+            s["op"] = self._build()
         return s["op"]
 
     @property
@@ -75,8 +65,9 @@ class LapackStack(CWY):
     # -- metadata without V --------------------------------------------------------------
     @property
     def _n_rows_cols(self) -> tuple[int, int]:
-        m = self._state["a"].shape[-2]
-        return (m, m)
+        m, k = self._state["a"].shape[-2], self._state["tau"].shape[-1]
+        full = (m, m) if self._mode_forward == "square" else (m, k)  # type: ignore[attr-defined]
+        return (full[1], full[0]) if self._transposed else full
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -90,15 +81,33 @@ class LapackStack(CWY):
     def device(self) -> Any:
         return device_of(self._state["a"])
 
-    def _variant(self, transposed: bool, conjugated: bool) -> CWY:
-        return type(self)(None, None, None, None, transposed, self._state, conjugated)
+    def _variant(self, transposed: bool, conjugated: bool) -> Any:
+        return type(self)(self._state, transposed, conjugated)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # pickled (and copied) as the CWY operator it stands for
-        return (_as_built, (self._built(), self._transposed))
+        # pickled (and copied) as the operator it stands for
+        return (_as_built, (self._built(), self._transposed, self._conjugated))
 
     def __repr__(self) -> str:
-        return f"CWY(shape={self.shape}, dtype={self.dtype})" + (".T" if self._transposed else "")
+        return super().__repr__().replace(type(self).__name__, self._public_name, 1)  # type: ignore[misc]
+
+
+class LapackStack(LazyLapack, CWY):
+    """Q = H(1)…H(k) of a NumPy stack ``a`` (..., m, k), τ (..., k), checked by the caller;
+    state ``nk``: the Numba entry module."""
+
+    def _build(self) -> CWY:
+        s = self._state
+        a, tau = s["a"], s["tau"]
+        V = np.empty(a.shape, a.dtype)
+        s["nk"].lapack_unit_lower(
+            a.reshape((-1, *a.shape[-2:])), tau.reshape((-1, tau.shape[-1])),
+            V.reshape((-1, *a.shape[-2:])),
+        )  # fmt: skip
+        op = CWY(V, s["xp"], structure="trapezoidal", tau=tau)
+        # the in-place product counts as the first one: later ones build and reuse U, T
+        op._factors.sequential_used = s.get("used", False)
+        return op
 
     # -- the in-place paths --------------------------------------------------------------
     def matrix(self) -> Any:
@@ -129,8 +138,8 @@ class LapackStack(CWY):
         return super().__matmul__(h)
 
 
-def _as_built(op: CWY, transposed: bool) -> CWY:
-    return op.T if transposed else op
+def _as_built(op: CWY, transposed: bool, conjugated: bool = False) -> CWY:
+    return op._variant(transposed, conjugated) if transposed or conjugated else op
 
 
 def lapack_stack(a: Any, tau: Any, xp: Any, small_m: int) -> tuple[LapackStack, float] | None:
@@ -155,4 +164,4 @@ def lapack_stack(a: Any, tau: Any, xp: Any, small_m: int) -> tuple[LapackStack, 
     bad, nonfinite = nk.lapack_check(a.reshape((-1, m, n)), t2)
     if nonfinite:
         raise ValueError("a (below the diagonal) contains NaN or Inf")
-    return LapackStack(a, t2.reshape(tau.shape), nk, xp), bad
+    return LapackStack({"a": a, "tau": t2.reshape(tau.shape), "nk": nk, "xp": xp}), bad

@@ -140,7 +140,7 @@ class CompactWYOperator(LinearOperatorMixin):
         """The transposed operator Qᵀ; shares the factors. For real V also the inverse; for
         complex V the *plain* transpose, Qᵀ = conj(Qᴴ), as NumPy's ``.T`` (the inverse is
         :attr:`H`)."""
-        flip = is_complex(self._V.dtype)
+        flip = is_complex(self.dtype)
         return self._variant(not self._transposed, self._conjugated ^ flip)
 
     mT = T
@@ -155,7 +155,7 @@ class CompactWYOperator(LinearOperatorMixin):
 
     def conj(self) -> CompactWYOperator:
         """The complex conjugate operator (this operator itself for real V)."""
-        return self._variant(self._transposed, self._conjugated ^ is_complex(self._V.dtype))
+        return self._variant(self._transposed, self._conjugated ^ is_complex(self.dtype))
 
     @property
     def _mode(self) -> str:
@@ -163,7 +163,7 @@ class CompactWYOperator(LinearOperatorMixin):
 
     def __repr__(self) -> str:
         t = ".T" if self._transposed else ""
-        if is_complex(self._V.dtype):
+        if is_complex(self.dtype):
             t = {(True, False): ".H", (True, True): ".T", (False, True): ".conj()"}.get(
                 (self._transposed, self._conjugated), ""
             )

@@ -18,6 +18,7 @@ import numpy as np
 
 from ._agnostic.lapack import lapack_reflectors, normalized_sdiag, sq_norms, tau_mismatch
 from ._kernels import numba_for
+from ._lapack_columns import lapack_columns
 from ._lapack_stack import lapack_stack
 from ._lib.checks import check_finite
 from ._lib.namespace import is_complex, resolve
@@ -96,6 +97,15 @@ def _column_major_reflectors(a: Any, tau: Any, xp: Any) -> Any:
     if Vt.size:
         _checked(*nk.lapack_unit_lower_columns(a.T, np.ascontiguousarray(tau), Vt), m, a.dtype)
     return Vt.T
+
+
+def _reflectors_of_columns(a: Any, tau: Any) -> tuple[Any, Any]:
+    """(V, the diagonal of S or None) of a checked column-major NumPy ``(a, τ)``: what the
+    in-place operator (:mod:`householderla._lapack_columns`) builds when V is needed."""
+    if not is_complex(a.dtype):
+        return _column_major_reflectors(a, tau, np), None
+    V = lapack_reflectors(a, tau)
+    return V, normalized_sdiag(V, tau, sq_norms(V))
 
 
 def from_lapack(a: Any, tau: Any, *, thin: bool = False, xp: Any = None) -> CWY | TCWY:
@@ -191,6 +201,10 @@ def from_lapack(a: Any, tau: Any, *, thin: bool = False, xp: Any = None) -> CWY 
     if stack is not None:  # a stack of small NumPy (a, τ): read in place, checked in one pass
         _tau_error(stack[1], m, float(np.finfo(a.dtype).eps), False)
         return stack[0]
+    cols = lapack_columns(a, tau, thin, xp, _reflectors_of_columns)
+    if cols is not None:  # one column-major NumPy a: read in place, checked in one pass
+        _tau_error(cols[1], m, float(np.finfo(a.dtype).eps), is_complex(a.dtype))
+        return cols[0]
     V = _column_major_reflectors(a, tau, xp)
     if V is None:
         V = _small_numpy_reflectors(a, tau, m, xp)

@@ -9,6 +9,8 @@ eps·m; 30·m·eps·max(1, ‖C‖_max) has a margin of ~10.
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 import scipy.linalg.lapack as la
@@ -463,3 +465,78 @@ def test_column_major_a_is_read_in_one_pass_as_the_numpy_route_reads_it(monkeypa
     wrong[0] *= 1.5
     with pytest.raises(ValueError, match="not LAPACK's 2/"):
         hl.from_lapack(qr, wrong)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64, np.complex128])
+def test_one_column_major_a_is_read_in_place_until_v_is_needed(monkeypatch, dtype):
+    """One column-major NumPy ``a`` with m > 64 rows (``?geqrf``'s layout) is checked by one
+    read-only Numba pass, and its ``.matrix()`` and first product run the panels on ``a``
+    itself (``householderla._lapack_columns``): V is built only when a later product needs
+    it. Every variant equals LAPACK's routine on the same (a, τ): Q, Qᴴ, Qᵀ, conj(Q), C Q,
+    a vector, the thin Q's embed and project, and the formed Q (square, thin, transposed),
+    with τ = 0 columns whose storage holds junk and NaN (never read), k < n and a narrower
+    last panel (k = 45). Tolerance as in this module, 30·eps·m·max|C|."""
+    from householderla import lapack as hl_lapack
+
+    require("numba")
+    built = []
+    orig = hl_lapack._reflectors_of_columns
+    monkeypatch.setattr(
+        hl_lapack, "_reflectors_of_columns", lambda a, t: built.append(1) or orig(a, t)
+    )
+    cx = np.dtype(dtype).kind == "c"
+    wide = np.complex128 if cx else np.float64
+    m, n, k = 150, 50, 45
+    qr, tau, rng = _panel_case(stable_seed("in place", np.dtype(dtype).name), m, n, k, wide)
+    qr[3:, k - 2] = np.nan  # a τ = 0 column: LAPACK never reads it, neither may we
+    a, tau = np.asfortranarray(qr.astype(dtype)), tau.astype(dtype)
+    assert a.flags.f_contiguous and not a.flags.c_contiguous
+    C = rng.standard_normal((m, 7)) + (1j * rng.standard_normal((m, 7)) if cx else 0)
+    C = C.astype(dtype)
+    full = np.zeros((m, m), wide)
+    full[:, :k] = a[:, :k]
+    full[:, k - 2] = 0  # (what LAPACK reads there is irrelevant: τ = 0)
+    Q = _lapack("orgqr", full, full, tau.astype(wide))  # H(1)…H(k), formed by LAPACK
+    tol = _tol(dtype, m, np.abs(C).max())
+
+    def fresh(thin=False):
+        op = hl.from_lapack(a, tau, thin=thin)
+        assert type(op).__name__.startswith("LapackColumns")  # the in-place operator
+        return op
+
+    cases = [
+        (lambda: fresh() @ C, Q @ C),
+        (lambda: fresh().H @ C, Q.conj().T @ C),
+        (lambda: fresh().T @ C, Q.T @ C),
+        (lambda: fresh().conj() @ C, Q.conj() @ C),
+        (lambda: C.T @ fresh(), C.T @ Q),
+        (lambda: fresh() @ C[:, 0], Q @ C[:, 0]),
+        (lambda: fresh(True) @ C[:k], Q[:, :k] @ C[:k]),
+        (lambda: fresh(True).H @ C, Q[:, :k].conj().T @ C),
+        (lambda: fresh().matrix(), Q),
+        (lambda: fresh(True).matrix(), Q[:, :k]),
+        (lambda: fresh(True).T.matrix(), Q[:, :k].T),
+        (lambda: fresh().H.matrix(), Q.conj().T),
+    ]
+    for i, (got, ref) in enumerate(cases):
+        y = got()
+        assert y.dtype == dtype and y.shape == ref.shape, i
+        np.testing.assert_allclose(y, ref, atol=tol, err_msg=f"case {i}")
+    assert built == []  # no V so far
+    op = fresh()
+    np.testing.assert_allclose(op @ C, Q @ C, atol=tol)
+    np.testing.assert_allclose(op.H @ C, Q.conj().T @ C, atol=tol)  # V built here, once
+    np.testing.assert_allclose(op @ C, Q @ C, atol=tol)
+    assert built == [1] and op.V.shape == (m, k)
+    assert repr(fresh(True).H).startswith(f"TCWY(shape=({k}, {m})")
+    Qh = hl.from_lapack(a, tau).H
+    np.testing.assert_allclose(pickle.loads(pickle.dumps(Qh)) @ C, Q.conj().T @ C, atol=tol)
+    # the one read-only pass checks what it reads
+    bad = a.copy(order="F")
+    bad[100, 7] = np.inf
+    with pytest.raises(ValueError, match=r"a \(below the diagonal\) contains NaN or Inf"):
+        hl.from_lapack(bad, tau)
+    wrong = tau.copy()
+    wrong[5] *= 1.5
+    with pytest.raises(ValueError, match="unitary" if cx else "not LAPACK's 2/"):
+        hl.from_lapack(a, wrong)

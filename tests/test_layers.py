@@ -8,7 +8,8 @@
     3  public modules                cwy, householder, lapack, ornn, svd, retractions, stiefel, vjp
                                      (and their private helpers _operator, _factors, _blocked,
                                      _compose, _linear_operator, _svd_vjp, _svd_params,
-                                     _euclidean, _tall, _fixed_polar, _lapack_stack)
+                                     _euclidean, _tall, _fixed_polar, _lapack_stack,
+                                     _lapack_columns)
     4  adapters                      torch, jax, lineax, _torch_optim, _torch_param, _torch_layer,
                                      _torch_muon, _optax, _optax_muon
     5  __init__
@@ -52,6 +53,7 @@ PUBLIC_PRIVATE = {
     "_tall",
     "_fixed_polar",
     "_lapack_stack",
+    "_lapack_columns",
 }
 ADAPTERS = {
     "torch",

@@ -43,6 +43,8 @@ from .._lib.namespace import device_of, is_complex, mH, mT
 
 __all__ = [
     "PANEL",
+    "LapackPanels",
+    "ViewPanels",
     "apply_panels",
     "form_panel_width",
     "form_panels",
@@ -156,21 +158,79 @@ def panel_factors(
     return out
 
 
-def apply_panels(V: Any, Ts: list[Any], h: Any, xp: Any, adjoint: bool, nb: int = PANEL) -> Any:
+class ViewPanels:
+    """The panels of V (..., m, k) as views, their T's built up front by :func:`panel_factors`
+    (one batched ``t_of`` call for all the full-width panels): ``get(p)`` is (V_p, V_pᴴ, T_p)
+    with V_p = V[..., s:, s:e]."""
+
+    def __init__(self, V: Any, tau: Any, xp: Any, nb: int = PANEL, t_of: Any = None) -> None:
+        self.V, self.xp, self.nb = V, xp, nb
+        self.m, self.k = V.shape[-2], V.shape[-1]
+        self.batch, self.dtype, self.device = tuple(V.shape[:-2]), V.dtype, device_of(V)
+        self.bounds = panel_bounds(self.k, nb)
+        self.Ts = panel_factors(V, tau, xp, nb, t_of)
+        self.buf = _conj_buffer(V, nb, xp)
+
+    def get(self, p: int) -> tuple[Any, Any, Any]:
+        s, e = self.bounds[p]
+        return self.V[..., s:, s:e], _panel_h(self.V, s, e, self.xp, self.buf), self.Ts[p]
+
+
+class LapackPanels:
+    """The panels of LAPACK's reflectors read from one column-major NumPy ``a`` (m, n), τ (k,)
+    themselves, without building V. ``get(p)`` writes V_p (e − s columns, rows s:m: zeros
+    above the diagonal, the implicit 1, ``a`` below it; zeros where τᵢ = 0) into one
+    (m, nb) column-major buffer reused for every panel, with its conjugate for complex
+    ``a``, by one call of ``nk.lapack_panel``; then T_p from the panel's Gram (GEMM into a
+    reused buffer) by ``nk.larft_forward``. ``nk``: the Numba entry module
+    (:mod:`householderla._kernels.numba`), given by the caller. The panel views are valid
+    until the next ``get``. A fresh V (m × k) would be written once and read once, and
+    freeing it with the result made glibc hand the heap back: a thin 1024 × 256 Q from
+    ``from_lapack`` took 6.3 ms with 1,375 page faults a call in a plain loop, against
+    4.4 ms from this (float64, one thread; ``dorgqr`` 5.4 ms)."""
+
+    def __init__(self, a: Any, tau: Any, nb: int, nk: Any) -> None:
+        import numpy as np
+
+        self.a, self.tau, self.nb, self.nk = a, tau, nb, nk
+        self.m, self.k = a.shape[0], tau.shape[0]
+        self.batch, self.dtype, self.device = (), a.dtype, "cpu"
+        self.bounds = panel_bounds(self.k, nb)
+        self.at = a.T  # (n, m) C-contiguous: column i of a is row i
+        self.buf = np.empty((nb, self.m), a.dtype)  # V_pᵀ in its rows: V_p column-major
+        self.cbuf = np.empty_like(self.buf) if is_complex(a.dtype) else self.buf
+        self.G = np.empty((1, nb, nb), a.dtype)
+        self.T = np.empty((1, nb, nb), a.dtype)
+
+    def get(self, p: int) -> tuple[Any, Any, Any]:
+        s, e = self.bounds[p]
+        w = e - s
+        cx = self.cbuf is not self.buf
+        self.nk.lapack_panel(self.at, self.tau, s, e, self.buf, self.cbuf, cx)
+        Vp, Vh = self.buf[:w, s:].T, self.cbuf[:w, s:]
+        G, T = self.G[:, :w, :w], self.T[:, :w, :w]
+        if w < self.nb:  # the narrower last panel: contiguous arrays of its own
+            G, T = G.copy(), T.copy()
+        import numpy as np
+
+        np.matmul(Vh, Vp, out=G[0])
+        self.nk.larft_forward(G, self.tau[None, s:e], T)
+        return Vp, Vh, T[0]
+
+
+def apply_panels(panels: Any, h: Any, xp: Any, adjoint: bool) -> Any:
     """Q h (``adjoint``: Qᴴ h) for h (..., m, B), Q = ∏ (I − V_p T_p V_pᴴ) over the panels
-    of V (..., m, k) with the factors ``Ts`` of :func:`panel_factors`; h is not written.
-    Panel p touches rows s_p:m only (``?larfb`` on the trapezoid)."""
-    bounds = panel_bounds(V.shape[-1], nb)
+    of :class:`ViewPanels` or :class:`LapackPanels`; h is not written. Panel p touches rows
+    s_p:m only (``?larfb`` on the trapezoid)."""
+    bounds = panels.bounds
     order = range(len(bounds)) if adjoint else range(len(bounds) - 1, -1, -1)
     inplace = _writeable(xp)
-    batch = broadcast_batch([("the operator", V.shape[:-2]), ("h", h.shape[:-2])])
+    batch = broadcast_batch([("the operator", panels.batch), ("h", h.shape[:-2])])
     y = xp.asarray(xp.broadcast_to(h, (*batch, *h.shape[-2:])), copy=True)
     work = workspace(batch, y.shape[-2], y.shape[-1], y, xp)
-    buf = _conj_buffer(V, nb, xp)
     for p in order:
-        s, e = bounds[p]
-        Vp, T = V[..., s:, s:e], Ts[p]
-        Vh = _panel_h(V, s, e, xp, buf)
+        s = bounds[p][0]
+        Vp, Vh, T = panels.get(p)
         x = y[..., s:, :]
         w = (mH(T, xp) if adjoint else T) @ (Vh @ x)
         if inplace:
@@ -181,30 +241,29 @@ def apply_panels(V: Any, Ts: list[Any], h: Any, xp: Any, adjoint: bool, nb: int 
     return y
 
 
-def form_panels(V: Any, Ts: list[Any], ncols: int, xp: Any, nb: int = PANEL) -> Any:
-    """The first ``ncols`` columns of Q (..., m, ncols), k ≤ ncols ≤ m, formed as ``?orgqr``:
-    from the identity, last panel first. Before panel [s, e) is applied, Q[s:, s:] is
-    [[I, 0], [0, Q[e:, e:]]], so V_pᴴ Q[s:, s:] needs one GEMM on the trailing block only,
-    and one more GEMM updates Q[s:, s:]. Writeable namespaces only (NumPy, torch, CuPy).
+def form_panels(panels: Any, ncols: int, xp: Any) -> Any:
+    """The first ``ncols`` columns of Q (..., m, ncols), k ≤ ncols ≤ m, formed as ``?orgqr``
+    from the panels of :class:`ViewPanels` or :class:`LapackPanels`: from the identity, last
+    panel first. Before panel [s, e) is applied, Q[s:, s:] is [[I, 0], [0, Q[e:, e:]]], so
+    V_pᴴ Q[s:, s:] needs one GEMM on the trailing block only, and one more GEMM updates
+    Q[s:, s:]. Writeable namespaces only (NumPy, torch, CuPy).
     """
-    m, k = V.shape[-2], V.shape[-1]
-    batch = tuple(V.shape[:-2])
-    Q = xp.zeros((*batch, m, ncols), dtype=V.dtype, device=device_of(V))
+    m, k, batch = panels.m, panels.k, panels.batch
+    dtype, device = panels.dtype, panels.device
+    Q = xp.zeros((*batch, m, ncols), dtype=dtype, device=device)
     if k < ncols:  # the columns no reflector reaches before the panels: the identity
-        eye = xp.eye(m - k, ncols - k, dtype=V.dtype, device=device_of(V))
-        Q[..., k:, k:] = eye
-    bounds = panel_bounds(k, nb)
-    work = workspace(batch, m, ncols, V, xp)
-    buf = _conj_buffer(V, nb, xp)
+        Q[..., k:, k:] = xp.eye(m - k, ncols - k, dtype=dtype, device=device)
+    bounds = panels.bounds
+    work = workspace(batch, m, ncols, Q, xp)
+    eye = xp.eye(panels.nb, dtype=dtype, device=device)
     for p in range(len(bounds) - 1, -1, -1):
         s, e = bounds[p]
-        Vp = V[..., s:, s:e]
-        Vhp = _panel_h(V, s, e, xp, buf)
+        Vp, Vhp, T = panels.get(p)
         # V_pᴴ Q[s:, s:] = [V_p[:e−s]ᴴ (its unit lower triangle, against E), V_p[e−s:]ᴴ Q[e:, e:]]
         parts = [Vhp[..., :, : e - s]]
         if ncols > e:
             parts.append(Vhp[..., :, e - s :] @ Q[..., e:, e:])
-        W = Ts[p] @ (parts[0] if len(parts) == 1 else xp.concat(parts, axis=-1))
-        Q[..., s:e, s:e] = xp.eye(e - s, dtype=V.dtype, device=device_of(V))
+        W = T @ (parts[0] if len(parts) == 1 else xp.concat(parts, axis=-1))
+        Q[..., s:e, s:e] = eye[: e - s, : e - s]
         subtract_product(Q[..., s:, s:], Vp, W, xp, work)
     return Q

@@ -40,11 +40,12 @@ from .numba_batched import (
 from .numba_checks import (
     finite_lower,
     lapack_check,
+    lapack_check_columns,
     lapack_unit_lower,
     lapack_unit_lower_columns,
     upper_is_zero,
 )
-from .numba_larft import larft_forward
+from .numba_larft import lapack_panel, larft_forward
 from .numba_loops import (
     HAVE_NUMBA,
     SAFE_EXP,
@@ -70,6 +71,8 @@ __all__ = [
     "hprod",
     "hprod_vector",
     "lapack_check",
+    "lapack_check_columns",
+    "lapack_panel",
     "lapack_unit_lower",
     "lapack_unit_lower_columns",
     "larft_forward",
@@ -79,7 +82,7 @@ __all__ = [
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "106030faaf69d142"
+KERNEL_DEPS = "e92bab0d13b5960e"
 
 
 # -- entry kernels (explicit signatures: read-only C inputs accept writable arrays too) -------

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from .numba_loops import HAVE_NUMBA, njit
 
-__all__ = ["larft_forward"]
+__all__ = ["lapack_panel", "larft_forward"]
 
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
@@ -29,7 +31,7 @@ __all__ = ["larft_forward"]
 KERNEL_DEPS = "b69cbf0b21263f0c"
 
 
-def _sigs() -> Any:
+def _sigs(kind: str = "larft") -> Any:
     if not HAVE_NUMBA:
         return None
     from numba import types as nt
@@ -37,8 +39,35 @@ def _sigs() -> Any:
     out = []
     for f in (nt.float32, nt.float64, nt.complex64, nt.complex128):
         ro3, ro2 = nt.Array(f, 3, "C", readonly=True), nt.Array(f, 2, "C", readonly=True)
-        out.append(nt.void(ro3, ro2, nt.Array(f, 3, "C")))
+        if kind == "panel":
+            ro1, rw2, i = nt.Array(f, 1, "C", readonly=True), nt.Array(f, 2, "C"), nt.int64
+            out.append(nt.void(ro2, ro1, i, i, rw2, rw2, nt.boolean))
+        else:
+            out.append(nt.void(ro3, ro2, nt.Array(f, 3, "C")))
     return out
+
+
+@njit(_sigs("panel"))
+def lapack_panel(at: Any, tau: Any, s: int, e: int, out: Any, cout: Any, conj: bool) -> None:
+    """Panel [s, e) of LAPACK's reflectors from ``at`` = aᵀ (n, m) C-contiguous (a column-major
+    ``a``): out[j, s:] ← v_{s+j}[s:] for j < e − s, the zeros above the diagonal, the implicit
+    1 and the entries of ``a`` below it, or all zeros where τ_{s+j} = 0; with ``conj`` also
+    cout[j, s:] ← its conjugate. ``out`` and ``cout`` (≥ e − s, m) C-contiguous: the panel is
+    out[:e − s, s:]ᵀ. One call for what took five NumPy calls a panel."""
+    m = at.shape[1]
+    for j in range(e - s):
+        c = s + j
+        row = out[j]
+        if tau[c] == 0:  # H(c) = I whatever the column holds
+            row[s:] = 0
+        else:
+            row[s:c] = 0
+            row[c] = 1
+            row[c + 1 : m] = at[c, c + 1 :]
+        if conj:
+            crow = cout[j]
+            for r in range(s, m):
+                crow[r] = np.conj(row[r])
 
 
 @njit(_sigs())
