@@ -12,9 +12,11 @@ operator is then :class:`~householderla.cwy.CWY`'s (or TCWY's) in every respect.
 
 Why: a fresh V (m × k) is written once and read once, and freed with the result it made
 glibc return the heap to the system, so the next call faulted its pages in again. Measured
-(float64, one thread, 2-core VM, a plain loop of ``hl.from_lapack(a, tau, thin=True).matrix()``
-at 1024 × 256): 5.9–7.4 ms and 1,375 page faults a call with V, 3.8 ms without (``dorgqr``
-5.2 ms); complex128 16.4–17.5 ms against 13.7 ms (``zungqr`` 14.4 ms).
+(one thread, 2-core VM, a plain loop of ``hl.from_lapack(a, tau, thin=True).matrix()`` at
+1024 × 256 in a fresh process): float64 5.9–6.3 ms and 1,375 page faults a call with V,
+3.9–4.4 ms and none without (``dorgqr`` 5.1–5.4 ms); complex128 16.0–17.3 ms in the
+processes where it faulted (1,250–1,420 a call), 13.8 ms without V (``zungqr`` 14.4–14.6).
+Where V did not fault, the two paths took 0.97–1.04× each other's time (256 ≤ m ≤ 2048).
 
 As :func:`householderla.cwy` reads V, the operator reads ``a`` when it is used, not when it
 is built: write into ``a`` only after you are done with the operator.

@@ -26,8 +26,10 @@ non-Hermitian H(i)) needs nothing else. T_p uses τ as given, so the products ar
 The whole T would cost m·k² (Gram) + k³/3 flops to build — at m = 1024, k = 256 as much as a
 product with B = 64 columns — against ≈ 2·m·k·nb for the panel T's (nb = 32: a quarter).
 Forming backwards from the identity keeps ‖QᴴQ − I‖ at orgqr's level (tests/test_lapack.py).
-Every function takes ``xp``; NumPy, torch and CuPy update in place, other namespaces by
-concatenation; no autodiff (the callers use these only where none follows).
+The loops read the panels from :class:`ViewPanels` (views of a built V, any namespace, the
+T's made up front) or :class:`LapackPanels` (one column-major NumPy ``a`` read in place, one
+panel at a time). Every function takes ``xp``; NumPy, torch and CuPy update in place, other
+namespaces by concatenation; no autodiff (the callers use these only where none follows).
 """
 
 from __future__ import annotations
@@ -203,6 +205,8 @@ class LapackPanels:
         self.T = np.empty((1, nb, nb), a.dtype)
 
     def get(self, p: int) -> tuple[Any, Any, Any]:
+        import numpy as np
+
         s, e = self.bounds[p]
         w = e - s
         cx = self.cbuf is not self.buf
@@ -211,8 +215,6 @@ class LapackPanels:
         G, T = self.G[:, :w, :w], self.T[:, :w, :w]
         if w < self.nb:  # the narrower last panel: contiguous arrays of its own
             G, T = G.copy(), T.copy()
-        import numpy as np
-
         np.matmul(Vh, Vp, out=G[0])
         self.nk.larft_forward(G, self.tau[None, s:e], T)
         return Vp, Vh, T[0]
