@@ -30,7 +30,13 @@ from typing import Any
 import array_api_compat as aac
 import numpy as np
 
-from ._agnostic.lapack_panels import LapackPanels, apply_panels, form_panel_width, form_panels
+from ._agnostic.lapack_panels import (
+    PANEL,
+    LapackPanels,
+    apply_panels,
+    form_panel_width,
+    form_panels,
+)
 from ._factors import SMALL_N
 from ._kernels import numba_enabled
 from ._lapack_stack import LazyLapack
@@ -108,7 +114,7 @@ class _InPlacePanels:
             x = np.conjugate(x)
         if self._mode == "embed":  # Q [x; 0]
             x = np.concatenate([x, np.zeros((m - k, x.shape[1]), x.dtype)])
-        y = apply_panels(self._panels(32), x, np, self._transposed)
+        y = apply_panels(self._panels(PANEL), x, np, self._transposed)
         if self._mode == "project":
             y = y[:k]
         if self._conjugated:
