@@ -35,7 +35,7 @@ from ._lib.mixed import widen
 from ._lib.namespace import device_of, mH
 from ._lib.tracing import is_eager, needs_graph
 
-__all__ = ["SMALL_N", "LazyFactors", "compiled_larft", "factors_of", "lowrank"]
+__all__ = ["SMALL_N", "LazyFactors", "factors_of", "lowrank"]
 
 
 def factors_of(V: Any, xp: Any, sdiag: Any = None) -> tuple[Any, Any]:
@@ -207,13 +207,8 @@ class LazyFactors:
             return None
         self.panels_used = True
         V, xp = self.V, self.xp
-        m, L = V.shape[-2], V.shape[-1]
-        panels = ViewPanels(V, self.tau, xp, t_of=compiled_larft(V))
-        if mode == "embed":  # Q [x; 0]
-            pad = xp.zeros((*h.shape[:-2], m - L, h.shape[-1]), dtype=h.dtype, device=device_of(h))
-            h = xp.concat([h, pad], axis=-2)
-        y = apply_panels(panels, h, xp, transposed)
-        return y[..., :L, :] if mode == "project" else y
+        panels = ViewPanels(V, self.tau, xp, t_of=_compiled_larft(V))
+        return apply_panels(panels, h, xp, transposed, mode)
 
     def panel_matrix(self, ncols: int | None) -> Any:
         """The first ``ncols`` (None: all) columns of Q formed as ``?orgqr`` from LAPACK's τ,
@@ -223,7 +218,7 @@ class LazyFactors:
         V, xp = self.V, self.xp
         ncols = V.shape[-2] if ncols is None else ncols
         nb = form_panel_width(V.shape[-1])
-        return form_panels(ViewPanels(V, self.tau, xp, nb, compiled_larft(V)), ncols, xp)
+        return form_panels(ViewPanels(V, self.tau, xp, nb, _compiled_larft(V)), ncols, xp)
 
     def get(self) -> tuple[Any, Any]:
         if self._stale(self.U):
@@ -270,7 +265,7 @@ class LazyFactors:
         return sc[transposed]
 
 
-def compiled_larft(V: Any) -> Any:
+def _compiled_larft(V: Any) -> Any:
     """The panel T's builder for :func:`~householderla._agnostic.lapack_panels.panel_factors`
     on a NumPy V: ``?larft``'s recurrence compiled by Numba
     (:mod:`householderla._kernels.numba_larft`; ≈ 10 µs for the eight 32 × 32 panels of a

@@ -112,11 +112,7 @@ class _InPlacePanels:
         x = h[:, None] if h.ndim == 1 else h
         if self._conjugated:  # conj(A) h = conj(A conj(h))
             x = np.conjugate(x)
-        if self._mode == "embed":  # Q [x; 0]
-            x = np.concatenate([x, np.zeros((m - k, x.shape[1]), x.dtype)])
-        y = apply_panels(self._panels(PANEL), x, np, self._transposed)
-        if self._mode == "project":
-            y = y[:k]
+        y = apply_panels(self._panels(PANEL), x, np, self._transposed, self._mode)
         if self._conjugated:
             y = np.conjugate(y, out=y) if y.flags.writeable else np.conjugate(y)
         return y[:, 0] if h.ndim == 1 else y

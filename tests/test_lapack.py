@@ -431,6 +431,19 @@ def test_wide_panels_of_many_reflectors_equal_orgqr():
     assert np.linalg.norm(Q.T @ Q - eye) <= 1.25 * np.linalg.norm(ref.T @ ref - eye)
 
 
+def _assert_bad_a_and_tau_raise(a, tau, inf_at: tuple[int, int], i: int, tau_match: str):
+    """An Inf below the diagonal of column-major ``a`` (at ``inf_at``) and τᵢ scaled by 1.5
+    each make ``from_lapack`` raise ValueError."""
+    bad = a.copy(order="F")
+    bad[inf_at] = np.inf
+    with pytest.raises(ValueError, match=r"a \(below the diagonal\) contains NaN or Inf"):
+        hl.from_lapack(bad, tau)
+    wrong = tau.copy()
+    wrong[i] *= 1.5
+    with pytest.raises(ValueError, match=tau_match):
+        hl.from_lapack(a, wrong)
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_column_major_a_is_read_in_one_pass_as_the_numpy_route_reads_it(monkeypatch, dtype):
     """One column-major NumPy ``a`` (LAPACK's layout) is built and checked by one Numba pass
@@ -457,14 +470,7 @@ def test_column_major_a_is_read_in_one_pass_as_the_numpy_route_reads_it(monkeypa
         np.testing.assert_array_equal(V, ref)
         np.testing.assert_array_equal(hl.from_lapack(a, t)._factors.V, ref)
     assert hl_lapack._column_major_reflectors(np.ascontiguousarray(qr), tau, np) is None
-    bad = qr.copy(order="F")
-    bad[7, 1] = np.inf
-    with pytest.raises(ValueError, match=r"a \(below the diagonal\) contains NaN or Inf"):
-        hl.from_lapack(bad, tau)
-    wrong = tau.copy()
-    wrong[0] *= 1.5
-    with pytest.raises(ValueError, match="not LAPACK's 2/"):
-        hl.from_lapack(qr, wrong)
+    _assert_bad_a_and_tau_raise(qr, tau, (7, 1), 0, "not LAPACK's 2/")
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64, np.complex128])
@@ -532,11 +538,4 @@ def test_one_column_major_a_is_read_in_place_until_v_is_needed(monkeypatch, dtyp
     Qh = hl.from_lapack(a, tau).H
     np.testing.assert_allclose(pickle.loads(pickle.dumps(Qh)) @ C, Q.conj().T @ C, atol=tol)
     # the one read-only pass checks what it reads
-    bad = a.copy(order="F")
-    bad[100, 7] = np.inf
-    with pytest.raises(ValueError, match=r"a \(below the diagonal\) contains NaN or Inf"):
-        hl.from_lapack(bad, tau)
-    wrong = tau.copy()
-    wrong[5] *= 1.5
-    with pytest.raises(ValueError, match="unitary" if cx else "not LAPACK's 2/"):
-        hl.from_lapack(a, wrong)
+    _assert_bad_a_and_tau_raise(a, tau, (100, 7), 5, "unitary" if cx else "not LAPACK's 2/")

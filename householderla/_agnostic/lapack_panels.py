@@ -194,7 +194,7 @@ class LapackPanels:
     def __init__(self, a: Any, tau: Any, nb: int, nk: Any) -> None:
         import numpy as np
 
-        self.a, self.tau, self.nb, self.nk = a, tau, nb, nk
+        self.tau, self.nb, self.nk = tau, nb, nk
         self.m, self.k = a.shape[0], tau.shape[0]
         self.batch, self.dtype, self.device = (), a.dtype, "cpu"
         self.bounds = panel_bounds(self.k, nb)
@@ -220,10 +220,15 @@ class LapackPanels:
         return Vp, Vh, T[0]
 
 
-def apply_panels(panels: Any, h: Any, xp: Any, adjoint: bool) -> Any:
+def apply_panels(panels: Any, h: Any, xp: Any, adjoint: bool, mode: str = "square") -> Any:
     """Q h (``adjoint``: Qᴴ h) for h (..., m, B), Q = ∏ (I − V_p T_p V_pᴴ) over the panels
     of :class:`ViewPanels` or :class:`LapackPanels`; h is not written. Panel p touches rows
-    s_p:m only (``?larfb`` on the trapezoid)."""
+    s_p:m only (``?larfb`` on the trapezoid). ``mode`` is the operator's: "square", "embed"
+    (the thin Q's product Q [x; 0] for x (..., k, B)) or "project" (the first k rows of
+    Qᴴ y)."""
+    if mode == "embed":
+        pad = (*h.shape[:-2], panels.m - panels.k, h.shape[-1])
+        h = xp.concat([h, xp.zeros(pad, dtype=h.dtype, device=device_of(h))], axis=-2)
     bounds = panels.bounds
     order = range(len(bounds)) if adjoint else range(len(bounds) - 1, -1, -1)
     inplace = _writeable(xp)
@@ -240,7 +245,7 @@ def apply_panels(panels: Any, h: Any, xp: Any, adjoint: bool) -> Any:
         else:
             x = x - Vp @ w
             y = xp.concat([y[..., :s, :], x], axis=-2) if s else x
-    return y
+    return y[..., : panels.k, :] if mode == "project" else y
 
 
 def form_panels(panels: Any, ncols: int, xp: Any) -> Any:
