@@ -473,18 +473,40 @@ def test_column_major_a_is_read_in_one_pass_as_the_numpy_route_reads_it(monkeypa
     _assert_bad_a_and_tau_raise(qr, tau, (7, 1), 0, "not LAPACK's 2/")
 
 
+@pytest.mark.parametrize("cblas", [True, False], ids=["compiled loop", "python loop"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64, np.complex128])
-def test_one_column_major_a_is_read_in_place_until_v_is_needed(monkeypatch, dtype):
+def test_one_column_major_a_is_read_in_place_until_v_is_needed(monkeypatch, dtype, cblas):
     """One column-major NumPy ``a`` with m > 64 rows (``?geqrf``'s layout) is checked by one
     read-only Numba pass, and its ``.matrix()`` and first product run the panels on ``a``
     itself (``householderla._lapack_columns``): V is built only when a later product needs
     it. Every variant equals LAPACK's routine on the same (a, τ): Q, Qᴴ, Qᵀ, conj(Q), C Q,
     a vector, the thin Q's embed and project, and the formed Q (square, thin, transposed),
     with τ = 0 columns whose storage holds junk and NaN (never read), k < n and a narrower
-    last panel (k = 45). Tolerance as in this module, 30·eps·m·max|C|."""
+    last panel (k = 45), and a read-only ``a``. Both loops: the compiled one
+    (``numba_panels``, calling NumPy's CBLAS; it must be the one that ran) and the Python
+    one (``HL_DISABLE_CBLAS``). Tolerance as in this module, 30·eps·m·max|C|."""
     from householderla import lapack as hl_lapack
+    from householderla._agnostic import lapack_panels
+    from householderla._lib.blas import gemm_available
 
     require("numba")
+    monkeypatch.setenv("HL_DISABLE_CBLAS", "0" if cblas else "1")
+    if cblas and not gemm_available(dtype):
+        pytest.skip("NumPy's CBLAS is not reachable here")
+    compiled = []
+
+    def spy(f):
+        def run(self, *args):
+            out = f(self, *args)
+            compiled.append(out is not None)
+            return out
+
+        return run
+
+    for name in ("compiled_apply", "compiled_form"):
+        monkeypatch.setattr(
+            lapack_panels.LapackPanels, name, spy(getattr(lapack_panels.LapackPanels, name))
+        )
     built = []
     orig = hl_lapack._reflectors_of_columns
     monkeypatch.setattr(
@@ -528,6 +550,11 @@ def test_one_column_major_a_is_read_in_place_until_v_is_needed(monkeypatch, dtyp
         y = got()
         assert y.dtype == dtype and y.shape == ref.shape, i
         np.testing.assert_allclose(y, ref, atol=tol, err_msg=f"case {i}")
+    assert len(compiled) == len(cases) and set(compiled) == {cblas}  # the loop named ran
+    ro = a.copy(order="F")
+    ro.setflags(write=False)
+    np.testing.assert_allclose(hl.from_lapack(ro, tau) @ C, Q @ C, atol=tol)
+    np.testing.assert_allclose(hl.from_lapack(ro, tau).matrix(), Q, atol=tol)
     assert built == []  # no V so far
     op = fresh()
     np.testing.assert_allclose(op @ C, Q @ C, atol=tol)

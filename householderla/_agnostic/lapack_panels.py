@@ -39,6 +39,7 @@ from typing import Any
 
 import array_api_compat as aac
 
+from .._lib.blas import gemm_pointer, rank_k_pointer
 from .._lib.checks import broadcast_batch
 from .._lib.linalg import gram_upper, inv_upper_triangular, subtract_product, workspace
 from .._lib.namespace import device_of, is_complex, mH, mT
@@ -189,35 +190,91 @@ class LapackPanels:
     until the next ``get``. A fresh V (m × k) would be written once and read once, and
     freeing it with the result made glibc hand the heap back: a thin 1024 × 256 Q from
     ``from_lapack`` took 6.3 ms with 1,375 page faults a call in a plain loop, against
-    4.4 ms from this (float64, one thread; ``dorgqr`` 5.4 ms)."""
+    4.4 ms from this (float64, one thread; ``dorgqr`` 5.4 ms).
+
+    Where NumPy's own CBLAS is reachable (:func:`householderla._lib.blas.gemm_pointer`),
+    :func:`apply_panels` and :func:`form_panels` run their whole loop in one compiled call
+    instead (``nk.ormqr_panels``, ``nk.orgqr_panels``: the same panels and GEMMs, without
+    the interpreter between them; see :mod:`householderla._kernels.numba_panels`)."""
 
     def __init__(self, a: Any, tau: Any, nb: int, nk: Any) -> None:
-        import numpy as np
-
         self.tau, self.nb, self.nk = tau, nb, nk
         self.m, self.k = a.shape[0], tau.shape[0]
         self.batch, self.dtype, self.device = (), a.dtype, "cpu"
         self.bounds = panel_bounds(self.k, nb)
         self.at = a.T  # (n, m) C-contiguous: column i of a is row i
-        self.buf = np.empty((nb, self.m), a.dtype)  # V_pᵀ in its rows: V_p column-major
-        self.cbuf = np.empty_like(self.buf) if is_complex(a.dtype) else self.buf
-        self.G = np.empty((1, nb, nb), a.dtype)
-        self.T = np.empty((1, nb, nb), a.dtype)
+        self._bufs: tuple[Any, ...] | None = None
 
     def get(self, p: int) -> tuple[Any, Any, Any]:
         import numpy as np
 
+        if self._bufs is None:
+            buf = np.empty((self.nb, self.m), self.dtype)  # V_pᵀ in its rows: V_p column-major
+            cbuf = np.empty_like(buf) if is_complex(self.dtype) else buf
+            G = np.empty((1, self.nb, self.nb), self.dtype)
+            T = np.empty_like(G)
+            self._bufs = (buf, cbuf, G, T)
+        buf, cbuf, G, T = self._bufs
         s, e = self.bounds[p]
         w = e - s
-        cx = self.cbuf is not self.buf
-        self.nk.lapack_panel(self.at, self.tau, s, e, self.buf, self.cbuf, cx)
-        Vp, Vh = self.buf[:w, s:].T, self.cbuf[:w, s:]
-        G, T = self.G[:, :w, :w], self.T[:, :w, :w]
+        cx = cbuf is not buf
+        self.nk.lapack_panel(self.at, self.tau, s, e, buf, cbuf, cx)
+        Vp, Vh = buf[:w, s:].T, cbuf[:w, s:]
+        G, T = G[:, :w, :w], T[:, :w, :w]
         if w < self.nb:  # the narrower last panel: contiguous arrays of its own
             G, T = G.copy(), T.copy()
         np.matmul(Vh, Vp, out=G[0])
         self.nk.larft_forward(G, self.tau[None, s:e], T)
         return Vp, Vh, T[0]
+
+    def _compiled(self, cols: int) -> tuple[Any, tuple[Any, ...], tuple[Any, ...]] | None:
+        """((``?gemm``, ``?syrk``/``?herk``, real 1, real 0), (1, −1, 0) as the compiled
+        loops take them, their workspace for ``cols`` columns: six arrays, then for complex
+        the arrays of 1, −1, 0 whose addresses were passed, kept alive with it), or None where
+        NumPy's CBLAS is not reachable."""
+        import numpy as np
+
+        gemm, rk = gemm_pointer(self.dtype), rank_k_pointer(self.dtype)
+        if gemm is None or rk is None:
+            return None
+        real = np.float32 if self.dtype.char in "fF" else np.float64
+        blas = (gemm, rk, real(1), real(0))
+        nb, dt = self.nb, self.dtype
+        buf = np.empty((nb, self.m), dt)
+        cbuf = np.empty_like(buf) if is_complex(dt) else buf
+        GT = (np.empty(nb * nb, dt), np.empty(nb * nb, dt))
+        work = (buf, cbuf, *GT, np.empty(nb * cols, dt), np.empty(nb * cols, dt))
+        if is_complex(dt):  # CBLAS takes complex α, β by address
+            keep = tuple(np.full(1, v, dt) for v in (1, -1, 0))
+            return blas, tuple(x.ctypes.data for x in keep), (*work, keep)
+        return blas, tuple(dt.type(v) for v in (1, -1, 0)), work
+
+    def compiled_apply(self, h: Any, adjoint: bool) -> Any:
+        """Q h (Qᴴ h) for a 2-D NumPy h (m, B) in one compiled call, as a fresh C-ordered
+        array; None where that does not run (then :func:`apply_panels` loops in Python)."""
+        import numpy as np
+
+        c = self._compiled(h.shape[1]) if h.ndim == 2 and h.dtype == self.dtype else None
+        if c is None:
+            return None
+        blas, scalars, work = c
+        y = np.array(h, order="C")
+        self.nk.ormqr_panels(*blas, self.at, self.tau, y, self.nb, adjoint,
+                             is_complex(self.dtype), *scalars, *work[:6])  # fmt: skip
+        return y
+
+    def compiled_form(self, ncols: int) -> Any:
+        """:func:`form_panels`' Q in one compiled call, or None where that does not run."""
+        import numpy as np
+
+        c = self._compiled(ncols)
+        if c is None:
+            return None
+        blas, scalars, work = c
+        Q = np.zeros((self.m, ncols), self.dtype)
+        self.nk.orgqr_panels(*blas, self.at, self.tau, Q, self.nb, is_complex(self.dtype),
+                             *scalars, *work[:6])  # fmt: skip
+        return Q
 
 
 def apply_panels(panels: Any, h: Any, xp: Any, adjoint: bool, mode: str = "square") -> Any:
@@ -229,6 +286,9 @@ def apply_panels(panels: Any, h: Any, xp: Any, adjoint: bool, mode: str = "squar
     if mode == "embed":
         pad = (*h.shape[:-2], panels.m - panels.k, h.shape[-1])
         h = xp.concat([h, xp.zeros(pad, dtype=h.dtype, device=device_of(h))], axis=-2)
+    y = panels.compiled_apply(h, adjoint) if isinstance(panels, LapackPanels) else None
+    if y is not None:
+        return y[: panels.k] if mode == "project" else y
     bounds = panels.bounds
     order = range(len(bounds)) if adjoint else range(len(bounds) - 1, -1, -1)
     inplace = _writeable(xp)
@@ -255,6 +315,9 @@ def form_panels(panels: Any, ncols: int, xp: Any) -> Any:
     V_pᴴ Q[s:, s:] needs one GEMM on the trailing block only, and one more GEMM updates
     Q[s:, s:]. Writeable namespaces only (NumPy, torch, CuPy).
     """
+    Q = panels.compiled_form(ncols) if isinstance(panels, LapackPanels) else None
+    if Q is not None:
+        return Q
     m, k, batch = panels.m, panels.k, panels.batch
     dtype, device = panels.dtype, panels.device
     Q = xp.zeros((*batch, m, ncols), dtype=dtype, device=device)

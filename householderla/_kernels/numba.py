@@ -56,6 +56,7 @@ from .numba_loops import (
     njit,
     taus,
 )
+from .numba_panels import orgqr_panels, ormqr_panels
 
 if HAVE_NUMBA:
     from numba import types as _nt
@@ -76,13 +77,15 @@ __all__ = [
     "lapack_unit_lower",
     "lapack_unit_lower_columns",
     "larft_forward",
+    "orgqr_panels",
+    "ormqr_panels",
     "upper_is_zero",
 ]
 
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "e92bab0d13b5960e"
+KERNEL_DEPS = "bf6977a5fc476cb5"
 
 
 # -- entry kernels (explicit signatures: read-only C inputs accept writable arrays too) -------

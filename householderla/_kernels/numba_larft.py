@@ -23,7 +23,7 @@ import numpy as np
 
 from .numba_loops import HAVE_NUMBA, njit
 
-__all__ = ["lapack_panel", "larft_forward"]
+__all__ = ["lapack_panel", "larft_forward", "larft_one", "panel_rows"]
 
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
@@ -47,13 +47,9 @@ def _sigs(kind: str = "larft") -> Any:
     return out
 
 
-@njit(_sigs("panel"))
-def lapack_panel(at: Any, tau: Any, s: int, e: int, out: Any, cout: Any, conj: bool) -> None:
-    """Panel [s, e) of LAPACK's reflectors from ``at`` = aᵀ (n, m) C-contiguous (a column-major
-    ``a``): out[j, s:] ← v_{s+j}[s:] for j < e − s, the zeros above the diagonal, the implicit
-    1 and the entries of ``a`` below it, or all zeros where τ_{s+j} = 0; with ``conj`` also
-    cout[j, s:] ← its conjugate. ``out`` and ``cout`` (≥ e − s, m) C-contiguous: the panel is
-    out[:e − s, s:]ᵀ. One call for what took five NumPy calls a panel."""
+@njit()
+def panel_rows(at: Any, tau: Any, s: int, e: int, out: Any, cout: Any, conj: bool) -> None:
+    """The body of :func:`lapack_panel` (compiled per caller's types)."""
     m = at.shape[1]
     for j in range(e - s):
         c = s + j
@@ -70,22 +66,37 @@ def lapack_panel(at: Any, tau: Any, s: int, e: int, out: Any, cout: Any, conj: b
                 crow[r] = np.conj(row[r])
 
 
+@njit(_sigs("panel"))
+def lapack_panel(at: Any, tau: Any, s: int, e: int, out: Any, cout: Any, conj: bool) -> None:
+    """Panel [s, e) of LAPACK's reflectors from ``at`` = aᵀ (n, m) C-contiguous (a column-major
+    ``a``): out[j, s:] ← v_{s+j}[s:] for j < e − s, the zeros above the diagonal, the implicit
+    1 and the entries of ``a`` below it, or all zeros where τ_{s+j} = 0; with ``conj`` also
+    cout[j, s:] ← its conjugate. ``out`` and ``cout`` (≥ e − s, m) C-contiguous: the panel is
+    out[:e − s, s:]ᵀ. One call for what took five NumPy calls a panel."""
+    panel_rows(at, tau, s, e, out, cout, conj)
+
+
+@njit()
+def larft_one(G: Any, tau: Any, T: Any) -> None:
+    """T ← the upper-triangular factor of one panel from its Gram G = V_pᴴV_p (n, n) and τ
+    (n,): only G's strict upper triangle is read, T's strict lower triangle is set to 0."""
+    n = tau.shape[0]
+    for i in range(n):
+        ti = tau[i]
+        for r in range(i + 1, n):
+            T[r, i] = 0
+        T[i, i] = ti
+        for r in range(i):
+            acc = T[r, r] * G[r, i]
+            for c in range(r + 1, i):
+                acc += T[r, c] * G[c, i]
+            T[r, i] = -ti * acc
+
+
 @njit(_sigs())
 def larft_forward(G: Any, tau: Any, T: Any) -> None:
     """T[b] ← the upper-triangular factor of panel b from its Gram G[b] = V_bᴴV_b and τ[b],
     for G (P, n, n), τ (P, n), T (P, n, n), all C-contiguous and of one dtype; only G's
     strict upper triangle is read, T's strict lower triangle is set to 0."""
-    P, n = tau.shape
-    for b in range(P):
-        Gb = G[b]
-        Tb = T[b]
-        for i in range(n):
-            ti = tau[b, i]
-            for r in range(i + 1, n):
-                Tb[r, i] = 0
-            Tb[i, i] = ti
-            for r in range(i):
-                acc = Tb[r, r] * Gb[r, i]
-                for c in range(r + 1, i):
-                    acc += Tb[r, c] * Gb[c, i]
-                Tb[r, i] = -ti * acc
+    for b in range(tau.shape[0]):
+        larft_one(G[b], tau[b], T[b])

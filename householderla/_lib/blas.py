@@ -28,11 +28,42 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["gemm_available", "gemm_subtract"]
+__all__ = [
+    "GEMM_PROTOTYPES",
+    "RANK_K_PROTOTYPES",
+    "gemm_available",
+    "gemm_pointer",
+    "gemm_subtract",
+    "rank_k_pointer",
+]
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 _CODES = {np.dtype(np.float32): "s", np.dtype(np.float64): "d",
           np.dtype(np.complex64): "c", np.dtype(np.complex128): "z"}  # fmt: skip
+
+
+def _prototype(t: str) -> Any:
+    i64, cint, vp = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+    scalar = {"s": ctypes.c_float, "d": ctypes.c_double}.get(t, vp)  # c, z: pointers
+    return ctypes.CFUNCTYPE(
+        None, cint, cint, cint, i64, i64, i64, scalar, vp, i64, vp, i64, scalar, vp, i64
+    )
+
+
+#: The C prototype of CBLAS ``?gemm`` (ILP64) by type letter: (order, transa, transb, m, n,
+#: k, α, A, lda, B, ldb, β, C, ldc); α and β by value for s/d, by address for c/z.
+GEMM_PROTOTYPES = {t: _prototype(t) for t in "sdcz"}
+
+
+def _rank_k_prototype(t: str) -> Any:
+    i64, cint, vp = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+    real = ctypes.c_float if t in "sc" else ctypes.c_double
+    return ctypes.CFUNCTYPE(None, cint, cint, cint, i64, i64, real, vp, i64, real, vp, i64)
+
+
+#: The C prototype of CBLAS ``?syrk`` (s, d) and ``?herk`` (c, z), ILP64: (order, uplo,
+#: trans, n, k, α, A, lda, β, C, ldc), α and β real, by value.
+RANK_K_PROTOTYPES = {t: _rank_k_prototype(t) for t in "sdcz"}
 
 
 def _loaded_openblas64() -> str | None:
@@ -59,16 +90,33 @@ def _gemms() -> dict[str, Any]:
         lib = ctypes.CDLL(path)
     except OSError:  # pragma: no cover - a mapped library that cannot be opened again
         return {}
-    i64, cint, vp = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
     out = {}
     for t in "sdcz":
         f = getattr(lib, f"scipy_cblas_{t}gemm64_", None)
         if f is None:
             return {}
-        scalar = {"s": ctypes.c_float, "d": ctypes.c_double}.get(t, vp)  # c, z: pointers
-        f.argtypes = [cint, cint, cint, i64, i64, i64, scalar, vp, i64, vp, i64, scalar, vp, i64]
-        f.restype = None
+        proto = GEMM_PROTOTYPES[t]
+        f.argtypes, f.restype = list(proto._argtypes_), None
         out[t] = f
+    return out
+
+
+@functools.cache
+def _pointers() -> dict[str, Any]:
+    """{type letter: (``?gemm``, ``?syrk``/``?herk``)} as ctypes function pointers, {} where
+    unavailable."""
+    path = _loaded_openblas64()
+    if path is None or not _gemms():
+        return {}
+    lib = ctypes.CDLL(path)
+    out = {}
+    for t, f in _gemms().items():
+        rk = getattr(lib, f"scipy_cblas_{t}{'herk' if t in 'cz' else 'syrk'}64_", None)
+        if rk is None:
+            return {}
+        address = ctypes.cast(rk, ctypes.c_void_p).value
+        gemm = GEMM_PROTOTYPES[t](ctypes.cast(f, ctypes.c_void_p).value)
+        out[t] = (gemm, RANK_K_PROTOTYPES[t](address))
     return out
 
 
@@ -80,6 +128,21 @@ def gemm_available(dtype: Any) -> bool:
     """Whether :func:`gemm_subtract` can run for NumPy arrays of ``dtype`` here (it may
     still refuse particular operands)."""
     return np.dtype(dtype) in _CODES and not _disabled() and bool(_gemms())
+
+
+def gemm_pointer(dtype: Any) -> Any:
+    """NumPy's own CBLAS ``?gemm`` for ``dtype`` as a ctypes function pointer of
+    ``GEMM_PROTOTYPES``' type (compiled code, :mod:`householderla._kernels.numba_panels`,
+    calls it with raw addresses), or None where :func:`gemm_available` is False."""
+    both = _pointers().get(_CODES[np.dtype(dtype)]) if gemm_available(dtype) else None
+    return None if both is None else both[0]
+
+
+def rank_k_pointer(dtype: Any) -> Any:
+    """NumPy's own CBLAS ``?syrk`` (real) or ``?herk`` (complex) for ``dtype``, as
+    :func:`gemm_pointer` gives ``?gemm`` (``RANK_K_PROTOTYPES``), or None."""
+    both = _pointers().get(_CODES[np.dtype(dtype)]) if gemm_available(dtype) else None
+    return None if both is None else both[1]
 
 
 def _layout(X: np.ndarray) -> tuple[int, int] | None:
