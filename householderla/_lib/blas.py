@@ -17,6 +17,10 @@ Only where it is safe and exact: Linux, the library already loaded by NumPy (rea
 stride along one axis (a row-major or a transposed matrix for BLAS), Y writeable and sharing
 no memory with A or B. Anything else returns False and the caller takes the NumPy route.
 ``HL_DISABLE_CBLAS`` (set to anything but "" or "0") turns it off.
+
+The same functions, with ``?syrk``/``?herk``, are handed to compiled code as ctypes function
+pointers (:func:`gemm_pointer`, :func:`rank_k_pointer`; Numba calls them with raw addresses:
+:mod:`householderla._kernels.numba_panels`), under the same conditions.
 """
 
 from __future__ import annotations
