@@ -39,7 +39,7 @@ from typing import Any
 
 import array_api_compat as aac
 
-from .._lib.blas import gemm_pointer, rank_k_pointer
+from .._lib.blas import blas_pointers
 from .._lib.checks import broadcast_batch
 from .._lib.linalg import gram_upper, inv_upper_triangular, subtract_product, workspace
 from .._lib.namespace import device_of, is_complex, mH, mT
@@ -192,7 +192,7 @@ class LapackPanels:
     ``from_lapack`` took 6.3 ms with 1,375 page faults a call in a plain loop, against
     4.4 ms from this (float64, one thread; ``dorgqr`` 5.4 ms).
 
-    Where NumPy's own CBLAS is reachable (:func:`householderla._lib.blas.gemm_pointer`),
+    Where NumPy's own CBLAS is reachable (:func:`householderla._lib.blas.blas_pointers`),
     :func:`apply_panels` and :func:`form_panels` run their whole loop in one compiled call
     instead (``nk.ormqr_panels``, ``nk.orgqr_panels``: the same panels and GEMMs, without
     the interpreter between them; see :mod:`householderla._kernels.numba_panels`)."""
@@ -205,49 +205,46 @@ class LapackPanels:
         self.at = a.T  # (n, m) C-contiguous: column i of a is row i
         self._bufs: tuple[Any, ...] | None = None
 
-    def get(self, p: int) -> tuple[Any, Any, Any]:
+    def _buffers(self) -> tuple[Any, Any, Any, Any]:
+        """(buf, cbuf, G, T), made once: the panel buffer (nb, m), which holds V_pᵀ in its
+        rows (V_p column-major), its conjugate (``buf`` itself for real ``a``), and flat
+        nb² buffers for the Gram and T (a (w, w) reshape of their head is contiguous for
+        every panel width w)."""
         import numpy as np
 
         if self._bufs is None:
-            buf = np.empty((self.nb, self.m), self.dtype)  # V_pᵀ in its rows: V_p column-major
-            cbuf = np.empty_like(buf) if is_complex(self.dtype) else buf
-            G = np.empty((1, self.nb, self.nb), self.dtype)
-            T = np.empty_like(G)
-            self._bufs = (buf, cbuf, G, T)
-        buf, cbuf, G, T = self._bufs
+            nb, dt = self.nb, self.dtype
+            buf = np.empty((nb, self.m), dt)
+            cbuf = np.empty_like(buf) if is_complex(dt) else buf
+            self._bufs = (buf, cbuf, np.empty(nb * nb, dt), np.empty(nb * nb, dt))
+        return self._bufs
+
+    def get(self, p: int) -> tuple[Any, Any, Any]:
+        import numpy as np
+
+        buf, cbuf, G, T = self._buffers()
         s, e = self.bounds[p]
         w = e - s
-        cx = cbuf is not buf
-        self.nk.lapack_panel(self.at, self.tau, s, e, buf, cbuf, cx)
+        self.nk.lapack_panel(self.at, self.tau, s, e, buf, cbuf, cbuf is not buf)
         Vp, Vh = buf[:w, s:].T, cbuf[:w, s:]
-        G, T = G[:, :w, :w], T[:, :w, :w]
-        if w < self.nb:  # the narrower last panel: contiguous arrays of its own
-            G, T = G.copy(), T.copy()
+        G, T = G[: w * w].reshape(1, w, w), T[: w * w].reshape(1, w, w)
         np.matmul(Vh, Vp, out=G[0])
         self.nk.larft_forward(G, self.tau[None, s:e], T)
         return Vp, Vh, T[0]
 
-    def _compiled(self, cols: int) -> tuple[Any, tuple[Any, ...], tuple[Any, ...]] | None:
-        """((``?gemm``, ``?syrk``/``?herk``, real 1, real 0), (1, −1, 0) as the compiled
-        loops take them, their workspace for ``cols`` columns: six arrays, then for complex
-        the arrays of 1, −1, 0 whose addresses were passed, kept alive with it), or None where
+    def _compiled(self, cols: int) -> tuple[Any, ...] | None:
+        """The arguments of ``nk.ormqr_panels``/``nk.orgqr_panels`` around the operands:
+        (``?gemm``, ``?syrk``/``?herk``, real 1, real 0), then (1, −1, 0) as CBLAS takes
+        them, then the workspace (:meth:`_buffers`, and W1, W2 of nb·``cols``); None where
         NumPy's CBLAS is not reachable."""
         import numpy as np
 
-        gemm, rk = gemm_pointer(self.dtype), rank_k_pointer(self.dtype)
-        if gemm is None or rk is None:
+        ptrs = blas_pointers(self.dtype)
+        if ptrs is None:
             return None
         real = np.float32 if self.dtype.char in "fF" else np.float64
-        blas = (gemm, rk, real(1), real(0))
-        nb, dt = self.nb, self.dtype
-        buf = np.empty((nb, self.m), dt)
-        cbuf = np.empty_like(buf) if is_complex(dt) else buf
-        GT = (np.empty(nb * nb, dt), np.empty(nb * nb, dt))
-        work = (buf, cbuf, *GT, np.empty(nb * cols, dt), np.empty(nb * cols, dt))
-        if is_complex(dt):  # CBLAS takes complex α, β by address
-            keep = tuple(np.full(1, v, dt) for v in (1, -1, 0))
-            return blas, tuple(x.ctypes.data for x in keep), (*work, keep)
-        return blas, tuple(dt.type(v) for v in (1, -1, 0)), work
+        W = (np.empty(self.nb * cols, self.dtype), np.empty(self.nb * cols, self.dtype))
+        return (*ptrs, real(1), real(0)), _blas_scalars(self.dtype), (*self._buffers(), *W)
 
     def compiled_apply(self, h: Any, adjoint: bool) -> Any:
         """Q h (Qᴴ h) for a 2-D NumPy h (m, B) in one compiled call, as a fresh C-ordered
@@ -260,7 +257,7 @@ class LapackPanels:
         blas, scalars, work = c
         y = np.array(h, order="C")
         self.nk.ormqr_panels(*blas, self.at, self.tau, y, self.nb, adjoint,
-                             is_complex(self.dtype), *scalars, *work[:6])  # fmt: skip
+                             is_complex(self.dtype), *scalars, *work)  # fmt: skip
         return y
 
     def compiled_form(self, ncols: int) -> Any:
@@ -273,8 +270,25 @@ class LapackPanels:
         blas, scalars, work = c
         Q = np.zeros((self.m, ncols), self.dtype)
         self.nk.orgqr_panels(*blas, self.at, self.tau, Q, self.nb, is_complex(self.dtype),
-                             *scalars, *work[:6])  # fmt: skip
+                             *scalars, *work)  # fmt: skip
         return Q
+
+
+#: (1, −1, 0) as one-element arrays per complex dtype, kept for the process: CBLAS takes
+#: complex α and β by address.
+_COMPLEX_SCALARS: dict[Any, tuple[Any, ...]] = {}
+
+
+def _blas_scalars(dtype: Any) -> tuple[Any, ...]:
+    """(1, −1, 0) as CBLAS ``?gemm`` takes α and β for ``dtype``: values for real dtypes,
+    the addresses of :data:`_COMPLEX_SCALARS`' arrays for complex ones."""
+    import numpy as np
+
+    if not is_complex(dtype):
+        return tuple(dtype.type(v) for v in (1, -1, 0))
+    if dtype not in _COMPLEX_SCALARS:
+        _COMPLEX_SCALARS[dtype] = tuple(np.full(1, v, dtype) for v in (1, -1, 0))
+    return tuple(x.ctypes.data for x in _COMPLEX_SCALARS[dtype])
 
 
 def apply_panels(panels: Any, h: Any, xp: Any, adjoint: bool, mode: str = "square") -> Any:

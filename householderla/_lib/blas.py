@@ -19,7 +19,7 @@ no memory with A or B. Anything else returns False and the caller takes the NumP
 ``HL_DISABLE_CBLAS`` (set to anything but "" or "0") turns it off.
 
 The same functions, with ``?syrk``/``?herk``, are handed to compiled code as ctypes function
-pointers (:func:`gemm_pointer`, :func:`rank_k_pointer`; Numba calls them with raw addresses:
+pointers (:func:`blas_pointers`; Numba calls them with raw addresses:
 :mod:`householderla._kernels.numba_panels`), under the same conditions.
 """
 
@@ -35,10 +35,9 @@ import numpy as np
 __all__ = [
     "GEMM_PROTOTYPES",
     "RANK_K_PROTOTYPES",
+    "blas_pointers",
     "gemm_available",
-    "gemm_pointer",
     "gemm_subtract",
-    "rank_k_pointer",
 ]
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
@@ -85,22 +84,27 @@ def _loaded_openblas64() -> str | None:
 
 
 @functools.cache
-def _gemms() -> dict[str, Any]:
-    """The CBLAS ``?gemm`` functions by type letter, {} where unavailable."""
+def _library() -> Any:
+    """NumPy's ``scipy_openblas64`` opened by ctypes if this process has it mapped, else None."""
     path = _loaded_openblas64()
     if path is None:
-        return {}
+        return None
     try:
-        lib = ctypes.CDLL(path)
+        return ctypes.CDLL(path)
     except OSError:  # pragma: no cover - a mapped library that cannot be opened again
-        return {}
+        return None
+
+
+@functools.cache
+def _gemms() -> dict[str, Any]:
+    """The CBLAS ``?gemm`` functions by type letter, {} where unavailable."""
+    lib = _library()
     out = {}
     for t in "sdcz":
-        f = getattr(lib, f"scipy_cblas_{t}gemm64_", None)
+        f = getattr(lib, f"scipy_cblas_{t}gemm64_", None) if lib is not None else None
         if f is None:
             return {}
-        proto = GEMM_PROTOTYPES[t]
-        f.argtypes, f.restype = list(proto._argtypes_), None
+        f.argtypes, f.restype = list(GEMM_PROTOTYPES[t]._argtypes_), None
         out[t] = f
     return out
 
@@ -109,18 +113,13 @@ def _gemms() -> dict[str, Any]:
 def _pointers() -> dict[str, Any]:
     """{type letter: (``?gemm``, ``?syrk``/``?herk``)} as ctypes function pointers, {} where
     unavailable."""
-    path = _loaded_openblas64()
-    if path is None or not _gemms():
-        return {}
-    lib = ctypes.CDLL(path)
     out = {}
     for t, f in _gemms().items():
-        rk = getattr(lib, f"scipy_cblas_{t}{'herk' if t in 'cz' else 'syrk'}64_", None)
+        rk = getattr(_library(), f"scipy_cblas_{t}{'herk' if t in 'cz' else 'syrk'}64_", None)
         if rk is None:
             return {}
-        address = ctypes.cast(rk, ctypes.c_void_p).value
         gemm = GEMM_PROTOTYPES[t](ctypes.cast(f, ctypes.c_void_p).value)
-        out[t] = (gemm, RANK_K_PROTOTYPES[t](address))
+        out[t] = (gemm, RANK_K_PROTOTYPES[t](ctypes.cast(rk, ctypes.c_void_p).value))
     return out
 
 
@@ -134,19 +133,12 @@ def gemm_available(dtype: Any) -> bool:
     return np.dtype(dtype) in _CODES and not _disabled() and bool(_gemms())
 
 
-def gemm_pointer(dtype: Any) -> Any:
-    """NumPy's own CBLAS ``?gemm`` for ``dtype`` as a ctypes function pointer of
-    ``GEMM_PROTOTYPES``' type (compiled code, :mod:`householderla._kernels.numba_panels`,
-    calls it with raw addresses), or None where :func:`gemm_available` is False."""
-    both = _pointers().get(_CODES[np.dtype(dtype)]) if gemm_available(dtype) else None
-    return None if both is None else both[0]
-
-
-def rank_k_pointer(dtype: Any) -> Any:
-    """NumPy's own CBLAS ``?syrk`` (real) or ``?herk`` (complex) for ``dtype``, as
-    :func:`gemm_pointer` gives ``?gemm`` (``RANK_K_PROTOTYPES``), or None."""
-    both = _pointers().get(_CODES[np.dtype(dtype)]) if gemm_available(dtype) else None
-    return None if both is None else both[1]
+def blas_pointers(dtype: Any) -> tuple[Any, Any] | None:
+    """NumPy's own CBLAS ``?gemm`` and ``?syrk`` (real) or ``?herk`` (complex) for ``dtype``
+    as ctypes function pointers of ``GEMM_PROTOTYPES``' and ``RANK_K_PROTOTYPES``' types
+    (compiled code, :mod:`householderla._kernels.numba_panels`, calls them with raw
+    addresses), or None where :func:`gemm_available` is False."""
+    return _pointers().get(_CODES[np.dtype(dtype)]) if gemm_available(dtype) else None
 
 
 def _layout(X: np.ndarray) -> tuple[int, int] | None:
