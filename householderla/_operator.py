@@ -221,19 +221,27 @@ class CompactWYOperator(LinearOperatorMixin):
         """
         f = self._factors
         direct = f.direct
+        sc = f.shortcut
+        # the products and nothing else, for a plain single operator whose factors serve
+        # this h as they are: with few reflectors (``direct``) Q h = h − U (T (Uᴴ h)), Qᴴ h
+        # with Tᴴ, or, once they pay, the dense Q or h − W (Uᴴ h)
+        # (LazyFactors.product_factor), which is also served directly once built for more
+        # reflectors (the general path's checks cost ≈ 0.09 ms, 5% of a 1024 × 256 apply)
         if (
-            direct is not None
+            (direct is not None or (sc is not None and self._transposed in sc))
             and not self._conjugated
             and f.phase is None
             and type(h) is f.direct_type
-            and h.dtype == direct[0].dtype
             and self._mode == "square"
+            and self._V.ndim == 2
             and 1 <= h.ndim <= 2
-            and h.shape[0] == direct[0].shape[0]
+            and h.dtype == f.U.dtype
+            and h.shape[0] == f.U.shape[0]
             and (f.direct_type.__name__ == "ndarray" or self._torch_direct(h))
         ):
-            # the products and nothing else: Q h = h − U (T (Uᴴ h)), Qᴴ h with Tᴴ, or, once
-            # they pay, the dense Q or h − W (Uᴴ h) (LazyFactors.product_factor)
+            if direct is None:
+                kind, P = sc[self._transposed]
+                return P @ h if kind == "dense" else h - P @ (mH(f.U, self._xp) @ h)
             U, T, Ut, Tt = direct
             P = f.product_factor(1 if h.ndim == 1 else h.shape[1], self._transposed)
             if P is None:

@@ -80,6 +80,43 @@ def test_no_shortcut_before_the_columns_add_up_to_n(bk):
     assert op._factors.shortcut is not None
 
 
+@pytest.mark.no_dask("the operator's own products")
+@pytest.mark.parametrize(("L", "kind"), [(300, "dense"), (256, "folded")])
+@pytest.mark.parametrize("complex_", [False, True])
+def test_shortcut_of_many_reflectors_is_served_without_the_general_path(
+    bk, monkeypatch, L, kind, complex_
+):
+    """L ≥ ``MIN_COLUMNS`` (no ``direct`` factors): once the shortcut of a direction is built,
+    a NumPy or plain torch product goes straight to it (no operand resolution: ``_operand``
+    is not called), and Q h, Qᴴ h, Qᵀ h and vectors still equal the dense product."""
+    if not bk.name.startswith(("numpy", "torch")):
+        pytest.skip("direct products serve NumPy arrays and plain torch tensors only")
+    N, dt = 512, np.complex128 if complex_ else np.float64
+    V = _vs(11, N, L, complex_=complex_)
+    Q = np.eye(N, dtype=dt)
+    for v in V.T:  # Q H(v) = Q − 2 (Q v) vᴴ / ‖v‖²: rank-1 updates (product_of_reflections'
+        Q -= np.outer(Q @ v, 2 * v.conj() / np.vdot(v, v).real)  # N³ per reflection is slow)
+    op = _built(hl.cwy(bk.asarray(V, dt)))
+    assert op._factors.direct is None  # too many reflectors for the small-operator path
+    ops = ((op, Q), (op.H, Q.conj().T), (op.T, Q.T))
+    for A, _ in ops:  # N columns in all for each direction: every shortcut is built
+        for _ in range(2):
+            A @ bk.asarray(_vs(12, N, N // 2, complex_=complex_), dt)
+    assert {k for k, _ in op._factors.shortcut.values()} == {kind}
+    resolved = []
+    real_operand = type(op)._operand
+    monkeypatch.setattr(
+        type(op), "_operand", lambda self, h: resolved.append(h) or real_operand(self, h)
+    )
+    h = _vs(13, N, 5, complex_=complex_)
+    for A, ref in ops:
+        np.testing.assert_allclose(to_numpy(A @ bk.asarray(h, dt)), ref @ h, atol=_tol(N))
+        v = h[:, 1]
+        np.testing.assert_allclose(to_numpy(A @ bk.asarray(v, dt)), ref @ v, atol=_tol(N))
+    conjugated = 1 if complex_ else 0  # Qᵀ of complex Q is conj(Qᴴ conj(h)): general path
+    assert len(resolved) == 2 * conjugated
+
+
 def test_autodiff_products_never_take_the_shortcut_and_keep_their_gradient():
     """torch: products recorded for autograd use U, T through the explicit VJPs even after
     the shortcut exists (it holds no graph); the gradient matches a dense autograd oracle."""
