@@ -3,7 +3,12 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -108,8 +113,45 @@ def time_sequential(
     return r
 
 
-def bench_apply(b: H.Bench, cfg: Any, gflops64: float) -> list[dict[str, Any]]:
-    """(a) CWY apply vs the two GEMMs of the same shapes vs sequential reflections."""
+def time_in_processes(
+    b: H.Bench, label: str, shape: tuple[int, int, int], threads: int, processes: int
+) -> dict[str, Any]:
+    """``hl.householder_apply`` (N, L, B) timed in ``processes`` fresh interpreters one after
+    another (``benchmarks/_sequential_probe.py``, which says why): ``median_s`` is the median
+    of their medians, each in ``process_median_s`` (the median, not the mean: a slow spell of
+    the VM during one process, 28 and 40 ms against 16–21 ms, moved the mean of eight by up
+    to 12%). Costs ≈ 2 s a process at the headline shape."""
+    b.bar.set_description(label[:48])
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    argv = [*map(str, (*shape, threads)), str(b.prof.max_total)]
+    runs = []
+    for _ in range(processes):
+        out = subprocess.run(
+            [sys.executable, "-m", "benchmarks._sequential_probe", *argv],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        runs.append(json.loads(out.strip().splitlines()[-1]))
+    b.step(label)
+    medians = [r["median_s"] for r in runs]
+    return {
+        "median_s": statistics.median(medians),
+        "min_s": min(r["min_s"] for r in runs),
+        "processes": processes,
+        "process_median_s": medians,
+        "statistic": "median over fresh processes of each process's median",
+        "skipped": False,
+    }
+
+
+def bench_apply(b: H.Bench, cfg: Any, gflops64: float, threads: int) -> list[dict[str, Any]]:
+    """(a) CWY apply vs the two GEMMs of the same shapes vs sequential reflections; the Numba
+    loop at the headline's L = N shape in ``cfg.seq_processes`` fresh processes
+    (:func:`time_in_processes`), elsewhere in this one."""
     rng = np.random.default_rng(2)
     rows = []
     for N in cfg.apply_ns:
@@ -130,13 +172,18 @@ def bench_apply(b: H.Bench, cfg: Any, gflops64: float) -> list[dict[str, Any]]:
                     },
                 )
                 t_cwy, t_g2 = t["cwy"], t["two_gemm"]
-                t_seq = time_sequential(
-                    b,
-                    f"sequential {tag}",
-                    lambda k, V=V, H_=H_: hl.householder_apply(V[:, :k], H_),
-                    L,
-                    cfg.seq_skip_s,
-                )
+                if (N, L, B) == (cfg.head_n, cfg.head_n, cfg.head_b) and cfg.seq_processes > 1:
+                    t_seq = time_in_processes(
+                        b, f"sequential {tag} (processes)", (N, L, B), threads, cfg.seq_processes
+                    )
+                else:
+                    t_seq = time_sequential(
+                        b,
+                        f"sequential {tag}",
+                        lambda k, V=V, H_=H_: hl.householder_apply(V[:, :k], H_),
+                        L,
+                        cfg.seq_skip_s,
+                    )
                 t_seq_np = time_sequential(
                     b,
                     f"sequential NumPy loop {tag}",

@@ -318,21 +318,27 @@ def _cpu_busy_s() -> float | None:
     return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def _own_cpu_s() -> float:
+    """CPU seconds of this process and of its children that have ended (the fresh
+    processes a benchmark starts and waits for, ``_cwy_rows.time_in_processes``)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 class LoadMonitor:
     """CPU time other processes used while we ran: benchmarks on a shared machine are only
-    as good as this number (threaded BLAS stalls when a core is taken)."""
+    as good as this number (threaded BLAS stalls when a core is taken). Our own child
+    processes count as ours."""
 
     def __init__(self) -> None:
         self.load_start = _loadavg()
         self.wall0, self.busy0 = time.perf_counter(), _cpu_busy_s()
-        t = os.times()
-        self.own0 = t.user + t.system
+        self.own0 = _own_cpu_s()
 
     def result(self, ncores: int | None = None) -> dict[str, Any]:
         ncores = ncores or os.cpu_count() or 1
         wall, busy1 = time.perf_counter() - self.wall0, _cpu_busy_s()
-        t = os.times()
-        own = t.user + t.system - self.own0
+        own = _own_cpu_s() - self.own0
         out = {"loadavg_start": self.load_start, "loadavg_end": _loadavg(), "own_cpu_s": own}
         out["wall_s"] = wall
         if self.busy0 is not None and busy1 is not None:

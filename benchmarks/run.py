@@ -30,6 +30,7 @@ class Config:
     quick: bool
     profile: H.Profile
     seq_skip_s: float  # skip a sequential reference run predicted to take longer than this
+    seq_processes: int  # fresh processes timing the headline's Numba loop (time_in_processes)
     gemm_n: int
     apply_ns: list[int]
     apply_l_fracs: list[int]  # L = N // frac
@@ -53,6 +54,7 @@ FULL = Config(
     quick=False,
     profile=H.Profile(sample_s=2e-3, min_total=0.2, max_total=2.0, max_rep=30),
     seq_skip_s=20.0,
+    seq_processes=8,
     gemm_n=1024,
     apply_ns=[256, 1024, 2048],
     apply_l_fracs=[8, 4, 1],
@@ -75,6 +77,7 @@ QUICK = Config(
     quick=True,
     profile=H.Profile(sample_s=0.0, min_total=0.01, max_total=0.1, max_rep=10),
     seq_skip_s=2.0,
+    seq_processes=2,
     gemm_n=256,
     apply_ns=[32, 128],
     apply_l_fracs=[8, 4, 1],
@@ -328,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         g = H.gemm_rates(b, cfg.gemm_n)
         g.update(A.blas_stall_check(b))
         res["gemm_gflops"] = g
-        res["apply"] = A.bench_apply(b, cfg, g["float64"])
+        res["apply"] = A.bench_apply(b, cfg, g["float64"], args.threads)
         res["forming_q"] = F.bench_forming_q(b, cfg, g["float64"])
         res["accuracy"] = F.bench_accuracy(b, cfg)
         res["vjp"] = A.bench_vjp(b, cfg, g["float64"])

@@ -1,0 +1,62 @@
+"""The benchmark harness's own bookkeeping (``benchmarks/``): the load monitor counts the fresh
+processes a benchmark starts as its own CPU time, and the probe that times the Numba loop of
+reflections in such a process reports a timing of the call it names. Timings themselves are
+never asserted (README, "Speed is measured, not asserted in tests")."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tqdm", reason="the benchmark harness's progress bars (bench extra)")
+pytest.importorskip("threadpoolctl", reason="the benchmark harness limits threads (bench extra)")
+
+pytestmark = pytest.mark.no_dask("the harness times NumPy calls, no Dask operand")
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import _harness as H  # noqa: E402
+from benchmarks import _sequential_probe  # noqa: E402
+
+BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\n"
+
+
+def test_load_monitor_counts_a_child_process_as_its_own():
+    """A child that burns 0.4 s of CPU: the monitor's own CPU time includes it, so it is not
+    reported as other processes' load (the old monitor counted this process only: the
+    headline's eight probe processes read as 8–10% other load)."""
+    mon = H.LoadMonitor()
+    subprocess.run([sys.executable, "-c", BURN], check=True)
+    r = mon.result(1)
+    # 0.4 s burnt, minus the clock's granularity. (Foreign load is not asserted: another
+    # test worker on the same cores is foreign load, as it should be.)
+    assert r["own_cpu_s"] >= 0.35, r
+
+
+def test_sequential_probe_reports_a_timing_of_the_named_shape(monkeypatch):
+    calls = []
+    import householderla as hl
+
+    real = hl.householder_apply
+
+    def spy(V, h):
+        calls.append((V.shape, h.shape))
+        return real(V, h)
+
+    monkeypatch.setattr(hl, "householder_apply", spy)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        # threads 0: no limit (a limit would stay on this test process)
+        assert _sequential_probe.main(["48", "40", "3", "0", "0.05"]) == 0
+    r = json.loads(out.getvalue())
+    assert r["median_s"] > 0 and r["min_s"] <= r["median_s"]
+    assert len(r["times_s"]) >= 1
+    assert ((48, 40), (48, 3)) in calls  # the timed call has the shape asked for
+    assert calls[0] == ((48, 32), (48, 3))  # the warm-up loads the kernels on ≤ 32 reflectors
