@@ -11,10 +11,12 @@ forward: for a batch of B rows, forming W costs ≈ 3·N³ flops for a square CW
 blocks of nb reflectors (:mod:`householderla._blocked`; 2·N²·B for trapezoidal V at L = N),
 so up to B = N the layer never forms W, and above it forms W by the same blocks applied to
 the identity. The backward is the explicit VJPs of the blocks, each reusing the factors and
-the products its forward built. A small square CWY layer (N ≤ ``ONE_NODE_MAX_N``) trains
-through one autograd node instead (``_autodiff.torch.CWYLinear``: the unnormalised compact WY
-form of Mhammedi et al., ICML 2017, Proposition 1, with its VJP; ``docs/theory/cwy.rst``, "One
-node for a small layer"), whose few GEMMs and solves replace the blocks' ≈ 170 torch calls.
+the products its forward built. A square CWY layer in a training step runs the same blocks
+as one autograd node instead (``_autodiff.torch.CWYLinear``: the unnormalised compact WY form
+of Mhammedi et al., ICML 2017, Proposition 1, block by block, with its VJP;
+``docs/theory/cwy.rst``, "One node for a layer"): its GEMMs, small triangular solves and
+in-place updates replace the composed nodes' ≈ 170 torch calls, normalisation passes and
+copies. ``torch.func`` transforms and ``torch.compile`` take the composed nodes.
 """
 
 from __future__ import annotations
@@ -24,25 +26,33 @@ from typing import Any
 
 import torch
 
+from . import _blocked
 from ._autodiff.torch import CWYLinear
 from ._lib.tracing import is_transformed, needs_graph
 from ._torch_param import INITS, MAPS, STRUCTURES, Orthogonal
 
-__all__ = ["ONE_NODE_MAX_N", "OPERATOR_MAX_ROWS", "OrthogonalLinear"]
+__all__ = ["ONE_NODE", "OPERATOR_MAX_ROWS", "SINGLE_BLOCK_MAX_N", "OrthogonalLinear"]
 
 #: The operator path runs for a batch of at most this many rows per max(in, out) (forming W
-#: above it): the flop counts cross near B ≈ 1.6·N for a square CWY weight; 1.0 keeps a margin
-#: for the blocks' smaller GEMMs (``benchmarks/training_step.py`` measures both paths).
+#: above it). Training step of a square CWY layer through the one node (float64, torch, one
+#: thread), operator / formed, in ms: N = B = 256: 7.3 / 9.3; N = B = 512: 47 / 60;
+#: N = B = 1024: 313 / 399; N = 256, B = 1024: 25 / 15; N = 512, B = 1024: 91 / 73
+#: (``benchmarks/training_step.py`` measures the layer).
 OPERATOR_MAX_ROWS = 1.0
-#: Largest N for which a square CWY layer's training forward is one autograd node
-#: (``_autodiff.torch.CWYLinear``: the Gram, two triangular solves and a few GEMMs, with their
-#: backward) instead of the blocks' composed nodes. Training step (forward + backward + SGD),
-#: torch, one thread, one node / blocks / torch's Cayley map, in ms: N = 128, B = 32,
-#: float32: 0.81 / 1.49 / 1.23; N = 192, B = 32, float32: 1.36 / 2.17 / 2.62; B = N = 192,
-#: float64: 4.07 / 4.55 / 3.92; N = 256, float64: B = 32 3.36 / 4.00 / 8.71, B = 256
-#: 9.08 / 7.91 / 9.83 (there the single pair's 2·N·L² Gram and the apply's L² terms weigh
-#: more than the blocks' calls).
-ONE_NODE_MAX_N = 192
+#: Whether a square CWY layer's training forward runs as one autograd node
+#: (``_autodiff.torch.CWYLinear``: unnormalised blocks, their Grams, triangular solves and
+#: GEMMs, with their backward) instead of the composed rule-table nodes (normalised blocks,
+#: ``_blocked``), which ``torch.func`` transforms and ``torch.compile`` take. Training step
+#: (forward + backward + SGD, torch, one thread, float64), one node / composed / torch's Cayley
+#: map, in ms: N = B = 256: 7.8 / 9.7 / 10.8; N = 256, B = 32: 2.6 / 5.0 / 9.2; N = 512,
+#: B = 256: 26.5 / 30.9 / 64.9; float32 N = B = 256: 4.3 / 5.6 / 6.3.
+ONE_NODE = True
+#: Largest N for which the one node forms W (B > N) from a single block (W = I − V Z,
+#: 3·N·L² flops) rather than from blocks of ``_blocked.BLOCK`` applied to the identity (fewer
+#: flops for trapezoidal V, smaller GEMMs). One node, float64, one thread, single block /
+#: blocks, in ms: N = 128, B = 1024: 3.5 / 3.7; N = 256, B = 1024: 15.6 / 14.8. The operator
+#: path always takes blocks (N = B = 128: 1.76 / 1.66; N = B = 192: 3.75 / 3.40).
+SINGLE_BLOCK_MAX_N = 192
 
 
 class OrthogonalLinear(torch.nn.Module):
@@ -91,9 +101,9 @@ class OrthogonalLinear(torch.nn.Module):
     recording), it is the same blocks applied to the identity, in the parameters' dtype;
     ``weight`` (and the no-grad forward) forms it as
     :func:`householderla.torch.orthogonal` does (float32 in float64, rounded once). A square
-    CWY layer with N ≤ ``ONE_NODE_MAX_N`` trains through one autograd node instead (same
-    choice between applying and forming W, by the unnormalised form; ``torch.func``
-    transforms and ``torch.compile`` take the blocks).
+    CWY layer trains through one autograd node instead (``ONE_NODE``: the same blocks and the
+    same choice between applying and forming W, by the unnormalised form; ``torch.func``
+    transforms and ``torch.compile`` take the composed nodes).
 
     Examples
     --------
@@ -173,7 +183,9 @@ class OrthogonalLinear(torch.nn.Module):
         x2 = x.reshape(-1, self.in_features)
         if self._one_node(x2):
             V, formed = self.vectors[0], not self.uses_operator(x2.shape[0])
-            y = CWYLinear.apply(V, x2, self.structure == "trapezoidal", formed)
+            single = formed and self.in_features <= SINGLE_BLOCK_MAX_N
+            block = V.shape[-1] if single else _blocked.BLOCK
+            y = CWYLinear.apply(V, x2, self.structure == "trapezoidal", formed, block)
             y = y.reshape(*x.shape[:-1], self.out_features)
             return y if self.bias is None else y + self.bias
         if not self.uses_operator(x2.shape[0]):
@@ -186,15 +198,16 @@ class OrthogonalLinear(torch.nn.Module):
         return y if self.bias is None else y + self.bias
 
     def _one_node(self, x: torch.Tensor) -> bool:
-        """Whether ``forward`` runs as one ``CWYLinear`` node: a square CWY weight with
-        N ≤ ``ONE_NODE_MAX_N`` whose vectors autograd records (a training step), x of the
+        """Whether ``forward`` runs as one ``CWYLinear`` node (``ONE_NODE``): a square CWY
+        weight whose vectors autograd records (a training step), x of the
         vectors' dtype, outside ``torch.func`` transforms and ``torch.compile`` tracing
         (which take the composed nodes, whose rules they support)."""
         V = self.vectors[0]
         return (
             self.map == "cwy"
             and x.dtype == V.dtype
-            and self.in_features == self.out_features <= ONE_NODE_MAX_N
+            and ONE_NODE
+            and self.in_features == self.out_features
             and torch.is_grad_enabled()
             and V.requires_grad
             and not is_transformed(V)

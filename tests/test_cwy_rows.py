@@ -124,3 +124,93 @@ def test_float32_accumulates_the_gram_in_float64():
     assert y.dtype == np.float32
     ref = x32.astype(np.float64) @ product_of_reflections(V32.astype(np.float64)).T
     np.testing.assert_allclose(y, ref, rtol=0, atol=50 * EPS[np.float32] * N)
+
+
+# -- blocks (the one node of a layer of any size) -----------------------------------------------
+
+#: N = 7 in blocks of 3: [0, 3), [3, 6), [6, 7), the last one narrower
+BLOCKS = 3
+
+
+def test_column_blocks():
+    """(row, s, e) per block: rows from s for trapezoidal V, from 0 otherwise; nb ≥ L is the
+    single block."""
+    assert R.column_blocks(7, 3, True) == [(0, 0, 3), (3, 3, 6), (6, 6, 7)]
+    assert R.column_blocks(7, 3, False) == [(0, 0, 3), (0, 3, 6), (0, 6, 7)]
+    assert R.column_blocks(7, 64, True) == [(0, 0, 7)]
+
+
+@pytest.mark.parametrize("formed", [False, True])
+@pytest.mark.parametrize("trapezoidal", [False, True])
+def test_blocks_are_the_product_of_reflections(bk_eager, trapezoidal, formed):
+    """y = x Qᵀ by three blocks (the operator path, and the formed W = blocks applied to I),
+    with a zero column in the middle block: the product of the N reflections (H(0) = I),
+    100·eps·N as for the single block; a wrong block order or a block reading the rows above
+    its trapezoid is O(1) off."""
+    V, x = _data(zero_column=True, trapezoidal=trapezoidal, seed=7)
+    Q = product_of_reflections(V)
+    xp = bk_eager.xp
+    blocks = R.column_blocks(N, BLOCKS, trapezoidal)
+    y, (Ss, kept) = R.layer_forward(bk_eager.asarray(V), bk_eager.asarray(x), xp, blocks, formed)
+    assert len(Ss) == 3
+    np.testing.assert_allclose(to_numpy(y), x @ Q.T, rtol=0, atol=100 * EPS[np.float64] * N)
+    if formed:  # P = Qᵀ
+        np.testing.assert_allclose(to_numpy(kept[0]), Q.T, rtol=0, atol=100 * EPS[np.float64] * N)
+
+
+@pytest.mark.parametrize("formed", [False, True])
+@pytest.mark.parametrize("trapezoidal", [False, True])
+def test_blocks_vjp_dot_product_test(bk_eager, trapezoidal, formed):
+    """⟨V̄, δV⟩ + ⟨x̄, δx⟩ equals the central difference of ℓ = ⟨G, x Qᵀ⟩ for three blocks
+    (tolerance as for the single block); x̄ is None when not asked for and V̄ the same. For
+    trapezoidal blocks V̄ is zero above each block's first row (those entries are not read),
+    and δV is lower trapezoidal there (the map of tril(V))."""
+    V, x = _data(trapezoidal=trapezoidal, seed=8)
+    rng = np.random.default_rng(9)
+    G, dV, dx = (rng.standard_normal(x.shape), rng.standard_normal(V.shape),
+                 rng.standard_normal(x.shape))  # fmt: skip
+    if trapezoidal:
+        dV = np.tril(dV)
+    xp = bk_eager.xp
+    blocks = R.column_blocks(N, BLOCKS, trapezoidal)
+
+    def loss(V_, x_):
+        y, _ = R.layer_forward(bk_eager.asarray(V_), bk_eager.asarray(x_), xp, blocks, formed)
+        return float(np.sum(G * to_numpy(y)))
+
+    Vb, xb, Gb = bk_eager.asarray(V), bk_eager.asarray(x), bk_eager.asarray(G)
+    _, state = R.layer_forward(Vb, xb, xp, blocks, formed)
+    Vbar, xbar = R.layer_vjp(Vb, xb, Gb, state, xp, blocks, formed, True)
+    eps = 1e-6
+    fd = (loss(V + eps * dV, x + eps * dx) - loss(V - eps * dV, x - eps * dx)) / (2 * eps)
+    pairing = float(np.sum(to_numpy(Vbar) * dV) + np.sum(to_numpy(xbar) * dx))
+    assert abs(pairing - fd) <= 1e-7 * max(1.0, abs(fd))
+    if trapezoidal:
+        for row, s, e in blocks:
+            np.testing.assert_array_equal(to_numpy(Vbar)[:row, s:e], 0.0)
+    Vbar2, none = R.layer_vjp(Vb, xb, Gb, state, xp, blocks, formed, False)
+    assert none is None
+    np.testing.assert_allclose(to_numpy(Vbar2), to_numpy(Vbar), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("formed", [False, True])
+def test_blocks_in_place_equal_out_of_place(bk_eager, formed):
+    """``inplace`` (updates inside the GEMM on one copy of x and of g, each block's input
+    copied for the backward) gives the out-of-place results to rounding (the GEMM may
+    accumulate in another order: 10·eps), and leaves x and g as they were. Namespaces whose
+    arrays cannot be written (JAX) and array-api-strict take the out-of-place path only."""
+    if not bk_eager.name.startswith(("numpy", "torch")):
+        pytest.skip("in place: NumPy and torch (the layer's node)")
+    V, x = _data(trapezoidal=True, seed=10)
+    G = np.random.default_rng(11).standard_normal(x.shape)
+    xp = bk_eager.xp
+    blocks = R.column_blocks(N, BLOCKS, True)
+    Vb, xb, Gb = bk_eager.asarray(V), bk_eager.asarray(x), bk_eager.asarray(G)
+    out = []
+    for inplace in (False, True):
+        y, state = R.layer_forward(Vb, xb, xp, blocks, formed, inplace)
+        out.append((y, *R.layer_vjp(Vb, xb, Gb, state, xp, blocks, formed, True, inplace)))
+    for a, b in zip(*out, strict=True):
+        np.testing.assert_allclose(to_numpy(a), to_numpy(b), rtol=0, atol=10 * EPS[np.float64])
+    np.testing.assert_array_equal(to_numpy(xb), x)
+    np.testing.assert_array_equal(to_numpy(Gb), G)

@@ -199,17 +199,24 @@ def _graph_nodes(y: torch.Tensor) -> set[str]:
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("rows", [5, 30])  # the operator path (B ≤ N), the formed one (B > N)
+@pytest.mark.parametrize(
+    ("rows", "single"),  # the operator path (B ≤ N); the formed one (B > N), W by one block / blocks
+    [(5, False), (30, True), (30, False)],
+)
 @pytest.mark.parametrize("structure", ["trapezoidal", "dense"])
-def test_one_node_equals_the_composed_nodes(structure, rows, dtype, monkeypatch):
-    """A square CWY layer with N ≤ ONE_NODE_MAX_N trains through one ``CWYLinear`` node (the
-    unnormalised form, ``_agnostic.cwy_rows``); its output and the gradients of V, the bias
-    and x equal those of the composed nodes (unit columns, blocks of 4; forced by
-    ``ONE_NODE_MAX_N = 0``). Both run N reflections in another grouping: 100·eps·N of the
-    entries' size in float64; in float32 both accumulate the Gram in float64 and round each
-    product once, 50·eps·N. A missing transpose or a lost term is off by O(1)."""
+def test_one_node_equals_the_composed_nodes(structure, rows, single, dtype, monkeypatch):
+    """A square CWY layer trains through one ``CWYLinear`` node (the unnormalised form in
+    blocks, ``_agnostic.cwy_rows``); its output and the gradients of V, the bias and x equal
+    those of the composed nodes (unit columns, blocks of 4; forced by ``ONE_NODE = False``).
+    N = 12 in blocks of 4: three blocks of trapezoidal rows 0…, 4…, 8… (or full rows), the
+    formed W from one block (``SINGLE_BLOCK_MAX_N`` ≥ N) or from the blocks applied to I.
+    Both run N reflections in another grouping: 100·eps·N of the entries' size in float64;
+    in float32 both accumulate the Gram in float64 and round each product once, 50·eps·N.
+    A missing transpose, a wrong block order or a lost term is off by O(1). x is left as
+    it was (the node updates its own copy in place)."""
     monkeypatch.setattr(_blocked, "BLOCK", 4)
     monkeypatch.setattr(_blocked, "MIN_L_GRAPH", 8)
+    monkeypatch.setattr(_torch_layer, "SINGLE_BLOCK_MAX_N", 12 if single else 0)
     N = 12
 
     def make():
@@ -220,16 +227,18 @@ def test_one_node_equals_the_composed_nodes(structure, rows, dtype, monkeypatch)
     eps = EPS[np.float64 if dtype == torch.float64 else np.float32]
     tol = (100 if dtype == torch.float64 else 50) * eps * N
     x = torch.randn(1, rows, N, dtype=dtype, requires_grad=True)  # a leading batch axis
+    x0 = x.detach().clone()
     G = torch.randn(1, rows, N, dtype=dtype)
     results = []
-    for layer, limit in ((one, _torch_layer.ONE_NODE_MAX_N), (composed, 0)):
-        monkeypatch.setattr(_torch_layer, "ONE_NODE_MAX_N", limit)
-        assert layer._one_node(x.reshape(-1, N)) == (limit > 0)
+    for layer, node in ((one, True), (composed, False)):
+        monkeypatch.setattr(_torch_layer, "ONE_NODE", node)
+        assert layer._one_node(x.reshape(-1, N)) == node
         y = layer(x)
-        assert ("CWYLinearBackward" in _graph_nodes(y)) == (limit > 0)
+        assert ("CWYLinearBackward" in _graph_nodes(y)) == node
         gx = torch.autograd.grad((y * G).sum(), x, retain_graph=True)[0]
         (y * G).sum().backward()
         results.append((y.detach(), gx, [layer.vectors[0].grad, layer.bias.grad]))
+    assert torch.equal(x.detach(), x0)
     (y1, gx1, g1), (y0, gx0, g0) = results
     torch.testing.assert_close(y1, y0, rtol=0, atol=tol * float(y0.abs().max()))
     torch.testing.assert_close(gx1, gx0, rtol=0, atol=tol * float(gx0.abs().max()))
@@ -241,12 +250,15 @@ def test_one_node_equals_the_composed_nodes(structure, rows, dtype, monkeypatch)
         assert not bool(g1[0][upper].any())
 
 
+@pytest.mark.parametrize("block", [5, 2])  # one block; blocks of 2 (the last one of 1)
 @pytest.mark.parametrize("formed", [False, True])
 @pytest.mark.parametrize("trapezoidal", [False, True])
-def test_one_node_first_and_second_derivatives(trapezoidal, formed):
-    """``gradcheck`` and ``gradgradcheck`` of the one-node product (V, x) ↦ x Qᵀ: the second
-    derivatives (a gradient penalty's) come from the same operations recomputed under grad
-    mode in the backward, which autograd records."""
+def test_one_node_first_and_second_derivatives(trapezoidal, formed, block):
+    """``gradcheck`` and ``gradgradcheck`` of the one-node product (V, x) ↦ x Qᵀ, in one
+    block and in blocks of 2 (N = 5: blocks [0, 2), [2, 4), [4, 5)): the first derivatives
+    come from the in-place backward, the second ones (a gradient penalty's) from the same
+    operations recomputed out of place under grad mode in the backward, which autograd
+    records."""
     from householderla._autodiff.torch import CWYLinear
 
     gen = torch.Generator().manual_seed(6)
@@ -255,7 +267,7 @@ def test_one_node_first_and_second_derivatives(trapezoidal, formed):
     x.requires_grad_(True)
 
     def f(V_, x_):
-        return CWYLinear.apply(V_, x_, trapezoidal, formed)
+        return CWYLinear.apply(V_, x_, trapezoidal, formed, block)
 
     assert torch.autograd.gradcheck(f, (V, x))
     assert torch.autograd.gradgradcheck(f, (V, x))
@@ -263,9 +275,10 @@ def test_one_node_first_and_second_derivatives(trapezoidal, formed):
 
 def test_one_node_dispatch(monkeypatch):
     """The one node runs for a training forward only: not without grad, not for x of another
-    dtype, not above ONE_NODE_MAX_N, not under ``torch.func`` (whose gradient, through the
-    composed rules, equals the one node's), never for the other maps; NaN in V raises as on
-    the composed path."""
+    dtype, not with ``ONE_NODE = False``, not under ``torch.func`` (whose gradient, through
+    the composed rules, equals the one node's), never for the other maps; it gets blocks of
+    ``_blocked.BLOCK`` for the operator path and one block for a formed W with
+    N ≤ ``SINGLE_BLOCK_MAX_N``; NaN in V raises as on the composed path."""
     from householderla._autodiff.torch import CWYLinear
 
     layer = hl.torch.OrthogonalLinear(6, 6, dtype=torch.float64)
@@ -274,7 +287,7 @@ def test_one_node_dispatch(monkeypatch):
     with torch.no_grad():
         assert not layer._one_node(x)
     assert not layer._one_node(x.float())
-    monkeypatch.setattr(_torch_layer, "ONE_NODE_MAX_N", 5)
+    monkeypatch.setattr(_torch_layer, "ONE_NODE", False)
     assert not layer._one_node(x)
     monkeypatch.undo()
     assert not hl.torch.OrthogonalLinear(6, 6, map="tcwy", dtype=torch.float64)._one_node(x)
@@ -283,20 +296,22 @@ def test_one_node_dispatch(monkeypatch):
     class Spy:
         @staticmethod
         def apply(*args):
-            calls.append(args[1].shape)
+            calls.append((tuple(args[1].shape), args[3], args[4]))
             return CWYLinear.apply(*args)
 
     monkeypatch.setattr(_torch_layer, "CWYLinear", Spy)
     G = torch.randn(3, 6, dtype=torch.float64)
+    layer(torch.randn(7, 6, dtype=torch.float64))  # B > N: W formed, from one block
     (layer(x) * G).sum().backward()
-    assert len(calls) == 1
+    assert calls == [((7, 6), True, 6), ((3, 6), False, _blocked.BLOCK)]
+    calls.clear()
     params = dict(layer.named_parameters())
 
     def loss(p):
         return (torch.func.functional_call(layer, p, (x,)) * G).sum()
 
     grads = torch.func.grad(loss)({k: v.detach() for k, v in params.items()})
-    assert len(calls) == 1  # the transform took the composed rules
+    assert calls == []  # the transform took the composed rules
     for k, v in params.items():
         torch.testing.assert_close(grads[k], v.grad, rtol=0, atol=1e3 * TOL)
     with torch.no_grad():

@@ -42,11 +42,21 @@ from __future__ import annotations
 from typing import Any
 
 from .._lib.checks import check_finite_norms
-from .._lib.linalg import eye_like, solve_upper_triangular
+from .._lib.linalg import eye_like, row_major_copy, solve_upper_triangular, subtract_product
 from .._lib.namespace import accumulation_dtype_for, device_of
 from .._lib.tracing import is_eager
 
-__all__ = ["rows_factor", "rows_product", "rows_vjp"]
+__all__ = [
+    "blocks_factor",
+    "blocks_product",
+    "blocks_vjp",
+    "column_blocks",
+    "layer_forward",
+    "layer_vjp",
+    "rows_factor",
+    "rows_product",
+    "rows_vjp",
+]
 
 
 def _acc(x: Any, dtype: Any, xp: Any) -> Any:
@@ -84,9 +94,8 @@ def rows_product(V: Any, S: Any, x: Any, xp: Any, formed: bool) -> tuple[Any, An
         N = V.shape[-2]
         W = eye_like(xp, N, V.dtype, device_of(V)) - V @ Z
         return x @ W.mT, (W, Z)
-    a = x @ V
-    b = _acc(solve_upper_triangular(S, _acc(a.mT, S.dtype, xp), xp), V.dtype, xp).mT
-    return x - b @ V.mT, b
+    y, kept = blocks_product(V, [S], x, xp, [(0, 0, V.shape[-1])])
+    return y, kept[0][1]
 
 
 def rows_vjp(
@@ -100,11 +109,148 @@ def rows_vjp(
         C = _acc(solve_upper_triangular(S, _acc(V.mT @ Wbar, S.dtype, xp), xp, True), V.dtype, xp)
         Vbar = _gram_vjp(V, C @ Z.mT, xp) - Wbar @ Z.mT - C.mT
         return Vbar, (g @ W if need_x else None)
-    b = kept
-    c = g @ V
-    d = _acc(solve_upper_triangular(S, _acc(c.mT, S.dtype, xp), xp, True), V.dtype, xp).mT
-    Vbar = _gram_vjp(V, d.mT @ b, xp) - g.mT @ b - x.mT @ d
-    return Vbar, (g - d @ V.mT if need_x else None)
+    return blocks_vjp(V, [S], g, [(x, kept)], xp, [(0, 0, V.shape[-1])], need_x)
+
+
+def column_blocks(L: int, nb: int, trapezoidal: bool) -> list[tuple[int, int, int]]:
+    """(row, s, e) for the column blocks [s, e) of ``nb`` reflectors (first block first):
+    block b holds reflectors s…e−1 and reads rows ``row``… of V (row = s for lower-trapezoidal
+    V, whose block b is zero above row s, as LAPACK's ``?larfb`` skips; 0 otherwise).
+    ``nb ≥ L`` gives the single block [(0, 0, L)]."""
+    nb = max(1, min(nb, L)) if L else 1
+    return [(s if trapezoidal else 0, s, min(s + nb, L)) for s in range(0, L, nb)] or [(0, 0, 0)]
+
+
+def blocks_factor(V: Any, xp: Any, blocks: list[tuple[int, int, int]]) -> list[Any]:
+    """[S_b] = :func:`rows_factor` of each block V[row:, s:e] (N·L·nb flops for the Grams in
+    all, instead of the single block's N·L²)."""
+    return [rows_factor(V[..., row:, s:e], xp) for row, s, e in blocks]
+
+
+def _minus_tail(z: Any, row: int, b: Any, Vb: Any, xp: Any, inplace: bool) -> Any:
+    """z with its columns row… replaced by z[:, row:] − b Vbᵀ: in place (torch's ``addmm_``,
+    :func:`~householderla._lib.linalg.subtract_product`), or as a new array."""
+    if inplace:
+        subtract_product(z[..., row:], b, Vb.mT, xp)
+        return z
+    tail = z[..., row:] - b @ Vb.mT
+    return xp.concat([z[..., :row], tail], axis=-1) if row else tail
+
+
+def blocks_product(
+    V: Any,
+    Ss: list[Any],
+    x: Any,
+    xp: Any,
+    blocks: list[tuple[int, int, int]],
+    inplace: bool = False,
+) -> tuple[Any, list[tuple[Any, Any]]]:
+    """(y, kept) with y = x Qᵀ for rows x (B, N) and Q = Q₁⋯Q_m, Q_b = I − V_b S_b⁻¹ V_bᵀ
+    the blocks of :func:`column_blocks` (y = x Q_mᵀ ⋯ Q₁ᵀ: the last block first).
+
+    Block b on the columns row… of z: a = z V_b, b = a S_b⁻ᵀ, z −= b V_bᵀ; 4·(N − row)·nb·B
+    + 2·nb²·B flops. ``kept`` (backward order, block 1 first): each block's input columns
+    z[:, row:] and its b, what :func:`blocks_vjp` reads. ``inplace`` (a mutable namespace,
+    2-D x: torch): the updates run inside the GEMM on one copy of x, and each block's input
+    columns are copied for ``kept``; otherwise every update makes a new array."""
+    z = row_major_copy(x, xp) if inplace else x
+    kept = []
+    for i, ((row, s, e), S) in reversed(list(enumerate(zip(blocks, Ss, strict=True)))):
+        Vb = V[..., row:, s:e]
+        if not inplace:
+            zin = z[..., row:]
+        elif i == len(blocks) - 1:  # the first block applied reads x itself, unchanged
+            zin = x[..., row:]
+        else:
+            zin = row_major_copy(z[..., row:], xp)
+        a = z[..., row:] @ Vb
+        b = _acc(solve_upper_triangular(S, _acc(a.mT, S.dtype, xp), xp), V.dtype, xp).mT
+        z = _minus_tail(z, row, b, Vb, xp, inplace)
+        kept.append((zin, b))
+    return z, kept[::-1]
+
+
+def blocks_vjp(
+    V: Any,
+    Ss: list[Any],
+    g: Any,
+    kept: list[tuple[Any, Any]],
+    xp: Any,
+    blocks: list[tuple[int, int, int]],
+    need_x: bool,
+    inplace: bool = False,
+) -> tuple[Any, Any]:
+    """(V̄, x̄) of :func:`blocks_product` for the cotangent g (B, N) of y; x̄ is None unless
+    ``need_x``. Block by block, first block first (the reverse of the forward), each the
+    single block's rule (:func:`rows_vjp`) on its columns row… with the cotangent ḡ of its
+    output: c = ḡ V_b, d = c S_b⁻¹, V̄_b = V_b E(dᵀb) − ḡᵀ b − zᵀ d, then ḡ −= d V_bᵀ (the
+    cotangent of its input). 8·(N − row)·nb·B + 2·(N − row)·nb² flops a block."""
+    gb = row_major_copy(g, xp) if inplace else g
+    cols = []
+    last = len(blocks) - 1
+    for i, ((row, s, e), S, (z, b)) in enumerate(zip(blocks, Ss, kept, strict=True)):
+        Vb = V[..., row:, s:e]
+        gt = gb[..., row:]
+        c = gt @ Vb
+        d = _acc(solve_upper_triangular(S, _acc(c.mT, S.dtype, xp), xp, True), V.dtype, xp).mT
+        Vbar = _gram_vjp(Vb, d.mT @ b, xp) - gt.mT @ b - z.mT @ d
+        if row:
+            pad = xp.zeros((*Vbar.shape[:-2], row, e - s), dtype=Vbar.dtype, device=device_of(V))
+            Vbar = xp.concat([pad, Vbar], axis=-2)
+        cols.append(Vbar)
+        if need_x or i < last:
+            gb = _minus_tail(gb, row, d, Vb, xp, inplace)
+    Vbar = cols[0] if len(cols) == 1 else xp.concat(cols, axis=-1)
+    return Vbar, (gb if need_x else None)
+
+
+def layer_forward(
+    V: Any,
+    x: Any,
+    xp: Any,
+    blocks: list[tuple[int, int, int]],
+    formed: bool,
+    inplace: bool = False,
+) -> tuple[Any, tuple[list[Any], Any]]:
+    """(y, state) with y = x Qᵀ for rows x (B, N): one block by :func:`rows_product` (the
+    formed path there is W = I − V Z), several by :func:`blocks_product`, whose ``formed``
+    path applies the blocks to the identity (P = Qᵀ) and takes x P. ``state`` is what
+    :func:`layer_vjp` reads (the S_b and the kept products)."""
+    if len(blocks) == 1:
+        S = rows_factor(V, xp)
+        y, kept = rows_product(V, S, x, xp, formed)
+        return y, ([S], kept)
+    Ss = blocks_factor(V, xp, blocks)
+    if not formed:
+        y, kept = blocks_product(V, Ss, x, xp, blocks, inplace)
+        return y, (Ss, kept)
+    eye = eye_like(xp, V.shape[-2], V.dtype, device_of(V))
+    P, kept = blocks_product(V, Ss, eye, xp, blocks, inplace)
+    return x @ P, (Ss, (P, kept))
+
+
+def layer_vjp(
+    V: Any,
+    x: Any,
+    g: Any,
+    state: tuple[list[Any], Any],
+    xp: Any,
+    blocks: list[tuple[int, int, int]],
+    formed: bool,
+    need_x: bool,
+    inplace: bool = False,
+) -> tuple[Any, Any]:
+    """(V̄, x̄) of :func:`layer_forward` for the cotangent g (B, N) of y (x̄ None unless
+    ``need_x``); the formed path of several blocks: P̄ = xᵀ g into :func:`blocks_vjp`,
+    x̄ = g Pᵀ."""
+    Ss, kept = state
+    if len(blocks) == 1:
+        return rows_vjp(V, Ss[0], x, g, kept, xp, formed, need_x)
+    if not formed:
+        return blocks_vjp(V, Ss, g, kept, xp, blocks, need_x, inplace)
+    P, kept = kept
+    Vbar, _ = blocks_vjp(V, Ss, x.mT @ g, kept, xp, blocks, False, inplace)
+    return Vbar, (g @ P.mT if need_x else None)
 
 
 def _gram_vjp(V: Any, Sbar: Any, xp: Any) -> Any:

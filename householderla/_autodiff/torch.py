@@ -179,35 +179,67 @@ def _lowrank(xp: Any, U: Any, T: Any, h: Any, transpose: bool, mode: str, out: A
 
 
 class CWYLinear(torch.autograd.Function):
-    """(V, x, trapezoidal, formed) ↦ x Qᵀ for rows x (B, N) and Q = I − V S⁻¹ Vᵀ the square
-    CWY map of V (N, N) (of its lower trapezoid with ``trapezoidal``), by the unnormalised
-    form of :mod:`householderla._agnostic.cwy_rows`: a small orthogonal layer's Gram, product
-    and their backward as one autograd node (``householderla._torch_layer``), where composed
-    nodes' Python and dispatch outweigh the GEMMs. ``formed``: W is formed and x Wᵀ taken.
-    The backward reads S and the kept products (``rows_vjp``). Under double backward (grad
-    mode on in the backward) they are recomputed from the saved V and x by the same torch
-    operations, which autograd then records."""
+    """(V, x, trapezoidal, formed, block) ↦ x Qᵀ for rows x (B, N) and Q = H(v₁)…H(v_N) the
+    square CWY map of V (N, N) (of its lower trapezoid with ``trapezoidal``), by the
+    unnormalised form of :mod:`householderla._agnostic.cwy_rows` in column blocks of
+    ``block`` reflectors (one block when ``block`` ≥ N): an orthogonal layer's Grams,
+    products and their backward as one autograd node (``householderla._torch_layer``),
+    where composed nodes' Python, dispatch, normalisation passes and copies outweigh the
+    GEMMs. ``formed``: W is formed and x Wᵀ taken. The products update one copy of x inside
+    the GEMMs (``addmm_``); the backward reads the S_b and the kept products
+    (``layer_vjp``). Under double backward (grad mode on in the backward) they are
+    recomputed from the saved V and x by the same torch operations, out of place, which
+    autograd then records."""
 
     @staticmethod
-    def forward(ctx: Any, V: Any, x: Any, trapezoidal: bool, formed: bool) -> Any:
+    def forward(ctx: Any, V: Any, x: Any, trapezoidal: bool, formed: bool, block: int) -> Any:
         Vt = V.tril() if trapezoidal else V
-        S = R.rows_factor(Vt, _xp)
-        y, kept = R.rows_product(Vt, S, x, _xp, formed)
-        ctx.trapezoidal, ctx.formed = trapezoidal, formed
-        ctx.save_for_backward(V, x, Vt, S, *(kept if formed else (kept,)))
+        blocks = R.column_blocks(V.shape[-1], block, trapezoidal)
+        y, (Ss, kept) = R.layer_forward(Vt, x, _xp, blocks, formed, inplace=True)
+        ctx.trapezoidal, ctx.formed, ctx.blocks = trapezoidal, formed, blocks
+        flat, ctx.spec = _flatten(kept)
+        ctx.save_for_backward(V, x, Vt, *Ss, *flat)
         return y
 
     @staticmethod
     def backward(ctx: Any, g: Any) -> Any:
-        V, x, Vt, S, *kept = ctx.saved_tensors
+        V, x, Vt, *rest = ctx.saved_tensors
+        m = len(ctx.blocks)
         if torch.is_grad_enabled():
             Vt = V.tril() if ctx.trapezoidal else V
-            S = R.rows_factor(Vt, _xp)
-            _, parts = R.rows_product(Vt, S, x, _xp, ctx.formed)
+            _, state = R.layer_forward(Vt, x, _xp, ctx.blocks, ctx.formed)
+            inplace = False
         else:
-            parts = tuple(kept) if ctx.formed else kept[0]
-        V_bar, x_bar = R.rows_vjp(Vt, S, x, g, parts, _xp, ctx.formed, ctx.needs_input_grad[1])
-        return (V_bar.tril() if ctx.trapezoidal else V_bar), x_bar, None, None
+            state = (rest[:m], _unflatten(rest[m:], ctx.spec))
+            inplace = True
+        V_bar, x_bar = R.layer_vjp(
+            Vt, x, g, state, _xp, ctx.blocks, ctx.formed, ctx.needs_input_grad[1], inplace
+        )
+        return (V_bar.tril() if ctx.trapezoidal else V_bar), x_bar, None, None, None
+
+
+def _flatten(tree: Any) -> tuple[list[torch.Tensor], Any]:
+    """The tensors of a nest of tuples/lists (``save_for_backward`` takes a flat list) and
+    the nest's structure for :func:`_unflatten`."""
+    if isinstance(tree, torch.Tensor):
+        return [tree], None
+    flat, spec = [], []
+    for t in tree:
+        f, s = _flatten(t)
+        flat += f
+        spec.append((len(f), s))
+    return flat, (type(tree), spec)
+
+
+def _unflatten(flat: Any, spec: Any) -> Any:
+    if spec is None:
+        return flat[0]
+    kind, parts = spec
+    out, i = [], 0
+    for n, s in parts:
+        out.append(_unflatten(flat[i : i + n], s))
+        i += n
+    return kind(out)
 
 
 # -- sequential Householder products -----------------------------------------------------------

@@ -28,6 +28,7 @@ __all__ = [
     "inv_upper_triangular",
     "inv_upper_triangular_recursive",
     "real_dot",
+    "row_major_copy",
     "solve_upper_triangular",
     "subtract_product",
     "sum_to_shape",
@@ -166,6 +167,18 @@ def subtract_product(Y: Any, A: Any, B: Any, xp: Any, work: Any = None) -> None:
             raw.subtract(Yr, w, out=Yr)
     else:
         Y -= A @ B
+
+
+def row_major_copy(x: Any, xp: Any) -> Any:
+    """A copy of x in row-major (C) order that the caller may update in place (torch:
+    ``clone``, which under no-grad is not attached to autograd; elsewhere
+    ``asarray(copy=True)``). Row-major, so that its column blocks ``x[..., s:]`` are BLAS
+    operands with unit stride along their rows (see :func:`subtract_product`)."""
+    if aac.is_torch_namespace(xp):
+        import torch
+
+        return x.clone(memory_format=torch.contiguous_format)
+    return xp.asarray(x, copy=True)
 
 
 def workspace(batch: tuple[int, ...], rows: int, cols: int, like: Any, xp: Any) -> Any:
