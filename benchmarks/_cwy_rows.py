@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -84,11 +85,20 @@ def _numpy_loop(fn: Any, *args: Any) -> Any:
 
 
 def time_sequential(
-    b: H.Bench, label: str, fn_of_l: Callable[[int], Any], L: int, skip_s: float
+    b: H.Bench,
+    label: str,
+    fn_of_l: Callable[[int], Any],
+    L: int,
+    skip_s: float,
+    pair: Callable[[], Any] | None = None,
 ) -> dict[str, Any]:
     """Time ``fn_of_l(L)`` whose cost is linear in L (sequential reflections) after a pilot
     with ≤ 32 reflectors: skipped, with the reason noted, when one call is predicted to take
-    longer than ``skip_s``; a long call (≥ max_total) uses the pilot as its warm-up."""
+    longer than ``skip_s``; a long call (≥ max_total) uses the pilot as its warm-up. With
+    ``pair`` (the CWY apply it is compared with), both are timed in the same rounds and
+    ``paired_ratio`` is the median over the rounds of time(loop) / time(pair)
+    (:func:`~benchmarks._harness.paired_ratio`): a slow spell of the machine during one of
+    the two timings no longer moves the speed-up."""
     lp = min(L, 32)
     pilot = math.inf
     for _ in range(2):  # a second pilot when the first may have paid a first-call cost (JIT)
@@ -106,7 +116,19 @@ def time_sequential(
         b.step(label)
         return {"skipped": True, "predicted_s": est, "reason": "predicted single run too long"}
     long = est >= b.prof.max_total
-    r = b.time(label, lambda: fn_of_l(L), warmup=not long, max_total=3.0)
+    if pair is None:
+        r = b.time(label, lambda: fn_of_l(L), warmup=not long, max_total=3.0)
+    else:
+        prof = dataclasses.replace(b.prof, max_total=3.0)
+        b.bar.set_description(label[:48])
+        t = H.measure({"loop": lambda: fn_of_l(L), "pair": pair}, prof, warmup=not long)
+        b.step(label)
+        r = t["loop"]
+        r.update(
+            paired_ratio=H.paired_ratio(t, "loop", "pair"),
+            pair_median_s=t["pair"]["median_s"],
+            pair_times_s=t["pair"]["times_s"],
+        )
     r.update(predicted_s=est, skipped=False)
     if long:
         r["warmup_s"] = "pilot"
@@ -117,10 +139,12 @@ def time_in_processes(
     b: H.Bench, label: str, shape: tuple[int, int, int], threads: int, processes: int
 ) -> dict[str, Any]:
     """``hl.householder_apply`` (N, L, B) timed in ``processes`` fresh interpreters one after
-    another (``benchmarks/_sequential_probe.py``, which says why): ``median_s`` is the median
-    of their medians, each in ``process_median_s`` (the median, not the mean: a slow spell of
-    the VM during one process, 28 and 40 ms against 16–21 ms, moved the mean of eight by up
-    to 12%). Costs ≈ 2 s a process at the headline shape."""
+    another (``benchmarks/_sequential_probe.py``, which says why), each side by side with the
+    reused CWY apply of the same V and h: ``median_s`` is the median of their medians, each
+    in ``process_median_s`` (the median, not the mean: a slow spell of the VM during one
+    process, 28 and 40 ms against 16–21 ms, moved the mean of eight by up to 12%), and
+    ``paired_ratio`` the median of each process's paired ratio loop / CWY apply
+    (``process_ratios``). Costs ≈ 2 s a process at the headline shape."""
     b.bar.set_description(label[:48])
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parent.parent)
@@ -138,8 +162,11 @@ def time_in_processes(
         runs.append(json.loads(out.strip().splitlines()[-1]))
     b.step(label)
     medians = [r["median_s"] for r in runs]
+    ratios = [r["paired_ratio"] for r in runs]
     return {
         "median_s": statistics.median(medians),
+        "paired_ratio": statistics.median(ratios),
+        "process_ratios": ratios,
         "min_s": min(r["min_s"] for r in runs),
         "processes": processes,
         "process_median_s": medians,
@@ -172,6 +199,7 @@ def bench_apply(b: H.Bench, cfg: Any, gflops64: float, threads: int) -> list[dic
                     },
                 )
                 t_cwy, t_g2 = t["cwy"], t["two_gemm"]
+                apply = lambda Q=Q, H_=H_: Q @ H_  # noqa: E731 - the pair of the loops below
                 if (N, L, B) == (cfg.head_n, cfg.head_n, cfg.head_b) and cfg.seq_processes > 1:
                     t_seq = time_in_processes(
                         b, f"sequential {tag} (processes)", (N, L, B), threads, cfg.seq_processes
@@ -183,6 +211,7 @@ def bench_apply(b: H.Bench, cfg: Any, gflops64: float, threads: int) -> list[dic
                         lambda k, V=V, H_=H_: hl.householder_apply(V[:, :k], H_),
                         L,
                         cfg.seq_skip_s,
+                        pair=apply,
                     )
                 t_seq_np = time_sequential(
                     b,
@@ -190,6 +219,7 @@ def bench_apply(b: H.Bench, cfg: Any, gflops64: float, threads: int) -> list[dic
                     lambda k, V=V, H_=H_: _numpy_loop(hl.householder_apply, V[:, :k], H_),
                     L,
                     cfg.seq_skip_s,
+                    pair=apply,
                 )
                 err = None
                 if not t_seq.get("skipped"):
@@ -207,7 +237,7 @@ def bench_apply(b: H.Bench, cfg: Any, gflops64: float, threads: int) -> list[dic
                         "sequential": t_seq,
                         "sequential_numpy_loop": t_seq_np,
                         "ratio_cwy_over_two_gemm": H.paired_ratio(t, "cwy", "two_gemm"),
-                        "speedup_cwy_vs_sequential": None if sq is None else sq / cw,
+                        "speedup_cwy_vs_sequential": None if sq is None else t_seq["paired_ratio"],
                         "gemm_eff_cwy_apply": fl_apply(N, L, B) / cw / 1e9 / gflops64,
                         "gemm_eff_two_gemm": fl_two_gemm(N, L, B) / g2 / 1e9 / gflops64,
                         "gemm_eff_build": fl_build(N, L) / build["median_s"] / 1e9 / gflops64,

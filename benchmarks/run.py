@@ -170,7 +170,7 @@ def headline(res: dict[str, Any], cfg: Config) -> list[H.Row]:
         ("sequential", "sequential reflections, Numba kernel"),
     ):
         seq = s[key]
-        sp = None if seq.get("skipped") else seq["median_s"] / s["cwy_apply"]["median_s"]
+        sp = None if seq.get("skipped") else seq["paired_ratio"]  # timed side by side
         add(
             f"CWY apply L=N={N} B={B} (reused)",
             anchor,

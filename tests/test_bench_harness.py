@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -60,3 +61,26 @@ def test_sequential_probe_reports_a_timing_of_the_named_shape(monkeypatch):
     assert len(r["times_s"]) >= 1
     assert ((48, 40), (48, 3)) in calls  # the timed call has the shape asked for
     assert calls[0] == ((48, 32), (48, 3))  # the warm-up loads the kernels on ≤ 32 reflectors
+    # the CWY apply was timed in the same rounds, and the ratio is the median of the rounds'
+    pairs = [a / b for a, b in zip(r["times_s"], r["pair_times_s"], strict=True)]
+    assert r["paired_ratio"] == statistics.median(pairs)
+
+
+def test_time_sequential_pairs_the_loop_with_its_cwy_apply():
+    """``time_sequential(..., pair=)`` times the loop and the apply in the same rounds and
+    reports the median of their per-round ratios (not the ratio of the medians), one
+    progress step; without ``pair`` no ratio."""
+    from benchmarks._cwy_rows import time_sequential
+
+    prof = H.Profile(sample_s=0.0, min_total=0.0, max_total=0.2, min_rep=5, max_rep=5)
+    loop_calls, pair_calls = [], []
+    with H.Bench(prof, 2, "test") as b:
+        r = time_sequential(
+            b, "loop", loop_calls.append, 40, 10.0, pair=lambda: pair_calls.append(1)
+        )
+        assert b.bar.n == 1
+        plain = time_sequential(b, "loop", loop_calls.append, 40, 10.0)
+    pairs = [x / y for x, y in zip(r["times_s"], r["pair_times_s"], strict=True)]
+    assert len(pairs) == 5 and r["paired_ratio"] == statistics.median(pairs)
+    assert 40 in loop_calls and len(pair_calls) >= 5
+    assert "paired_ratio" not in plain

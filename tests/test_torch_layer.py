@@ -200,7 +200,7 @@ def _graph_nodes(y: torch.Tensor) -> set[str]:
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize(
-    ("rows", "single"),  # the operator path (B ≤ N); the formed one (B > N), W by one block / blocks
+    ("rows", "single"),  # the operator path (B ≤ N); the formed one (B > N), one block or blocks
     [(5, False), (30, True), (30, False)],
 )
 @pytest.mark.parametrize("structure", ["trapezoidal", "dense"])

@@ -23,7 +23,7 @@ Rows x (B, N), y = x Qᵀ (``householderla._torch_layer`` runs this as one autog
 plus the Gram, N·L²·2 (in float64 for float32 V on CPU, as :func:`.compact_wy.cwy_factors`).
 
 Backward, for the cotangent ḡ = ∂ℓ/∂y (B, N) — :func:`.compact_wy.lowrank_vjp` with M = S⁻¹,
-h = xᵀ (or I), then the Gram's backward (``docs/theory/cwy.rst``, "One node for a small
+h = xᵀ (or I), then the Gram's backward (``docs/theory/cwy.rst``, "One node for a
 layer"):
 
     c = ḡ V,  d = c S⁻¹           x̄ = ḡ − d Vᵀ
@@ -34,7 +34,15 @@ layer"):
 needs no mask here; its b_j = d_j = 0 make the column's cotangent 0)
 
 and for the formed path (W̄ = ḡᵀ x, x̄ = ḡ W): C = S⁻ᵀ Vᵀ W̄ (L, N), S̄ = C Zᵀ,
-V̄ = V E − W̄ Zᵀ − Cᵀ. Every function takes ``xp``; real dtypes only.
+V̄ = V E − W̄ Zᵀ − Cᵀ.
+
+Blocks (:func:`blocks_product`, :func:`blocks_vjp`; a layer of any size): the single block's
+Gram costs 2·N·L² and its solves L²·B, so the layer splits the reflectors into column blocks
+of nb, Q = Q₁⋯Q_m with Q_b = I − V_b S_b⁻¹ V_bᵀ the formula above on block b's columns, and
+runs x Q_mᵀ⋯Q₁ᵀ block by block (for lower-trapezoidal V on the block's rows s… only), the
+backward in the opposite order with the same rule per block: Grams 2·N·L·nb, products
+4·N·L·B forward and 8·N·L·B backward (halved for trapezoidal V). Every function takes
+``xp``; real dtypes only.
 """
 
 from __future__ import annotations
