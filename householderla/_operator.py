@@ -240,8 +240,7 @@ class CompactWYOperator(LinearOperatorMixin):
             and (f.direct_type.__name__ == "ndarray" or self._torch_direct(h))
         ):
             if direct is None:
-                kind, P = sc[self._transposed]
-                return P @ h if kind == "dense" else h - P @ _adjoint_times(f.U, h, self._xp)
+                return _shortcut_product(sc[self._transposed], f.U, h, self._xp)
             U, T, Ut, Tt = direct
             P = f.product_factor(1 if h.ndim == 1 else h.shape[1], self._transposed)
             if P is None:
@@ -281,7 +280,7 @@ class CompactWYOperator(LinearOperatorMixin):
                 if route(xp, U, T, hm) == "plain":  # no autodiff to record
                     P = f.product_factor(hm.shape[-1], self._transposed)
             if P is not None:  # one GEMM with the dense Q (Qᴴ), or two with W = U T (U Tᴴ)
-                y = P[1] @ hm if P[0] == "dense" else hm - P[1] @ _adjoint_times(U, hm, xp)
+                y = _shortcut_product(P, U, hm, xp)
             else:
                 y = lowrank(U, T, hm, xp, self._transposed, self._mode, structured)
         if phase is not None and self._transposed:  # Dᴴ Q₀ᴴ h
@@ -431,6 +430,13 @@ class CompactWYOperator(LinearOperatorMixin):
             return lowrank(self._U, self._T, None, xp, True, mode, out=dt)
         out = lowrank(self._U, self._T, None, xp, False, mode, out=dt)
         return mH(out, xp) if self._transposed else out
+
+
+def _shortcut_product(P: tuple[str, Any], U: Any, h: Any, xp: Any) -> Any:
+    """Q h from the factor ``LazyFactors.product_factor`` built: ("dense", Q) → Q h (one
+    GEMM), ("folded", W) with W = U T → h − W (Uᴴ h) (two)."""
+    kind, F = P
+    return F @ h if kind == "dense" else h - F @ _adjoint_times(U, h, xp)
 
 
 def _adjoint_times(U: Any, h: Any, xp: Any) -> Any:

@@ -220,17 +220,16 @@ def layer_forward(
     formed: bool,
     inplace: bool = False,
 ) -> tuple[Any, tuple[list[Any], Any]]:
-    """(y, state) with y = x Qᵀ for rows x (B, N): one block by :func:`rows_product` (the
-    formed path there is W = I − V Z), several by :func:`blocks_product`, whose ``formed``
-    path applies the blocks to the identity (P = Qᵀ) and takes x P. ``state`` is what
+    """(y, state) with y = x Qᵀ for rows x (B, N) by :func:`blocks_product` (one block or
+    several); a formed W from one block by :func:`rows_product` (W = I − V Z), from several
+    by the blocks applied to the identity (P = Qᵀ), then x P. ``state`` is what
     :func:`layer_vjp` reads (the S_b and the kept products)."""
-    if len(blocks) == 1:
-        S = rows_factor(V, xp)
-        y, kept = rows_product(V, S, x, xp, formed)
-        return y, ([S], kept)
     Ss = blocks_factor(V, xp, blocks)
     if not formed:
         y, kept = blocks_product(V, Ss, x, xp, blocks, inplace)
+        return y, (Ss, kept)
+    if len(blocks) == 1:
+        y, kept = rows_product(V, Ss[0], x, xp, True)
         return y, (Ss, kept)
     eye = eye_like(xp, V.shape[-2], V.dtype, device_of(V))
     P, kept = blocks_product(V, Ss, eye, xp, blocks, inplace)
@@ -252,10 +251,10 @@ def layer_vjp(
     ``need_x``); the formed path of several blocks: P̄ = xᵀ g into :func:`blocks_vjp`,
     x̄ = g Pᵀ."""
     Ss, kept = state
-    if len(blocks) == 1:
-        return rows_vjp(V, Ss[0], x, g, kept, xp, formed, need_x)
     if not formed:
         return blocks_vjp(V, Ss, g, kept, xp, blocks, need_x, inplace)
+    if len(blocks) == 1:
+        return rows_vjp(V, Ss[0], x, g, kept, xp, True, need_x)
     P, kept = kept
     Vbar, _ = blocks_vjp(V, Ss, x.mT @ g, kept, xp, blocks, False, inplace)
     return Vbar, (g @ P.mT if need_x else None)
