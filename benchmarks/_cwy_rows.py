@@ -72,9 +72,12 @@ def built(op: Any) -> Any:
 def reused(op: Any, h: Any) -> Any:
     """``op`` after the products of a loop (an RNN's steps, an iterative solver) have
     multiplied N columns: a plain product then runs with W = U T or the dense Q
-    (``LazyFactors.product_factor``; the switch's one-off cost is in the first N columns)."""
-    for _ in range(-(-op.shape[-1] // h.shape[-1])):
-        op @ h
+    (``LazyFactors.product_factor``; the switch's one-off cost is in the first N columns).
+    The N columns go in as one product (the switch counts columns, not calls): for h of one
+    column at N = L = 2048, N products took 6.2 s, which the five placements of an apply row
+    (:func:`apply_in_placements`) would pay five times."""
+    n = op.shape[-1]
+    op @ np.ones((n, n), dtype=h.dtype)
     return op
 
 
@@ -91,6 +94,7 @@ def time_sequential(
     L: int,
     skip_s: float,
     pair: Callable[[], Any] | None = None,
+    rounds_s: float = 0.0,
 ) -> dict[str, Any]:
     """Time ``fn_of_l(L)`` whose cost is linear in L (sequential reflections) after a pilot
     with ≤ 32 reflectors: skipped, with the reason noted, when one call is predicted to take
@@ -98,7 +102,10 @@ def time_sequential(
     ``pair`` (the CWY apply it is compared with), both are timed in the same rounds and
     ``paired_ratio`` is the median over the rounds of time(loop) / time(pair)
     (:func:`~benchmarks._harness.paired_ratio`): a slow spell of the machine during one of
-    the two timings no longer moves the speed-up."""
+    the two timings no longer moves the speed-up. ``rounds_s``: the paired rounds take at
+    least this long together (the profile's ``min_total`` when larger): the headline run's
+    0.2 s gave a 0.13–0.33 s loop three rounds, whose median ratio moved by ±10–12% between
+    two-thread runs."""
     lp = min(L, 32)
     pilot = math.inf
     for _ in range(2):  # a second pilot when the first may have paid a first-call cost (JIT)
@@ -119,7 +126,7 @@ def time_sequential(
     if pair is None:
         r = b.time(label, lambda: fn_of_l(L), warmup=not long, max_total=3.0)
     else:
-        prof = dataclasses.replace(b.prof, max_total=3.0)
+        prof = dataclasses.replace(b.prof, max_total=3.0, min_total=max(b.prof.min_total, rounds_s))
         b.bar.set_description(label[:48])
         t = H.measure({"loop": lambda: fn_of_l(L), "pair": pair}, prof, warmup=not long)
         b.step(label)
@@ -175,6 +182,56 @@ def time_in_processes(
     }
 
 
+def apply_in_placements(
+    b: H.Bench, label: str, V: Any, B: int, placements: int, rng: np.random.Generator
+) -> tuple[dict[str, Any], Any, Any]:
+    """The reused CWY apply Q h (Q = ``hl.cwy(V)``, h N × B) side by side with the two bare
+    GEMMs Uᵣ (Uᵣᵀ h) of the same shapes (Uᵣ N × L), in ``placements`` placements: each a
+    fresh operator (its U and W built again), Uᵣ and h, all held until the row is done so
+    that each lands in new memory, timed in ``max_rep / placements`` rounds. Returns
+    (times, Q, h) of the first placement: ``times["cwy"]`` / ``["two_gemm"]`` pool every
+    placement's samples (``median_s`` their median), ``ratio`` is the median over the
+    placements of each one's paired ratio (``placement_ratios``).
+
+    Why: at N = 1024, L = 256, B = 64 (one thread) the paired ratio of one placement is
+    steady from round to round (quartiles within ±3%), but eight placements in one process
+    read 1.11–1.33×: where U, W, Uᵣ and h land in memory (the VM's pages, which the cache
+    sets follow) moves both products by up to 20%. One placement per row made the headline
+    row one draw of that spread (1.08–1.33× over three two-thread runs)."""
+    N, L = V.shape
+    prof = dataclasses.replace(b.prof, max_rep=max(b.prof.min_rep, b.prof.max_rep // placements))
+    b.bar.set_description(label[:48])
+    held, runs = [], []
+    for p in range(placements):
+        Vp = V if p == 0 else V.copy()
+        Ur = rng.standard_normal((N, L))
+        h = rng.standard_normal((N, B))
+        Q = reused(built(hl.cwy(Vp)), h)
+        held.append((Vp, Ur, h, Q))
+        runs.append(
+            H.measure(
+                {"cwy": lambda Q=Q, h=h: Q @ h, "two_gemm": lambda U=Ur, h=h: U @ (U.T @ h)}, prof
+            )
+        )
+    b.step(label, 2)
+    out: dict[str, Any] = {}
+    for k in ("cwy", "two_gemm"):
+        times = [x for r in runs for x in r[k]["times_s"]]
+        out[k] = {
+            "median_s": statistics.median(times),
+            "min_s": min(times),
+            "repeats": len(times),
+            "loops": [r[k]["loops"] for r in runs],
+            "warmup_s": runs[0][k]["warmup_s"],
+            "times_s": times,
+            "placements": placements,
+        }
+    ratios = [H.paired_ratio(r, "cwy", "two_gemm") for r in runs]
+    out["ratio"] = statistics.median(ratios)
+    out["placement_ratios"] = ratios
+    return out, held[0][3], held[0][2]
+
+
 def bench_apply(b: H.Bench, cfg: Any, gflops64: float, threads: int) -> list[dict[str, Any]]:
     """(a) CWY apply vs the two GEMMs of the same shapes vs sequential reflections; the Numba
     loop at the headline's L = N shape in ``cfg.seq_processes`` fresh processes
@@ -185,22 +242,17 @@ def bench_apply(b: H.Bench, cfg: Any, gflops64: float, threads: int) -> list[dic
         for frac in cfg.apply_l_fracs:
             L = max(1, N // frac)
             V = rng.standard_normal((N, L))
-            Ur = rng.standard_normal((N, L))
             build = b.time(f"build N={N} L={L}", lambda V=V: built(hl.cwy(V)))
             for B in cfg.apply_bs:
-                H_ = rng.standard_normal((N, B))
-                Q = reused(built(hl.cwy(V)), H_)
                 tag = f"N={N} L={L} B={B}"
-                t = b.side_by_side(
-                    f"cwy apply vs 2 GEMMs {tag}",
-                    {
-                        "cwy": lambda Q=Q, H_=H_: Q @ H_,
-                        "two_gemm": lambda Ur=Ur, H_=H_: Ur @ (Ur.T @ H_),
-                    },
+                t, Q, H_ = apply_in_placements(
+                    b, f"cwy apply vs 2 GEMMs {tag}", V, B, cfg.apply_placements, rng
                 )
                 t_cwy, t_g2 = t["cwy"], t["two_gemm"]
                 apply = lambda Q=Q, H_=H_: Q @ H_  # noqa: E731 - the pair of the loops below
-                if (N, L, B) == (cfg.head_n, cfg.head_n, cfg.head_b) and cfg.seq_processes > 1:
+                head = (N, L, B) == (cfg.head_n, cfg.head_n, cfg.head_b)
+                rounds_s = cfg.loop_rounds_s if head else 0.0  # more rounds: headline rows
+                if head and cfg.seq_processes > 1:
                     t_seq = time_in_processes(
                         b, f"sequential {tag} (processes)", (N, L, B), threads, cfg.seq_processes
                     )
@@ -212,6 +264,7 @@ def bench_apply(b: H.Bench, cfg: Any, gflops64: float, threads: int) -> list[dic
                         L,
                         cfg.seq_skip_s,
                         pair=apply,
+                        rounds_s=rounds_s,
                     )
                 t_seq_np = time_sequential(
                     b,
@@ -220,6 +273,7 @@ def bench_apply(b: H.Bench, cfg: Any, gflops64: float, threads: int) -> list[dic
                     L,
                     cfg.seq_skip_s,
                     pair=apply,
+                    rounds_s=rounds_s,
                 )
                 err = None
                 if not t_seq.get("skipped"):
@@ -236,7 +290,8 @@ def bench_apply(b: H.Bench, cfg: Any, gflops64: float, threads: int) -> list[dic
                         "two_gemm": t_g2,
                         "sequential": t_seq,
                         "sequential_numpy_loop": t_seq_np,
-                        "ratio_cwy_over_two_gemm": H.paired_ratio(t, "cwy", "two_gemm"),
+                        "ratio_cwy_over_two_gemm": t["ratio"],
+                        "placement_ratios": t["placement_ratios"],
                         "speedup_cwy_vs_sequential": None if sq is None else t_seq["paired_ratio"],
                         "gemm_eff_cwy_apply": fl_apply(N, L, B) / cw / 1e9 / gflops64,
                         "gemm_eff_two_gemm": fl_two_gemm(N, L, B) / g2 / 1e9 / gflops64,

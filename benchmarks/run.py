@@ -30,11 +30,13 @@ class Config:
     quick: bool
     profile: H.Profile
     seq_skip_s: float  # skip a sequential reference run predicted to take longer than this
+    loop_rounds_s: float  # headline's paired loop rows: rounds take at least this long together
     seq_processes: int  # fresh processes timing the headline's Numba loop (time_in_processes)
     gemm_n: int
     apply_ns: list[int]
     apply_l_fracs: list[int]  # L = N // frac
     apply_bs: list[int]
+    apply_placements: int  # fresh operands per apply row (_cwy_rows.apply_in_placements)
     head_n: int  # headline apply row (N, L, B)
     head_l: int
     head_b: int
@@ -54,11 +56,13 @@ FULL = Config(
     quick=False,
     profile=H.Profile(sample_s=2e-3, min_total=0.2, max_total=2.0, max_rep=30),
     seq_skip_s=20.0,
+    loop_rounds_s=2.0,
     seq_processes=8,
     gemm_n=1024,
     apply_ns=[256, 1024, 2048],
     apply_l_fracs=[8, 4, 1],
     apply_bs=[1, 64],
+    apply_placements=5,
     head_n=1024,
     head_l=256,
     head_b=64,
@@ -77,11 +81,13 @@ QUICK = Config(
     quick=True,
     profile=H.Profile(sample_s=0.0, min_total=0.01, max_total=0.1, max_rep=10),
     seq_skip_s=2.0,
+    loop_rounds_s=0.0,
     seq_processes=2,
     gemm_n=256,
     apply_ns=[32, 128],
     apply_l_fracs=[8, 4, 1],
     apply_bs=[1, 8],
+    apply_placements=2,
     head_n=128,
     head_l=32,
     head_b=8,

@@ -84,3 +84,48 @@ def test_time_sequential_pairs_the_loop_with_its_cwy_apply():
     assert len(pairs) == 5 and r["paired_ratio"] == statistics.median(pairs)
     assert 40 in loop_calls and len(pair_calls) >= 5
     assert "paired_ratio" not in plain
+
+
+def test_apply_in_placements_pools_fresh_operands():
+    """The apply row is timed on ``placements`` fresh operands, each held until the row is
+    done (so the next lands in other memory): ``ratio`` is the median of each placement's
+    paired ratio, the samples are pooled, the first placement's Q applies the reflectors of
+    V to its h, and the row takes the two progress steps of its two methods."""
+    import numpy as np
+
+    import householderla as hl
+    from benchmarks._cwy_rows import apply_in_placements
+
+    rng = np.random.default_rng(0)
+    V = rng.standard_normal((16, 4))
+    V0 = V.copy()
+    prof = H.Profile(sample_s=0.0, min_total=0.0, max_total=0.2, min_rep=3, max_rep=9)
+    with H.Bench(prof, 2, "test") as b:
+        t, Q, h = apply_in_placements(b, "apply", V, 3, 3, rng)
+        assert b.bar.n == 2
+    assert len(t["placement_ratios"]) == 3
+    assert t["ratio"] == statistics.median(t["placement_ratios"])
+    assert t["cwy"]["repeats"] == len(t["cwy"]["times_s"]) == len(t["two_gemm"]["times_s"]) == 9
+    assert t["cwy"]["median_s"] == statistics.median(t["cwy"]["times_s"])
+    assert h.shape == (16, 3)
+    np.testing.assert_allclose(Q @ h, hl.householder_apply(V, h), rtol=0, atol=1e-13)
+    np.testing.assert_array_equal(V, V0)
+
+
+def test_time_sequential_rounds_s_buys_more_paired_rounds():
+    """``rounds_s`` makes the paired rounds of a loop take at least that long together: a
+    10 ms loop gets the profile's three rounds without it and ≥ 5 with 0.5 s."""
+    import time
+
+    from benchmarks._cwy_rows import time_sequential
+
+    prof = H.Profile(sample_s=0.0, min_total=0.0, max_total=0.2, min_rep=3, max_rep=30)
+
+    def loop(k: int) -> None:
+        time.sleep(0.01)
+
+    with H.Bench(prof, 2, "test") as b:
+        few = time_sequential(b, "loop", loop, 40, 10.0, pair=lambda: None)
+        more = time_sequential(b, "loop", loop, 40, 10.0, pair=lambda: None, rounds_s=0.5)
+    assert len(few["times_s"]) == 3
+    assert len(more["times_s"]) >= 5
