@@ -178,6 +178,18 @@ def paired_ratio(res: dict[str, dict[str, Any]], num: str, den: str) -> float:
     return statistics.median(x / y for x, y in zip(a, b, strict=True))
 
 
+def paired_times(res: dict[str, dict[str, Any]], num: str, den: str) -> dict[str, Any]:
+    """``res[num]`` with the method it was timed against: ``pair_median_s``,
+    ``pair_times_s`` (``den``'s) and ``paired_ratio`` (:func:`paired_ratio` num / den)."""
+    out = dict(res[num])
+    out.update(
+        pair_median_s=res[den]["median_s"],
+        pair_times_s=res[den]["times_s"],
+        paired_ratio=paired_ratio(res, num, den),
+    )
+    return out
+
+
 class Bench:
     """A progress bar (one step per timed method) with the timing profile and the notes of a
     run. ``with Bench(...) as b:`` closes the bar."""
