@@ -30,7 +30,7 @@ from ._autodiff import call, route
 from ._blocked import block_factors, use_blocks
 from ._interop.dlpack import plain_cpu_views
 from ._kernels import numba_enabled
-from ._lib.linalg import eye_like
+from ._lib.linalg import eye_like, row_major_copy
 from ._lib.mixed import widen
 from ._lib.namespace import device_of, mH
 from ._lib.tracing import is_eager, needs_graph
@@ -147,8 +147,13 @@ class LazyFactors:
         self.dense_pays = 2 * V.shape[-1] > V.shape[-2]
         for k, v in state.items():
             setattr(self, k, v)
-        if isinstance(self.shortcut, tuple):  # (Q, Qᴴ), as pickled before W = U T existed
-            self.shortcut = {False: ("dense", self.shortcut[0]), True: ("dense", self.shortcut[1])}
+        sc = self.shortcut
+        if isinstance(sc, tuple):  # (Q, Qᴴ), as pickled before W = U T existed
+            self.shortcut = {False: ("dense", sc[0]), True: ("dense", sc[1])}
+        elif sc is not None:  # a folded W alone (before (F, G)): rebuilt on the next product
+            self.shortcut = {
+                k: P for k, P in sc.items() if P[0] == "dense" or isinstance(P[1], tuple)
+            }
         self.xp = aac.array_namespace(self.V)
 
     def trapezoidal(self) -> bool:
@@ -238,12 +243,16 @@ class LazyFactors:
           flops instead of 4·N·L·B + 2·L²·B. Q = I − (U T) Uᴴ costs 2·N·L² + 2·N²·L flops
           once and takes N² ≤ 2·N·L entries, no more than U and T. At L = N = 1024, B = 64
           (NumPy, one thread) a product takes 13 ms with U, T and 3.7 ms with Q.
-        - ``("folded", W)`` for L ≤ N/2: W = U T (U Tᴴ for Qᴴ), and Q h = h − W (Uᴴ h), the
-          two GEMMs of 4·N·L·B flops without T's product (2·L²·B). W costs 2·N·L² flops once
-          and N·L entries (a copy of U's size) for each direction used. Measured (NumPy, one
-          thread, float64, ratio to the two GEMMs U (Uᵀ h)): N = 1024, L = 256, B = 64:
-          1.14× with U, T, 1.03–1.07× with W; N = 256, L = 128, B = 16: 1.30× and 1.05×;
-          N = 4096, L = 1024, B = 64: 1.12× and 1.00–1.01×.
+        - ``("folded", (F, G))`` for L ≤ N/2: Q h = h − F (G h), the two GEMMs of 4·N·L·B
+          flops without T's product (2·L²·B): with W = U T, Q h = h − W (Uᴴ h) (F = W,
+          G = Uᴴ) and Qᴴ h = h − U (Wᴴ h) (F = U, G = Wᴴ = Tᴴ Uᴴ). G, the L × N factor of
+          the first GEMM, is kept row-major: Uᴴ as a view of the row-major U made that GEMM
+          a transposed one, which OpenBLAS and MKL run slower (NumPy, one thread, float64,
+          ratio to the two GEMMs Uᵣ (Uᵣᵀ h) of one row-major Uᵣ, paired in one process:
+          N = 1024, L = 256, B = 64: 1.07–1.17× with the view, 0.97–0.99× row-major;
+          N = 2048, L = 512, B = 32: 1.08× and 0.79×; torch (MKL) 1.04× and 0.94×). The
+          folded factors cost 2·N·L² flops once and 2·N·L entries for Q (W and Uᴴ), N·L for
+          Qᴴ (Wᴴ), built for a direction on its first product after the switch.
 
         Either is built when the columns of the products so far add up to N, where the flops
         they would have saved (at least 2·L² per column) match its cost: ski rental, never
@@ -260,8 +269,10 @@ class LazyFactors:
         if self.dense_pays:
             Q = eye_like(xp, U.shape[-2], U.dtype, device_of(U)) - (U @ T) @ mH(U, xp)
             sc[False], sc[True] = ("dense", Q), ("dense", mH(Q, xp))
-        else:  # the other direction's W is built on its first product after the switch
-            sc[transposed] = ("folded", U @ (mH(T, xp) if transposed else T))
+        elif transposed:  # (the other direction's factors: on its first product after this)
+            sc[True] = ("folded", (U, mH(T, xp) @ mH(U, xp)))
+        else:
+            sc[False] = ("folded", (U @ T, row_major_copy(mH(U, xp), xp)))
         return sc[transposed]
 
 

@@ -14,6 +14,7 @@ from householderla._lib.linalg import (
     gram_upper,
     inv_upper_triangular,
     inv_upper_triangular_recursive,
+    row_major_copy,
     subtract_product,
 )
 from householderla._lib.namespace import resolve
@@ -169,6 +170,25 @@ def test_gram_upper_is_the_upper_triangle_of_vh_v(dtype, order):
     assert G.dtype == dtype
     if cx:
         np.testing.assert_array_equal(np.diagonal(G).imag, 0)
+
+
+@pytest.mark.parametrize("complex_", [False, True])
+def test_row_major_copy_of_a_transposed_view_is_row_major(complex_):
+    """NumPy's ``asarray(copy=True)`` keeps a transposed view column-major; the copy must be
+    row-major (the folded products' first GEMM relies on it), equal to the input and its
+    own memory; a lazily conjugated torch view is conjugated in the copy."""
+    rng = np.random.default_rng(6)
+    A = rng.standard_normal((7, 4)) + (1j * rng.standard_normal((7, 4)) if complex_ else 0)
+    for x in (A.T, np.conj(A.T), A[::2], A):
+        y = row_major_copy(x, np)
+        assert y.flags.c_contiguous and not np.shares_memory(x, y)
+        np.testing.assert_array_equal(y, x)
+    torch = pytest.importorskip("torch")
+    t = torch.from_numpy(A)
+    for x in (t.mT, t.mH if complex_ else t.mT, t):
+        y = row_major_copy(x, aac.array_namespace(x))
+        assert y.is_contiguous() and not y.is_conj() and y.data_ptr() != t.data_ptr()
+        np.testing.assert_array_equal(y.numpy(), to_numpy(x.resolve_conj()))
 
 
 def test_resolve_promotes_and_names_arguments():

@@ -173,11 +173,15 @@ def row_major_copy(x: Any, xp: Any) -> Any:
     """A copy of x in row-major (C) order that the caller may update in place (torch:
     ``clone``, which under no-grad is not attached to autograd; elsewhere
     ``asarray(copy=True)``). Row-major, so that its column blocks ``x[..., s:]`` are BLAS
-    operands with unit stride along their rows (see :func:`subtract_product`)."""
+    operands with unit stride along their rows (see :func:`subtract_product`); a lazily
+    conjugated torch view is conjugated in the copy. (NumPy's ``asarray(copy=True)`` keeps
+    the layout of its input, so a transposed view would stay column-major.)"""
     if aac.is_torch_namespace(xp):
         import torch
 
         return x.clone(memory_format=torch.contiguous_format)
+    if aac.is_numpy_namespace(xp) or aac.is_cupy_namespace(xp):
+        return xp.asarray(x, copy=True) if x.flags.c_contiguous else x.copy(order="C")
     return xp.asarray(x, copy=True)
 
 
