@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from conftest import require, to_numpy
 
+from householderla._agnostic.compact_wy import factors_vjp, normalize_columns
 from householderla._agnostic.lapack import sq_norms
 from householderla._lib import blas as blas_module
 from householderla._lib.blas import gemm_subtract
@@ -14,6 +15,8 @@ from householderla._lib.linalg import (
     gram_upper,
     inv_upper_triangular,
     inv_upper_triangular_recursive,
+    own_numpy,
+    real_dot,
     row_major_copy,
     subtract_product,
 )
@@ -189,6 +192,72 @@ def test_row_major_copy_of_a_transposed_view_is_row_major(complex_):
         y = row_major_copy(x, aac.array_namespace(x))
         assert y.is_contiguous() and not y.is_conj() and y.data_ptr() != t.data_ptr()
         np.testing.assert_array_equal(y.numpy(), to_numpy(x.resolve_conj()))
+
+
+@pytest.mark.parametrize("shape", [(1200, 30), (2, 300, 60)])
+@pytest.mark.parametrize("axis", [-2, -1])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_real_dot_of_large_arrays_equals_the_sum_of_products(shape, axis, dtype):
+    """Arrays of at least 128 KiB are summed by ``einsum`` without a product array; the sums
+    equal Σ a·b along the axis (float64 reference) to n·eps relative to Σ|a·b|, for either
+    axis and with a batch axis; small arrays and tuples of axes keep the plain sum."""
+    rng = np.random.default_rng(7)
+    a, b = (rng.standard_normal(shape).astype(dtype) for _ in range(2))
+    assert a.nbytes >= 128 * 1024  # the einsum path
+    out = real_dot(a, b, np, axis=axis)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    ref = np.sum(a64 * b64, axis=axis, keepdims=True)
+    bound = shape[axis] * np.finfo(dtype).eps * np.sum(np.abs(a64 * b64), axis=axis, keepdims=True)
+    assert out.shape == ref.shape and out.dtype == dtype
+    assert np.all(np.abs(out - ref) <= bound)
+    both = real_dot(a, b, np, axis=(-2, -1))
+    np.testing.assert_allclose(both[..., 0, 0], np.sum(a64 * b64, axis=(-2, -1)), rtol=1e-4)
+
+
+def test_own_numpy_only_for_large_writeable_arrays_of_the_result_type():
+    """In-place elementwise steps only into a writeable NumPy array of ≥ 128 KiB whose
+    shape and dtype the operands share; never into a read-only array (an input)."""
+    big = np.zeros((200, 100))
+    assert own_numpy(big, np.ones((200, 100)))
+    assert not own_numpy(np.zeros((10, 10)))  # small: plain expressions
+    assert not own_numpy(big, np.ones((200, 100), dtype=np.float32))  # would downcast
+    assert not own_numpy(big, np.ones((1, 100)))  # would broadcast
+    ro = np.zeros((200, 100))
+    ro.setflags(write=False)
+    assert not own_numpy(ro)
+    torch = pytest.importorskip("torch")
+    assert not own_numpy(torch.zeros(200, 100, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+def test_factors_vjp_in_place_steps_match_the_formula_and_leave_inputs(dtype):
+    """V̄ = (ū' − u Re(uᴴū'))/‖v‖ with ū' = Ū + U(P + Pᴴ), P = striu(S̄), for an N × L
+    large enough that the steps run in place (600 × 40 float64: 187 KiB): equal to the
+    formula evaluated plainly, a zero column of V gets V̄ = 0 even with a NaN cotangent,
+    and neither U nor Ū is written."""
+    rng = np.random.default_rng(8)
+    N, L = 600, 40
+    cx = np.dtype(dtype).kind == "c"
+    V = rng.standard_normal((N, L)) + (1j * rng.standard_normal((N, L)) if cx else 0)
+    V[:, 3] = 0
+    U, r = normalize_columns(V.astype(dtype), np)
+    Ub = (rng.standard_normal((N, L)) + (1j * rng.standard_normal((N, L)) if cx else 0)).astype(
+        dtype
+    )
+    Ub[:, 3] = np.nan
+    Sb = rng.standard_normal((L, L)).astype(dtype)
+    U0, Ub0 = U.copy(), Ub.copy()
+    P = np.triu(Sb, 1)
+    Ut = Ub + U @ (P + P.conj().T)
+    proj = np.sum(np.real(U.conj() * Ut), axis=0, keepdims=True)
+    ref = np.where(r > 0, (Ut - U * proj) / np.where(r > 0, r, 1), 0)
+    out = factors_vjp(U, r, Ub, Sb, np)
+    # a few roundings of O(L) products of O(1) entries per element
+    np.testing.assert_allclose(out, ref, rtol=0, atol=100 * L * np.finfo(np.float64).eps)
+    np.testing.assert_array_equal(out[:, 3], 0)
+    np.testing.assert_array_equal(U, U0)
+    np.testing.assert_array_equal(Ub, Ub0)
+    np.testing.assert_allclose(np.linalg.norm(U[:, [0, 1, 5]], axis=0), 1, rtol=1e-14)
 
 
 def test_resolve_promotes_and_names_arguments():

@@ -26,10 +26,10 @@ from typing import Any
 
 from .._lib.checks import check_finite_norms
 from .._lib.linalg import (
-    abs2,
     eye_like,
     gram_upper,
     inv_upper_triangular,
+    own_numpy,
     real_dot,
     sum_to_shape,
     where0,
@@ -75,9 +75,13 @@ def normalize_columns(V: Any, xp: Any, *, check: bool = False) -> tuple[Any, Any
         m = 2.0**e
     else:
         W = V / xp.where(nonzero, m, one)
-    rs = xp.sqrt(xp.sum(abs2(W, xp), axis=-2, keepdims=True))
-    U = W / xp.where(nonzero, rs, one)
-    return U, m * rs
+    rs = xp.sqrt(real_dot(W, W, xp))
+    rs_safe = xp.where(nonzero, rs, one)
+    if own_numpy(W):  # U in W's memory: one N × L array (see own_numpy)
+        import numpy as np
+
+        return np.divide(W, rs_safe, out=W), m * rs
+    return W / rs_safe, m * rs
 
 
 def cwy_factors(V: Any, xp: Any, *, check: bool = True, sdiag: Any = None) -> tuple[Any, Any, Any]:
@@ -188,6 +192,9 @@ def _half_apply(U: Any, T: Any, h: Any, xp: Any, *, transpose: bool, mode: str) 
 def _u_bar(Ubar_out: Any, Ubar_in: Any, m: int, mode: str, xp: Any) -> Any:
     """Ū from the output-side and input-side terms (U_in/U_out are row blocks of U)."""
     if mode == "square":
+        if own_numpy(Ubar_out, Ubar_in):
+            Ubar_out += Ubar_in
+            return Ubar_out
         return Ubar_out + Ubar_in
     if mode == "embed":
         return xp.concat([Ubar_out[..., :m, :] + Ubar_in, Ubar_out[..., m:, :]], axis=-2)
@@ -270,10 +277,11 @@ def lowrank_vjp(
     d = mH(M, xp) @ c
     dT = mH(d, xp)
     m = T.shape[-1]
+    # the signs on the small L-row factors, not on N × L products (one pass and array fewer)
     if fused:
-        Ubar = -(xp.concat([g, h], axis=-1) @ mH(xp.concat([b, d], axis=-1), xp))
+        Ubar = xp.concat([g, h], axis=-1) @ mH(-xp.concat([b, d], axis=-1), xp)
     else:
-        Ubar = _u_bar(-(g @ mH(b, xp)), -dT if h is None else -(h @ dT), m, mode, xp)
+        Ubar = _u_bar(g @ mH(-b, xp), -dT if h is None else h @ (-dT), m, mode, xp)
     h_bar = None
     if h is not None and need_h:
         Rg = g
@@ -315,17 +323,32 @@ def factors_vjp(U: Any, r: Any, U_bar: Any, S_bar: Any, xp: Any) -> Any:
     Cost 2·N·L² + O(N·L).
     """
     P = xp.triu(S_bar, k=1)
-    return normalize_columns_vjp(U, r, U_bar + U @ (P + mH(P, xp)), xp)
+    Y = U @ (P + mH(P, xp))
+    if own_numpy(Y, U_bar):  # Y += Ū in place: no second N × L array
+        import numpy as np
+
+        return normalize_columns_vjp(U, r, np.add(Y, U_bar, out=Y), xp)
+    return normalize_columns_vjp(U, r, U_bar + Y, xp)
 
 
 def normalize_columns_vjp(U: Any, r: Any, U_bar: Any, xp: Any) -> Any:
     """Backward of :func:`normalize_columns`: v̄ = (ū − u Re(uᴴū)) / ‖v‖ per column, from
     du = (dv − u Re(uᴴdv)) / ‖v‖ (uᵀū for real columns; for complex ones only the real part
-    of uᴴū is removed: d‖v‖ = Re(uᴴdv)); zero columns (r = 0) get v̄ = 0, never NaN."""
+    of uᴴū is removed: d‖v‖ = Re(uᴴdv)); zero columns (r = 0) get v̄ = 0, never NaN. On
+    NumPy the steps after u Re(uᴴū) write into that one new array
+    (:func:`~householderla._lib.linalg.own_numpy`)."""
     proj = real_dot(U, U_bar, xp)
     nonzero = r > 0
     r_safe = xp.where(nonzero, r, xp.ones_like(r))
-    return where0(xp, nonzero, (U_bar - U * proj) / r_safe)
+    out = U * proj
+    if own_numpy(out, U_bar):
+        import numpy as np
+
+        np.subtract(U_bar, out, out=out)
+        np.divide(out, r_safe, out=out)
+        np.copyto(out, 0, where=~nonzero)
+        return out
+    return where0(xp, nonzero, (U_bar - out) / r_safe)
 
 
 def is_lower_trapezoidal(V: Any, xp: Any) -> bool:
