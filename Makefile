@@ -2,6 +2,7 @@
 #   make test    create .venv, install the package with its test and docs extras, lint,
 #                run the whole test suite, build the docs with warnings as errors
 #   make bench   install the bench extra and print the headline benchmark table
+#   make bench-repro  the headline three times per thread count (1 and 2) and its spread
 #   make test-long   the exhaustive test run (tests/conftest.py): 4x the hypothesis examples,
 #                the `long` tests, full shape ranges and the `jax_long` cases on JAX
 # torch is pinned to the CPU build 2.13.0 (an unpinned torch pulls gigabytes of CUDA).
@@ -14,7 +15,7 @@ STAMP  := $(VENV)/.installed-stamp
 HL_TEST_BACKENDS ?= numpy,numpy_readonly,array_api_strict,torch,jax,jax_jit,dask
 PYTEST_WORKERS ?= 2
 
-.PHONY: install test test-long lint unit unit-long docs bench bench-quick fuzz clean
+.PHONY: install test test-long lint unit unit-long docs bench bench-quick bench-repro fuzz clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,7 +44,7 @@ docs: $(STAMP)
 BENCH_SCRIPTS := run forming retractions sequential structured svd training_step stiefel dispatch lapack small dask_tall lowprec muon
 
 bench-quick: $(STAMP)
-	for s in $(BENCH_SCRIPTS); do $(PY) -m benchmarks.$$s --quick --out $(VENV)/bench-quick || exit 1; done
+	for s in $(BENCH_SCRIPTS) reproduce; do $(PY) -m benchmarks.$$s --quick --out $(VENV)/bench-quick || exit 1; done
 
 test: lint unit docs bench-quick
 
@@ -55,6 +56,11 @@ test-long: lint unit-long
 
 bench: $(STAMP)
 	for s in $(BENCH_SCRIPTS); do $(PY) -m benchmarks.$$s --out benchmarks/results || exit 1; done
+
+# the headline three times at one and three times at two threads, each run in a fresh process,
+# and the spread of every ratio (benchmarks/results/reproduce.md; about 10 minutes)
+bench-repro: $(STAMP)
+	$(PY) -m benchmarks.reproduce --out benchmarks/results
 
 clean:
 	rm -rf $(VENV) docs/_build docs/api/generated .pytest_cache .hypothesis

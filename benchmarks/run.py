@@ -138,8 +138,10 @@ def headline(res: dict[str, Any], cfg: Config) -> list[H.Row]:
     rows: list[H.Row] = []
     N, L, B = cfg.head_n, cfg.head_l, cfg.head_b
 
-    def add(measure, anchor, anchor_v, ours_v, ratio, target, eff, met):
-        rows.append(H.Row(measure, anchor, anchor_v, ours_v, ratio, target, met, eff))
+    def add(measure, anchor, anchor_v, ours_v, ratio, target, eff, met, value=None):
+        # value: the ratio as a number, for the timed rows (benchmarks/reproduce.py)
+        data = {} if value is None else {"ratio": value}
+        rows.append(H.Row(measure, anchor, anchor_v, ours_v, ratio, target, met, eff, data))
 
     def add_vs_two_gemms(measure, row, target, met):
         add(
@@ -151,6 +153,7 @@ def headline(res: dict[str, Any], cfg: Config) -> list[H.Row]:
             target,
             f"{fmt_eff(row['gemm_eff_cwy_apply'])} (2-GEMM {fmt_eff(row['gemm_eff_two_gemm'])})",
             "yes" if met else "NO",
+            row["ratio_cwy_over_two_gemm"],
         )
 
     a = _find(res["apply"], N=N, L=L, B=B)
@@ -186,6 +189,7 @@ def headline(res: dict[str, Any], cfg: Config) -> list[H.Row]:
             "≥ 20× faster",
             fmt_eff(s["gemm_eff_cwy_apply"]),
             "" if sp is None else ("yes" if sp >= 20 else "NO"),
+            sp,
         )
     f = res["forming_q"][-1]
     Nf = f["N"]
@@ -200,6 +204,7 @@ def headline(res: dict[str, Any], cfg: Config) -> list[H.Row]:
         f"{fmt_eff(f['gemm_eff_cwy_matrix_lapack_reflectors'])} "
         f"(orgqr {fmt_eff(f['gemm_eff_orgqr'])})",
         "yes" if rl <= 1.0 else "NO",
+        rl,
     )
     for key, name, tgt, thr in (
         ("expm", "scipy expm (skew)", "≥ 3× faster", 3.0),
@@ -215,6 +220,7 @@ def headline(res: dict[str, Any], cfg: Config) -> list[H.Row]:
             tgt,
             fmt_eff(f["gemm_eff_cwy_matrix"]),
             "yes" if sp >= thr else "NO",
+            sp,
         )
     seqf = f["sequential"]
     add(
@@ -226,6 +232,7 @@ def headline(res: dict[str, Any], cfg: Config) -> list[H.Row]:
         "—",
         fmt_eff(f["gemm_eff_cwy_matrix"]),
         "",
+        f["speedup_vs_sequential"],
     )
     v = res["vjp"]
     rv = v["ratio_vjp_over_forward"]
@@ -238,6 +245,7 @@ def headline(res: dict[str, Any], cfg: Config) -> list[H.Row]:
         "≤ 3×",
         fmt_eff(v["gemm_eff_vjp"]),
         "yes" if rv <= 3 else "NO",
+        rv,
     )
     Na = cfg.acc_ns[-1]
     for dt in ("float32", "float64"):

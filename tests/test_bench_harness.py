@@ -129,3 +129,31 @@ def test_time_sequential_rounds_s_buys_more_paired_rounds():
         more = time_sequential(b, "loop", loop, 40, 10.0, pair=lambda: None, rounds_s=0.5)
     assert len(few["times_s"]) == 3
     assert len(more["times_s"]) >= 5
+
+
+def test_reproduce_reports_each_ratios_spread_across_runs():
+    """``benchmarks/reproduce.py`` reads the timed ratios of each run's headline rows (rows
+    without a ratio, like the accuracy rows, are left out), and a ratio whose runs deviate
+    from their mean by more than 10% is marked as missing the target, per thread count."""
+    from benchmarks import reproduce as R
+
+    def latest(a: float, b: float) -> dict:
+        rows = [
+            {"measure": "apply", "anchor": "two GEMMs", "data": {"ratio": a}},
+            {"measure": "loop", "anchor": "Numba", "data": {"ratio": b}},
+            {"measure": "‖QᵀQ−I‖", "anchor": "LAPACK", "data": {}},
+        ]
+        return {"headline": rows}
+
+    one = [R.timed_ratios(latest(1.0, 5.0)), R.timed_ratios(latest(1.1, 5.1))]
+    two = [R.timed_ratios(latest(1.0, 9.0)), R.timed_ratios(latest(1.0, 12.0))]
+    assert list(one[0]) == ["apply / two GEMMs", "loop / Numba"]
+    rows = R.summary({1: one, 2: two})
+    by = {r["ratio"]: r for r in rows}
+    # 1.0 and 1.1: mean 1.05, deviation 0.05 / 1.05 = 4.8%; 9 and 12: 1.5 / 10.5 = 14.3%
+    assert by["apply / two GEMMs"]["1thread"]["spread"] == pytest.approx(0.05 / 1.05)
+    assert by["apply / two GEMMs"]["1thread"]["met"]
+    assert by["loop / Numba"]["2threads"]["spread"] == pytest.approx(1.5 / 10.5)
+    assert not by["loop / Numba"]["2threads"]["met"]
+    md = R.markdown(rows, [1, 2], "test machine")
+    assert "9.0–12.0× (±14.3%) ✗" in md and "1thread 2 of 2, 2threads 1 of 2" in md
