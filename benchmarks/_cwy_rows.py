@@ -103,9 +103,10 @@ def time_sequential(
     ``paired_ratio`` is the median over the rounds of time(loop) / time(pair)
     (:func:`~benchmarks._harness.paired_ratio`): a slow spell of the machine during one of
     the two timings no longer moves the speed-up. ``rounds_s``: the paired rounds take at
-    least this long together (the profile's ``min_total`` when larger): the headline run's
-    0.2 s gave a 0.13–0.33 s loop three rounds, whose median ratio moved by ±10–12% between
-    two-thread runs."""
+    least this long together (the profile's ``min_total`` when larger; at most 30 rounds):
+    the headline run's 0.2 s gave a 0.13–0.33 s loop three rounds, whose median ratio moved
+    by ±10–12% between two-thread runs, and 2 s gave the NumPy loop 11–15 rounds, whose
+    ratios to the CWY apply spread 40–80× within one two-thread run."""
     lp = min(L, 32)
     pilot = math.inf
     for _ in range(2):  # a second pilot when the first may have paid a first-call cost (JIT)
@@ -126,7 +127,8 @@ def time_sequential(
     if pair is None:
         r = b.time(label, lambda: fn_of_l(L), warmup=not long, max_total=3.0)
     else:
-        prof = dataclasses.replace(b.prof, max_total=3.0, min_total=max(b.prof.min_total, rounds_s))
+        min_total = max(b.prof.min_total, rounds_s)
+        prof = dataclasses.replace(b.prof, max_total=max(3.0, min_total), min_total=min_total)
         b.bar.set_description(label[:48])
         t = H.measure({"loop": lambda: fn_of_l(L), "pair": pair}, prof, warmup=not long)
         b.step(label)
@@ -240,9 +242,11 @@ def bench_apply(b: H.Bench, cfg: Any, gflops64: float, threads: int) -> list[dic
             build = b.time(f"build N={N} L={L}", lambda V=V: built(hl.cwy(V)))
             for B in cfg.apply_bs:
                 tag = f"N={N} L={L} B={B}"
-                t, Q, H_ = apply_in_placements(
-                    b, f"cwy apply vs 2 GEMMs {tag}", V, B, cfg.apply_placements, rng
-                )
+                # the headline rows (N, N/4, B) and (N, N, B): more placements (a row's
+                # figure is the median of their ratios, which spread 0.94-1.21x at L = N/4)
+                head_nb = (N, B) == (cfg.head_n, cfg.head_b) and L in (cfg.head_l, N)
+                places = cfg.head_placements if head_nb else cfg.apply_placements
+                t, Q, H_ = apply_in_placements(b, f"cwy apply vs 2 GEMMs {tag}", V, B, places, rng)
                 t_cwy, t_g2 = t["cwy"], t["two_gemm"]
                 apply = lambda Q=Q, H_=H_: Q @ H_  # noqa: E731 - the pair of the loops below
                 head = (N, L, B) == (cfg.head_n, cfg.head_n, cfg.head_b)

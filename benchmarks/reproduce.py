@@ -8,9 +8,9 @@ thread (a smoke test). Issue 19 item 4 asks of every headline ratio that it repr
 independent run on the machine gets the README's figures again with one command.
 
 Outputs (``--out``, default ``benchmarks/results/``): ``headline-<k>thread(s)-run<i>.md``,
-each run's table as ``run.py`` wrote it (its JSON in ``reproduce/<k>thread(s)-run<i>/``), and
-``reproduce.{md,json}``: per timed row and thread count the ratio of each run, their range
-and the spread, the largest deviation from their mean relative to the mean.
+each run's table as ``run.py`` wrote it (its JSON in ``reproduce/<k>thread(s)-run<i>/``,
+git-ignored), and ``reproduce.{md,json}``: per timed row and thread count the ratio of each
+run, their range and the spread, the largest deviation from their mean relative to the mean.
 """
 
 from __future__ import annotations

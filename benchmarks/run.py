@@ -37,6 +37,7 @@ class Config:
     apply_l_fracs: list[int]  # L = N // frac
     apply_bs: list[int]
     apply_placements: int  # fresh operands per apply row (_cwy_rows.apply_in_placements)
+    head_placements: int  # the same for the headline's apply rows (N, L, B) and (N, N, B)
     head_n: int  # headline apply row (N, L, B)
     head_l: int
     head_b: int
@@ -56,13 +57,14 @@ FULL = Config(
     quick=False,
     profile=H.Profile(sample_s=2e-3, min_total=0.2, max_total=2.0, max_rep=30),
     seq_skip_s=20.0,
-    loop_rounds_s=2.0,
-    seq_processes=8,
+    loop_rounds_s=4.0,
+    seq_processes=16,
     gemm_n=1024,
     apply_ns=[256, 1024, 2048],
     apply_l_fracs=[8, 4, 1],
     apply_bs=[1, 64],
     apply_placements=5,
+    head_placements=15,
     head_n=1024,
     head_l=256,
     head_b=64,
@@ -88,6 +90,7 @@ QUICK = Config(
     apply_l_fracs=[8, 4, 1],
     apply_bs=[1, 8],
     apply_placements=2,
+    head_placements=2,
     head_n=128,
     head_l=32,
     head_b=8,
@@ -107,7 +110,7 @@ def planned_measurements(c: Config) -> int:
     """Number of progress-bar steps (one per timed method or memory measurement)."""
     n_nl = len(c.apply_ns) * len(c.apply_l_fracs)
     n_apply = n_nl * len(c.apply_bs) * 4 + n_nl  # (cwy, 2-gemm, 2 seq) per (N, L, B) + build
-    n_form = len(c.form_ns) * 6
+    n_form = len(c.form_ns) * 7  # three pairs and the sequential loop
     n_acc = 2 * len(c.acc_ns) * 2  # (float32, float64) × N × (ours, LAPACK)
     n_vjp = 2
     n_mem = 3 + len(c.mem_dense_ns) + 2
