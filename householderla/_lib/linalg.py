@@ -183,7 +183,7 @@ def row_major_copy(x: Any, xp: Any) -> Any:
 
         return x.clone(memory_format=torch.contiguous_format)
     if aac.is_numpy_namespace(xp) or aac.is_cupy_namespace(xp):
-        return xp.asarray(x, copy=True) if x.flags.c_contiguous else x.copy(order="C")
+        return x.copy(order="C")
     return xp.asarray(x, copy=True)
 
 
@@ -223,9 +223,9 @@ def real_dot(a: Any, b: Any, xp: Any, axis: int = -2) -> Any:
     if is_complex(a.dtype) or is_complex(b.dtype):
         return xp.sum(xp.real(xp.conj(a) * b), axis=axis, keepdims=True)
     if isinstance(axis, int) and _large_numpy(a, b):
-        ax = axis % a.ndim
-        return np.expand_dims(np.einsum(a, [*range(a.ndim)], b, [*range(a.ndim)],
-                                        [i for i in range(a.ndim) if i != ax]), ax)  # fmt: skip
+        axes = list(range(a.ndim))
+        kept = [i for i in axes if i != axis % a.ndim]
+        return np.expand_dims(np.einsum(a, axes, b, axes, kept), axis)
     return xp.sum(a * b, axis=axis, keepdims=True)
 
 
@@ -240,9 +240,10 @@ def own_numpy(y: Any, *operands: Any) -> bool:
     caller computed (never an input), with the result's shape and dtype. Each temporary of
     that size that a chain of elementwise steps would allocate instead comes from fresh
     pages: the VJP of ``cwy(V) @ h`` at N = 1024, L = 256, B = 64 (2 MiB per N × L array)
-    took 2,300–3,300 page faults a call before its steps wrote in place and summed by
-    ``einsum`` (2,000 after; 0.89–0.91× the time, paired). Smaller arrays keep the plain
-    expressions, whose calls cost less (N = 128, L = 16, B = 8: 1.10× the time in place)."""
+    took 3,296 page faults a call before its steps wrote in place and summed by ``einsum``,
+    2,032 after, and 0.89–0.93× the time (paired in one process). Smaller arrays keep the
+    plain expressions, whose calls cost less (N = 128, L = 16, B = 8: 1.10× the time in
+    place)."""
     return _large_numpy(y, *operands) and y.flags.writeable
 
 
