@@ -58,7 +58,7 @@ bench: $(STAMP)
 	for s in $(BENCH_SCRIPTS); do $(PY) -m benchmarks.$$s --out benchmarks/results || exit 1; done
 
 # the headline three times at one and three times at two threads, each run in a fresh process,
-# and the spread of every ratio (benchmarks/results/reproduce.md; about 10 minutes)
+# and the spread of every ratio (benchmarks/results/reproduce.md; about 16 minutes)
 bench-repro: $(STAMP)
 	$(PY) -m benchmarks.reproduce --out benchmarks/results
 

@@ -1,7 +1,7 @@
 """Does the headline table reproduce? ``run.py`` several times per thread count, each run in a
 fresh process, one after another, and the spread of every timed ratio across the runs.
 
-Run ``python -m benchmarks.reproduce`` (three runs at one and three at two threads: about 10
+Run ``python -m benchmarks.reproduce`` (three runs at one and three at two threads: about 16
 minutes on the 2-core VM) or ``make bench-repro``; ``--quick`` runs two quick headlines at one
 thread (a smoke test). Issue 19 item 4 asks of every headline ratio that it reproduce within
 ±10% across three runs, at one and at two threads; this script is that check, so that an

@@ -277,7 +277,7 @@ class CompactWYOperator(LinearOperatorMixin):
             if self._mode == "square" and not structured and U.dtype == hm.dtype:
                 if route(xp, U, T, hm) == "plain":  # no autodiff to record
                     P = f.product_factor(hm.shape[-1], self._transposed)
-            if P is not None:  # one GEMM with the dense Q (Qᴴ), or two with W = U T (U Tᴴ)
+            if P is not None:  # one GEMM with the dense Q (Qᴴ), or two with the folded (F, G)
                 y = _shortcut_product(P, hm)
             else:
                 y = lowrank(U, T, hm, xp, self._transposed, self._mode, structured)

@@ -2,7 +2,7 @@
 
 A plain product (no autodiff) of a built operator computes Q h = h − U (T (Uᴴ h)); once the
 columns its products have multiplied add up to N, the operator keeps the dense Q (one GEMM)
-when it has more than N/2 reflectors, else W = U T (Q h = h − W (Uᴴ h), U Tᴴ for Qᴴ) —
+when it has more than N/2 reflectors, else W = U T (Q h = h − W (Uᴴ h), Qᴴ h = h − U (Wᴴ h)) —
 ``LazyFactors.product_factor``. These tests check that the switch happens when (and only
 when) it should and to which factor, that every product before and after it equals the dense
 product of the reflections, and that products recorded for autodiff never take it.
@@ -42,7 +42,7 @@ def _built(op):
 @pytest.mark.parametrize("complex_", [False, True])
 def test_products_before_and_after_the_switch_equal_the_definition(bk, N, L, dense, complex_):
     """Products with 1, then 4 columns (two products of 4 reach N = 12 after the first): the
-    first products use U, T, later ones the dense Q when L > N/2, else W = U T and U Tᴴ;
+    first products use U, T, later ones the dense Q when L > N/2, else W = U T and Wᴴ;
     Q h, Qᴴ h, Qᵀ h and vectors equal the dense product of the reflections throughout."""
     dt = np.complex128 if complex_ else np.float64
     V = _vs(0, N, L, complex_=complex_)
