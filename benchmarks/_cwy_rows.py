@@ -94,7 +94,8 @@ def time_sequential(
     L: int,
     skip_s: float,
     pair: Callable[[], Any] | None = None,
-    rounds_s: float = 0.0,
+    spread_rounds: int = 0,
+    then: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Time ``fn_of_l(L)`` whose cost is linear in L (sequential reflections) after a pilot
     with ≤ 32 reflectors: skipped, with the reason noted, when one call is predicted to take
@@ -102,11 +103,13 @@ def time_sequential(
     ``pair`` (the CWY apply it is compared with), both are timed in the same rounds and
     ``paired_ratio`` is the median over the rounds of time(loop) / time(pair)
     (:func:`~benchmarks._harness.paired_ratio`): a slow spell of the machine during one of
-    the two timings no longer moves the speed-up. ``rounds_s``: the paired rounds take at
-    least this long together (the profile's ``min_total`` when larger; at most 30 rounds):
-    the headline run's 0.2 s gave a 0.13–0.33 s loop three rounds, whose median ratio moved
-    by ±10–12% between two-thread runs, and 2 s gave the NumPy loop 11–15 rounds, whose
-    ratios to the CWY apply spread 40–80× within one two-thread run."""
+    the two timings no longer moves the speed-up.
+
+    ``spread_rounds`` (with ``pair``): that many paired rounds, spread over the rest of the run
+    (:meth:`~benchmarks._harness.Bench.spread`) instead of back to back; the returned dict is
+    filled in when the last has run (``round_at_s``: when each began), and then ``then()`` is
+    called. Four seconds of consecutive rounds gave the two-thread NumPy loop at
+    N = L = 1024 ratios of 64–81× over three runs, as its speed drifted over seconds."""
     lp = min(L, 32)
     pilot = math.inf
     for _ in range(2):  # a second pilot when the first may have paid a first-call cost (JIT)
@@ -124,11 +127,25 @@ def time_sequential(
         b.step(label)
         return {"skipped": True, "predicted_s": est, "reason": "predicted single run too long"}
     long = est >= b.prof.max_total
+    if pair is not None and spread_rounds > 0:
+        job = H.SpreadRounds({"loop": lambda: fn_of_l(L), "pair": pair}, b.prof, warmup=not long)
+        r = {"predicted_s": est, "skipped": False, "spread_rounds": spread_rounds, "pending": True}
+
+        def done(_: list[Any], at_s: list[float]) -> None:
+            r.pop("pending")
+            t = job.result()
+            r.update(H.paired_times(t, "loop", "pair"), round_at_s=at_s)
+            r["pair_min_s"] = t["pair"]["min_s"]
+            r["ratio_of_minima"] = t["loop"]["min_s"] / t["pair"]["min_s"]
+            if then is not None:
+                then()
+
+        b.spread(label, job, spread_rounds, done)
+        return r
     if pair is None:
         r = b.time(label, lambda: fn_of_l(L), warmup=not long, max_total=3.0)
     else:
-        min_total = max(b.prof.min_total, rounds_s)
-        prof = dataclasses.replace(b.prof, max_total=max(3.0, min_total), min_total=min_total)
+        prof = dataclasses.replace(b.prof, max_total=max(3.0, b.prof.min_total))
         b.bar.set_description(label[:48])
         t = H.measure({"loop": lambda: fn_of_l(L), "pair": pair}, prof, warmup=not long)
         b.step(label)
@@ -139,8 +156,51 @@ def time_sequential(
     return r
 
 
+def _probe_process(shape: tuple[int, int, int], threads: int, max_total: float) -> dict[str, Any]:
+    """One run of ``benchmarks/_sequential_probe.py`` in a fresh interpreter: its JSON."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    argv = [*map(str, (*shape, threads)), str(max_total)]
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks._sequential_probe", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _processes_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    medians = [r["median_s"] for r in runs]
+    ratios = [r["paired_ratio"] for r in runs]
+    mins = [r["min_s"] for r in runs]
+    pair_mins = [min(r["pair_times_s"]) for r in runs]
+    return {
+        "median_s": statistics.median(medians),
+        "paired_ratio": statistics.median(ratios),
+        "ratio_of_minima": min(mins) / min(pair_mins),
+        "process_ratios": ratios,
+        "min_s": min(mins),
+        "pair_min_s": min(pair_mins),
+        "processes": len(runs),
+        "process_median_s": medians,
+        "process_min_s": mins,
+        "process_pair_min_s": pair_mins,
+        "statistic": "median over fresh processes of each process's median",
+        "skipped": False,
+    }
+
+
 def time_in_processes(
-    b: H.Bench, label: str, shape: tuple[int, int, int], threads: int, processes: int
+    b: H.Bench,
+    label: str,
+    shape: tuple[int, int, int],
+    threads: int,
+    processes: int,
+    spread: bool = False,
+    then: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """``hl.householder_apply`` (N, L, B) timed in ``processes`` fresh interpreters one after
     another (``benchmarks/_sequential_probe.py``, which says why), each side by side with the
@@ -148,39 +208,70 @@ def time_in_processes(
     in ``process_median_s`` (the median, not the mean: a slow spell of the VM during one
     process, 28 and 40 ms against 16–21 ms, moved the mean of eight by up to 12%), and
     ``paired_ratio`` the median of each process's paired ratio loop / CWY apply
-    (``process_ratios``). Costs ≈ 2 s a process at the headline shape."""
-    b.bar.set_description(label[:48])
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    argv = [*map(str, (*shape, threads)), str(b.prof.max_total)]
-    runs = []
-    for _ in range(processes):
-        out = subprocess.run(
-            [sys.executable, "-m", "benchmarks._sequential_probe", *argv],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-        runs.append(json.loads(out.strip().splitlines()[-1]))
-    b.step(label)
-    medians = [r["median_s"] for r in runs]
-    ratios = [r["paired_ratio"] for r in runs]
-    return {
-        "median_s": statistics.median(medians),
-        "paired_ratio": statistics.median(ratios),
-        "process_ratios": ratios,
-        "min_s": min(r["min_s"] for r in runs),
-        "processes": processes,
-        "process_median_s": medians,
-        "statistic": "median over fresh processes of each process's median",
-        "skipped": False,
-    }
+    (``process_ratios``). Costs ≈ 2 s a process at the headline shape.
+
+    ``spread``: the processes run one at a time spread over the rest of the run
+    (:meth:`~benchmarks._harness.Bench.spread`; ``round_at_s``: when each began); the returned
+    dict is filled in when the last has ended, and then ``then()`` is called."""
+    run = lambda i: _probe_process(shape, threads, b.prof.max_total)  # noqa: E731
+    if not spread:
+        b.bar.set_description(label[:48])
+        runs = [run(i) for i in range(processes)]
+        b.step(label)
+        return _processes_summary(runs)
+    r: dict[str, Any] = {"skipped": False, "pending": True}
+
+    def done(runs: list[dict[str, Any]], at_s: list[float]) -> None:
+        r.pop("pending")
+        r.update(_processes_summary(runs), round_at_s=at_s)
+        if then is not None:
+            then()
+
+    b.spread(label, run, processes, done)
+    return r
+
+
+def _placement(
+    V: Any, B: int, p: int, prof: H.Profile, rng: np.random.Generator
+) -> tuple[dict[str, Any], tuple[Any, Any, Any]]:
+    """One placement of :func:`apply_in_placements`: (its paired times, (Q, h, Uᵣ))."""
+    N, L = V.shape
+    Vp = V if p == 0 else V.copy()
+    Ur = rng.standard_normal((N, L))
+    h = rng.standard_normal((N, B))
+    Q = reused(built(hl.cwy(Vp)), h)  # Q holds its copy of V
+    fns = {"cwy": lambda: Q @ h, "two_gemm": lambda: Ur @ (Ur.T @ h)}
+    return H.measure(fns, prof), (Q, h, Ur)
+
+
+def _placements_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k in ("cwy", "two_gemm"):
+        times = [x for r in runs for x in r[k]["times_s"]]
+        out[k] = {
+            "median_s": statistics.median(times),
+            "min_s": min(times),
+            "repeats": len(times),
+            "loops": [r[k]["loops"] for r in runs],
+            "warmup_s": runs[0][k]["warmup_s"],
+            "times_s": times,
+            "placements": len(runs),
+        }
+    ratios = [H.paired_ratio(r, "cwy", "two_gemm") for r in runs]
+    out["ratio"] = statistics.median(ratios)
+    out["placement_ratios"] = ratios
+    return out
 
 
 def apply_in_placements(
-    b: H.Bench, label: str, V: Any, B: int, placements: int, rng: np.random.Generator
+    b: H.Bench,
+    label: str,
+    V: Any,
+    B: int,
+    placements: int,
+    rng: np.random.Generator,
+    spread: bool = False,
+    then: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[dict[str, Any], Any, Any]:
     """The reused CWY apply Q h (Q = ``hl.cwy(V)``, h N × B) side by side with the two bare
     GEMMs Uᵣ (Uᵣᵀ h) of the same shapes (Uᵣ N × L), in ``placements`` placements: each a
@@ -194,45 +285,74 @@ def apply_in_placements(
     steady from round to round (quartiles within ±3%), but eight placements in one process
     read 1.11–1.33×: where U, W, Uᵣ and h land in memory (the VM's pages, which the cache
     sets follow) moves both products by up to 20%. One placement per row made the headline
-    row one draw of that spread (1.08–1.33× over three two-thread runs)."""
-    N, L = V.shape
+    row one draw of that spread (1.08–1.33× over three two-thread runs).
+
+    ``spread``: the first placement is timed now, the others one at a time spread over the
+    rest of the run (:meth:`~benchmarks._harness.Bench.spread`; ``round_at_s``: when each
+    began); the returned times are filled in when the last has run, and then ``then(times)``
+    is called. Fifteen placements timed back to back (about a second) moved together from run
+    to run: at two threads 1.00–1.14× and 1.00–1.19× over three runs, the fifteen of one run
+    mostly 1.10–1.22×, of the next mostly 0.95–1.02×."""
     prof = dataclasses.replace(b.prof, max_rep=max(b.prof.min_rep, b.prof.max_rep // placements))
     b.bar.set_description(label[:48])
-    held, runs = [], []
-    for p in range(placements):
-        Vp = V if p == 0 else V.copy()
-        Ur = rng.standard_normal((N, L))
-        h = rng.standard_normal((N, B))
-        Q = reused(built(hl.cwy(Vp)), h)
-        held.append((Q, h, Ur))  # Q holds its copy of V
-        runs.append(
-            H.measure(
-                {"cwy": lambda Q=Q, h=h: Q @ h, "two_gemm": lambda U=Ur, h=h: U @ (U.T @ h)}, prof
-            )
-        )
-    b.step(label, 2)
-    out: dict[str, Any] = {}
-    for k in ("cwy", "two_gemm"):
-        times = [x for r in runs for x in r[k]["times_s"]]
-        out[k] = {
-            "median_s": statistics.median(times),
-            "min_s": min(times),
-            "repeats": len(times),
-            "loops": [r[k]["loops"] for r in runs],
-            "warmup_s": runs[0][k]["warmup_s"],
-            "times_s": times,
-            "placements": placements,
-        }
-    ratios = [H.paired_ratio(r, "cwy", "two_gemm") for r in runs]
-    out["ratio"] = statistics.median(ratios)
-    out["placement_ratios"] = ratios
-    return out, held[0][0], held[0][1]
+    first, held0 = _placement(V, B, 0, prof, rng)
+    held = [held0]
+
+    def run(i: int) -> dict[str, Any]:
+        t, operands = _placement(V, B, i + 1, prof, rng)
+        held.append(operands)
+        return t
+
+    if not spread:
+        runs = [first] + [run(i) for i in range(placements - 1)]
+        b.step(label, 2)
+        return _placements_summary(runs), held0[0], held0[1]
+    out: dict[str, Any] = {"pending": True}
+
+    def done(runs: list[dict[str, Any]], at_s: list[float]) -> None:
+        out.pop("pending")
+        out.update(_placements_summary([first, *runs]), round_at_s=at_s)
+        held.clear()
+        if then is not None:
+            then(out)
+
+    b.step(label)  # the CWY apply's step; the anchor's when the last placement has run
+    b.spread(label, run, placements - 1, done)
+    return out, held0[0], held0[1]
+
+
+def _sequential_fields(row: dict[str, Any], gflops64: float) -> None:
+    """The row's figures of its Numba loop (``row["sequential"]``), once that is timed."""
+    t_seq = row["sequential"]
+    sq = None if t_seq.get("skipped") else t_seq["median_s"]
+    N, L, B = row["N"], row["L"], row["B"]
+    row["speedup_cwy_vs_sequential"] = None if sq is None else t_seq["paired_ratio"]
+    row["gemm_eff_sequential"] = None if sq is None else fl_two_gemm(N, L, B) / sq / 1e9 / gflops64
+
+
+def _apply_fields(row: dict[str, Any], t: dict[str, Any], gflops64: float) -> None:
+    """The row's figures of its CWY apply and two GEMMs (:func:`apply_in_placements`'s
+    ``t``), once they are timed."""
+    N, L, B = row["N"], row["L"], row["B"]
+    row.update(
+        cwy_apply=t["cwy"],
+        two_gemm=t["two_gemm"],
+        ratio_cwy_over_two_gemm=t["ratio"],
+        placement_ratios=t["placement_ratios"],
+        gemm_eff_cwy_apply=fl_apply(N, L, B) / t["cwy"]["median_s"] / 1e9 / gflops64,
+        gemm_eff_two_gemm=fl_two_gemm(N, L, B) / t["two_gemm"]["median_s"] / 1e9 / gflops64,
+    )
+    if "round_at_s" in t:  # spread placements: when each after the first began
+        row["placement_at_s"] = t["round_at_s"]
 
 
 def bench_apply(b: H.Bench, cfg: Any, gflops64: float, threads: int) -> list[dict[str, Any]]:
-    """(a) CWY apply vs the two GEMMs of the same shapes vs sequential reflections; the Numba
-    loop at the headline's L = N shape in ``cfg.seq_processes`` fresh processes
-    (:func:`time_in_processes`), elsewhere in this one."""
+    """(a) CWY apply vs the two GEMMs of the same shapes vs sequential reflections. The
+    headline's rows are spread over the rest of the run
+    (:meth:`~benchmarks._harness.Bench.spread`): the placements of its two apply rows
+    (N, N/4, B) and (N, N, B), and at L = N the NumPy loop's ``cfg.spread_rounds`` paired
+    rounds and the Numba loop's ``cfg.seq_processes`` fresh processes
+    (:func:`time_in_processes`); their rows are complete when the run's bench is drained."""
     rng = np.random.default_rng(2)
     rows = []
     for N in cfg.apply_ns:
@@ -246,14 +366,29 @@ def bench_apply(b: H.Bench, cfg: Any, gflops64: float, threads: int) -> list[dic
                 # figure is the median of their ratios, which spread 0.94-1.21x at L = N/4)
                 head_nb = (N, B) == (cfg.head_n, cfg.head_b) and L in (cfg.head_l, N)
                 places = cfg.head_placements if head_nb else cfg.apply_placements
-                t, Q, H_ = apply_in_placements(b, f"cwy apply vs 2 GEMMs {tag}", V, B, places, rng)
-                t_cwy, t_g2 = t["cwy"], t["two_gemm"]
+                row: dict[str, Any] = {"N": N, "L": L, "B": B, "build": build}
+                t, Q, H_ = apply_in_placements(
+                    b,
+                    f"cwy apply vs 2 GEMMs {tag}",
+                    V,
+                    B,
+                    places,
+                    rng,
+                    spread=head_nb,
+                    then=lambda t, row=row: _apply_fields(row, t, gflops64),
+                )
                 apply = lambda Q=Q, H_=H_: Q @ H_  # noqa: E731 - the pair of the loops below
                 head = (N, L, B) == (cfg.head_n, cfg.head_n, cfg.head_b)
-                rounds_s = cfg.loop_rounds_s if head else 0.0  # more rounds: headline rows
-                if head and cfg.seq_processes > 1:
+                fill = lambda row=row: _sequential_fields(row, gflops64)  # noqa: E731
+                if head:
                     t_seq = time_in_processes(
-                        b, f"sequential {tag} (processes)", (N, L, B), threads, cfg.seq_processes
+                        b,
+                        f"sequential {tag} (processes)",
+                        (N, L, B),
+                        threads,
+                        cfg.seq_processes,
+                        spread=True,
+                        then=fill,
                     )
                 else:
                     t_seq = time_sequential(
@@ -263,7 +398,6 @@ def bench_apply(b: H.Bench, cfg: Any, gflops64: float, threads: int) -> list[dic
                         L,
                         cfg.seq_skip_s,
                         pair=apply,
-                        rounds_s=rounds_s,
                     )
                 t_seq_np = time_sequential(
                     b,
@@ -272,58 +406,62 @@ def bench_apply(b: H.Bench, cfg: Any, gflops64: float, threads: int) -> list[dic
                     L,
                     cfg.seq_skip_s,
                     pair=apply,
-                    rounds_s=rounds_s,
+                    spread_rounds=cfg.spread_rounds if head else 0,
                 )
                 err = None
                 if not t_seq.get("skipped"):
                     err = float(np.max(np.abs(Q @ H_ - hl.householder_apply(V, H_))))
-                cw, g2 = t_cwy["median_s"], t_g2["median_s"]
-                sq = None if t_seq.get("skipped") else t_seq["median_s"]
-                rows.append(
+                row.update(
                     {
-                        "N": N,
-                        "L": L,
-                        "B": B,
-                        "build": build,
-                        "cwy_apply": t_cwy,
-                        "two_gemm": t_g2,
                         "sequential": t_seq,
                         "sequential_numpy_loop": t_seq_np,
-                        "ratio_cwy_over_two_gemm": t["ratio"],
-                        "placement_ratios": t["placement_ratios"],
-                        "speedup_cwy_vs_sequential": None if sq is None else t_seq["paired_ratio"],
-                        "gemm_eff_cwy_apply": fl_apply(N, L, B) / cw / 1e9 / gflops64,
-                        "gemm_eff_two_gemm": fl_two_gemm(N, L, B) / g2 / 1e9 / gflops64,
                         "gemm_eff_build": fl_build(N, L) / build["median_s"] / 1e9 / gflops64,
-                        "gemm_eff_sequential": None
-                        if sq is None
-                        else fl_two_gemm(N, L, B) / sq / 1e9 / gflops64,
                         "max_abs_diff_cwy_vs_sequential": err,
                     }
                 )
+                if not t.get("pending"):
+                    _apply_fields(row, t, gflops64)
+                if not t_seq.get("pending"):
+                    fill()
+                rows.append(row)
     return rows
 
 
 def bench_vjp(b: H.Bench, cfg: Any, gflops64: float) -> dict[str, Any]:
-    """(d) explicit VJP of (V, H) ↦ cwy(V) @ H vs the forward from V."""
+    """(d) explicit VJP of (V, H) ↦ cwy(V) @ H vs the forward from V, in ``cfg.spread_rounds``
+    paired rounds spread over the rest of the run (:meth:`~benchmarks._harness.Bench.spread`):
+    the returned dict is complete when the run's bench is drained. At two threads its 13–20
+    consecutive rounds of one run had read 0.94–3.22× and the median of three runs
+    1.81–2.11×."""
     N, L, B = cfg.vjp_shape
     rng = np.random.default_rng(5)
     V, H_, G = (rng.standard_normal(s) for s in ((N, L), (N, B), (N, B)))
-    t = b.side_by_side(
-        f"VJP vs forward N={N} L={L} B={B}",
-        {"forward": lambda: hl.cwy(V) @ H_, "vjp": lambda: hl.vjp.cwy_apply(V, H_, G)},
+    label = f"VJP vs forward N={N} L={L} B={B}"
+    b.bar.set_description(label[:48])
+    job = H.SpreadRounds(
+        {"forward": lambda: hl.cwy(V) @ H_, "vjp": lambda: hl.vjp.cwy_apply(V, H_, G)}, b.prof
     )
-    fwd, vjp = t["forward"], t["vjp"]
-    return {
-        "N": N,
-        "L": L,
-        "B": B,
-        "forward_from_v": fwd,
-        "vjp": vjp,
-        "ratio_vjp_over_forward": H.paired_ratio(t, "vjp", "forward"),
-        "gemm_eff_forward": (fl_build(N, L) + fl_apply(N, L, B)) / fwd["median_s"] / 1e9 / gflops64,
-        "gemm_eff_vjp": fl_vjp(N, L, B) / vjp["median_s"] / 1e9 / gflops64,
-    }
+    b.step(label)  # the forward's step; the VJP's when its last round has run
+    out: dict[str, Any] = {"N": N, "L": L, "B": B, "pending": True}
+
+    def done(_: list[Any], at_s: list[float]) -> None:
+        t = job.result()
+        fwd, vjp = t["forward"], t["vjp"]
+        out.pop("pending")
+        out.update(
+            forward_from_v=fwd,
+            vjp=vjp,
+            ratio_vjp_over_forward=H.paired_ratio(t, "vjp", "forward"),
+            gemm_eff_forward=(fl_build(N, L) + fl_apply(N, L, B))
+            / fwd["median_s"]
+            / 1e9
+            / gflops64,
+            gemm_eff_vjp=fl_vjp(N, L, B) / vjp["median_s"] / 1e9 / gflops64,
+            round_at_s=at_s,
+        )
+
+    b.spread(label, job, cfg.spread_rounds, done)
+    return out
 
 
 def bench_efficiency(b: H.Bench, cfg: Any, gflops64: float) -> list[dict[str, Any]]:

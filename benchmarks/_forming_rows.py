@@ -45,8 +45,37 @@ def lapack_reflectors(A: np.ndarray) -> tuple[Any, Any, np.ndarray, int]:
     return a, tau, Vl, int(zero.sum())
 
 
+def _forming_fields(r: dict[str, Any], timed: dict[str, Any], gflops64: float) -> None:
+    """The row's figures once its pairs (``timed``) and its sequential loop are timed."""
+    N = r["N"]
+    r.update(timed["lapack"])
+    r["cwy_matrix"], r["cayley_solve"] = (
+        timed["cayley"]["cwy_matrix"],
+        timed["cayley"]["cayley_solve"],
+    )
+    r["expm"], r["cwy_matrix_with_expm"] = timed["expm"]["expm"], timed["expm"]["cwy_matrix"]
+    t = r["cwy_matrix"]["median_s"]
+    r["speedup_vs_expm"] = H.paired_ratio(timed["expm"], "expm", "cwy_matrix")
+    r["speedup_vs_cayley"] = H.paired_ratio(r, "cayley_solve", "cwy_matrix")
+    seq = r["sequential"]
+    r["speedup_vs_sequential"] = None if seq.get("skipped") else seq["paired_ratio"]
+    r["ratio_lapack_reflectors_ours_over_orgqr"] = H.paired_ratio(
+        r, "cwy_matrix_lapack_reflectors", "lapack_orgqr"
+    )
+    r["gemm_eff_cwy_matrix"] = fl_matrix_from_v(N, N) / t / 1e9 / gflops64
+    # useful flops of forming Q from LAPACK's (trapezoidal) reflectors: orgqr's 4N³/3
+    r["gemm_eff_cwy_matrix_lapack_reflectors"] = (
+        fl_orgqr(N) / r["cwy_matrix_lapack_reflectors"]["median_s"] / 1e9 / gflops64
+    )
+    r["gemm_eff_orgqr"] = fl_orgqr(N) / r["lapack_orgqr"]["median_s"] / 1e9 / gflops64
+
+
 def bench_forming_q(b: H.Bench, cfg: Any, gflops64: float) -> list[dict[str, Any]]:
-    """(b) forming the dense N×N Q: CWY, LAPACK orgqr, expm, Cayley (solve), sequential."""
+    """(b) forming the dense N×N Q: CWY, LAPACK orgqr, expm, Cayley (solve), sequential. At
+    the largest N (the headline's) each anchor is paired with ours in rounds of its own,
+    ``cfg.forming_rounds`` of them spread over the rest of the run
+    (:meth:`~benchmarks._harness.Bench.spread`); that row is complete when the run's bench is
+    drained."""
     import torch
 
     rng = np.random.default_rng(3)
@@ -58,14 +87,6 @@ def bench_forming_q(b: H.Bench, cfg: Any, gflops64: float) -> list[dict[str, Any
         eye = np.eye(N)
         a, tau, Vl, n_zero = lapack_reflectors(rng.standard_normal((N, N)))
         r: dict[str, Any] = {"N": N, "lapack_zero_tau_columns": n_zero}
-        # each anchor paired with ours in rounds of its own, at the largest N for at least
-        # loop_rounds_s: timed together with expm (0.65 s a call at N = 1024) they got two or
-        # three rounds, and over three two-thread runs the LAPACK pair read 0.64-0.79x, Cayley
-        # 0.81-1.39x (single rounds 0.74-1.86x)
-        head = N == max(cfg.form_ns)
-        rounds_s = cfg.loop_rounds_s if head else 0.0
-        kw = {"min_total": max(b.prof.min_total, rounds_s)}
-        kw["max_total"] = max(b.prof.max_total, kw["min_total"])
         ours = lambda V=V: hl.cwy(V).matrix()  # noqa: E731
         cayley = lambda Ask=Ask, eye=eye: sla.solve(eye + Ask / 2.0, eye - Ask / 2.0)  # noqa: E731
         pairs = {
@@ -76,15 +97,37 @@ def bench_forming_q(b: H.Bench, cfg: Any, gflops64: float) -> list[dict[str, Any
                 "lapack_orgqr": lambda a=a, tau=tau: torch.linalg.householder_product(a, tau),
             },
         }
-        timed = {
-            k: b.side_by_side(f"forming Q N={N} vs {k}", fns, **kw) for k, fns in pairs.items()
-        }
-        r.update(timed["lapack"])
-        r["cwy_matrix"], r["cayley_solve"] = (
-            timed["cayley"]["cwy_matrix"],
-            timed["cayley"]["cayley_solve"],
-        )
-        r["expm"], r["cwy_matrix_with_expm"] = timed["expm"]["expm"], timed["expm"]["cwy_matrix"]
+        # the headline's row: each anchor paired with ours in rounds of its own (timed
+        # together with expm, 0.65 s a call at N = 1024, orgqr and Cayley got two or three
+        # rounds: over three two-thread runs the LAPACK pair read 0.64-0.79x, Cayley
+        # 0.81-1.39x), spread over the run (in one burst of >= 4 s, one two-thread run's
+        # CWY matrix took 92-95 ms in six of its eleven rounds and 53-59 ms in the others)
+        head = N == max(cfg.form_ns)
+        label = f"forming Q N={N}"
+        if head:
+            b.bar.set_description(label[:48])
+            jobs = {k: H.SpreadRounds(fns, b.prof) for k, fns in pairs.items()}
+            b.step(label, 2 * len(jobs) - 1)  # the last step when the rounds are done
+            r["pending"] = 2
+
+            def finish(r: dict[str, Any] = r, jobs: dict[str, Any] = jobs) -> None:
+                r["pending"] -= 1
+                if r["pending"] == 0:
+                    r.pop("pending")
+                    _forming_fields(r, {k: j.result() for k, j in jobs.items()}, gflops64)
+
+            def pairs_done(_: list[Any], at_s: list[float], r: dict[str, Any] = r) -> None:
+                r["pairs_round_at_s"] = at_s
+                finish()
+
+            b.spread(
+                label,
+                lambda i, jobs=jobs: [j(i) for j in jobs.values()],
+                cfg.forming_rounds,
+                pairs_done,
+            )
+        else:
+            timed = {k: b.side_by_side(f"{label} vs {k}", fns) for k, fns in pairs.items()}
         r["sequential"] = time_sequential(
             b,
             f"householder_product N={N}",
@@ -92,22 +135,13 @@ def bench_forming_q(b: H.Bench, cfg: Any, gflops64: float) -> list[dict[str, Any
             N,
             cfg.seq_skip_s,
             pair=lambda V=V: hl.cwy(V).matrix(),
-            rounds_s=cfg.loop_rounds_s if head else 0.0,
+            spread_rounds=cfg.forming_rounds if head else 0,
+            then=finish if head else None,
         )
-        t = r["cwy_matrix"]["median_s"]
-        r["speedup_vs_expm"] = H.paired_ratio(timed["expm"], "expm", "cwy_matrix")
-        r["speedup_vs_cayley"] = H.paired_ratio(r, "cayley_solve", "cwy_matrix")
-        seq = r["sequential"]
-        r["speedup_vs_sequential"] = None if seq.get("skipped") else seq["paired_ratio"]
-        r["ratio_lapack_reflectors_ours_over_orgqr"] = H.paired_ratio(
-            r, "cwy_matrix_lapack_reflectors", "lapack_orgqr"
-        )
-        r["gemm_eff_cwy_matrix"] = fl_matrix_from_v(N, N) / t / 1e9 / gflops64
-        # useful flops of forming Q from LAPACK's (trapezoidal) reflectors: orgqr's 4N³/3
-        r["gemm_eff_cwy_matrix_lapack_reflectors"] = (
-            fl_orgqr(N) / r["cwy_matrix_lapack_reflectors"]["median_s"] / 1e9 / gflops64
-        )
-        r["gemm_eff_orgqr"] = fl_orgqr(N) / r["lapack_orgqr"]["median_s"] / 1e9 / gflops64
+        if head and r["sequential"].get("skipped"):
+            finish()
+        elif not head:
+            _forming_fields(r, timed, gflops64)
         rows.append(r)
     return rows
 

@@ -125,13 +125,11 @@ def calibrate(timer: timeit.Timer, target_s: float) -> tuple[int, float]:
         return found[0]
 
 
-def measure(
-    fns: dict[str, Callable[[], Any]], prof: Profile, *, warmup: bool = True
-) -> dict[str, dict[str, Any]]:
-    """Time the methods of one row side by side (see the module docstring). Returns per method
-    ``median_s`` and ``min_s`` per call, ``times_s`` (every sample), ``repeats``, ``loops``,
-    ``warmup_s``."""
-    timers = {k: timeit.Timer(f) for k, f in fns.items()}
+def _calibrated(
+    timers: dict[str, timeit.Timer], prof: Profile, warmup: bool
+) -> tuple[dict[str, float | None], dict[str, int], dict[str, float]]:
+    """Per method: the warm-up call's time (None without ``warmup``), loops per sample and the
+    time of one such sample (see :class:`Profile`)."""
     warm: dict[str, float | None] = {}
     loops: dict[str, int] = {}
     sample: dict[str, float] = {}
@@ -144,6 +142,45 @@ def measure(
             loops[k], sample[k] = calibrate(t, prof.sample_s)
         else:
             loops[k], sample[k] = 1, est
+    return warm, loops, sample
+
+
+def _round(
+    i: int,
+    timers: dict[str, timeit.Timer],
+    loops: dict[str, int],
+    rewarm: dict[str, bool],
+    times: dict[str, list[float]],
+) -> None:
+    """Round ``i``: one sample of every method, appended to ``times``. Each round starts one
+    method later, and every other round runs backwards, so that no method is always timed
+    right after the same (slow) one."""
+    order = list(timers.items())
+    shift = i % len(order)
+    rnd = order[shift:] + order[:shift]
+    for k, t in rnd if i % 2 == 0 else rnd[::-1]:
+        if rewarm[k]:
+            t.timeit(1)
+        times[k].append(t.timeit(loops[k]) / loops[k])
+
+
+def _summary(
+    times: dict[str, list[float]], loops: dict[str, int], warm: dict[str, float | None]
+) -> dict[str, dict[str, Any]]:
+    out = {k: {"median_s": statistics.median(v), "min_s": min(v)} for k, v in times.items()}
+    for k, o in out.items():
+        o.update(repeats=len(times[k]), loops=loops[k], warmup_s=warm[k], times_s=times[k])
+    return out
+
+
+def measure(
+    fns: dict[str, Callable[[], Any]], prof: Profile, *, warmup: bool = True
+) -> dict[str, dict[str, Any]]:
+    """Time the methods of one row side by side (see the module docstring). Returns per method
+    ``median_s`` and ``min_s`` per call, ``times_s`` (every sample), ``repeats``, ``loops``,
+    ``warmup_s``."""
+    timers = {k: timeit.Timer(f) for k, f in fns.items()}
+    warm, loops, sample = _calibrated(timers, prof, warmup)
     reps = prof.max_rep
     for s in sample.values():
         if s >= prof.max_total:
@@ -152,21 +189,38 @@ def measure(
         r = min(max(prof.min_rep, math.ceil(prof.min_total / max(s, 1e-9))), prof.max_rep)
         reps = max(1, min(reps, r, int(prof.max_total // max(s, 1e-9))))
     times: dict[str, list[float]] = {k: [] for k in fns}
-    order = list(timers.items())
     rewarm = {k: sample[k] / loops[k] < prof.rewarm_s for k in fns}
     for i in range(reps):
-        # each round starts one method later, and every other round runs backwards, so that
-        # no method is always timed right after the same (slow) one
-        shift = i % len(order)
-        rnd = order[shift:] + order[:shift]
-        for k, t in rnd if i % 2 == 0 else rnd[::-1]:
-            if rewarm[k]:
-                t.timeit(1)
-            times[k].append(t.timeit(loops[k]) / loops[k])
-    out = {k: {"median_s": statistics.median(v), "min_s": min(v)} for k, v in times.items()}
-    for k, o in out.items():
-        o.update(repeats=reps, loops=loops[k], warmup_s=warm[k], times_s=times[k])
-    return out
+        _round(i, timers, loops, rewarm, times)
+    return _summary(times, loops, warm)
+
+
+class SpreadRounds:
+    """The rounds of :func:`measure` one at a time, for :meth:`Bench.spread` to run them at
+    points spread over the rest of a run: the methods are warmed up and their loops per sample
+    calibrated on construction; ``self(i)`` runs round ``i``; :meth:`result` is
+    :func:`measure`'s return value over the rounds run so far. Between two rounds other rows
+    run, so every method whose call takes less than ``rewarm_s`` gets an untimed call right
+    before its sample (its operands back in the caches)."""
+
+    def __init__(
+        self,
+        fns: dict[str, Callable[[], Any]],
+        prof: Profile,
+        *,
+        warmup: bool = True,
+        rewarm_s: float = 0.05,
+    ) -> None:
+        self.timers = {k: timeit.Timer(f) for k, f in fns.items()}
+        self.warm, self.loops, sample = _calibrated(self.timers, prof, warmup)
+        self.rewarm = {k: sample[k] / self.loops[k] < rewarm_s for k in fns}
+        self.times: dict[str, list[float]] = {k: [] for k in fns}
+
+    def __call__(self, i: int) -> None:
+        _round(i, self.timers, self.loops, self.rewarm, self.times)
+
+    def result(self) -> dict[str, dict[str, Any]]:
+        return _summary(self.times, self.loops, self.warm)
 
 
 def paired_ratio(res: dict[str, dict[str, Any]], num: str, den: str) -> float:
@@ -190,24 +244,85 @@ def paired_times(res: dict[str, dict[str, Any]], num: str, den: str) -> dict[str
     return out
 
 
+@dataclass
+class _Spread:
+    """A row whose rounds :meth:`Bench.spread` runs at the progress steps ``due``."""
+
+    label: str
+    run_round: Callable[[int], Any]
+    due: list[int]
+    done: Callable[[list[Any], list[float]], None]
+    out: list[Any] = field(default_factory=list)
+    at_s: list[float] = field(default_factory=list)
+
+
 class Bench:
     """A progress bar (one step per timed method) with the timing profile and the notes of a
-    run. ``with Bench(...) as b:`` closes the bar."""
+    run. ``with Bench(...) as b:`` closes the bar, after running the rounds of the rows still
+    spread over the run (:meth:`spread`, :meth:`drain`)."""
 
     def __init__(self, prof: Profile, total: int, desc: str = "", unit: str = "meas") -> None:
         self.prof = prof
         self.bar = progress(total, desc, unit)
         self.notes: list[str] = []
+        self.t0 = time.perf_counter()
+        self._spread: list[_Spread] = []
 
     def __enter__(self) -> Bench:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.bar.close()
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        try:
+            if exc_type is None:
+                self.drain()
+        finally:
+            self.bar.close()
 
     def step(self, label: str, n: int = 1) -> None:
         self.bar.set_description(label[:48])
         self.bar.update(n)
+        self._run_due()
+
+    def spread(
+        self,
+        label: str,
+        run_round: Callable[[int], Any],
+        rounds: int,
+        done: Callable[[list[Any], list[float]], None],
+    ) -> None:
+        """Run ``run_round(i)``, i = 0 … rounds − 1, one at a time at evenly spaced progress
+        steps of the rest of the run (the first at the next step), between the other rows'
+        measurements, never inside one; then ``done(results, at_s)`` (``at_s``: the seconds
+        since the bar started at which each round began) and one progress step.
+
+        Why: a loop of reflections streams its operands through the caches once per
+        reflection, and on the 2-core VM its speed drifts over seconds (the NumPy loop at
+        N = L = 1024, B = 64, two threads: 127–203 ms within 150 s, while the CWY apply it is
+        paired with moved less). Medians of 22 consecutive rounds of one process spread
+        ±12.2% over such a stretch; 22 rounds drawn from all over it spread ±3–7%."""
+        start = self.bar.n
+        left = max(0, (self.bar.total or start) - start)
+        due = [start + (i * left) // rounds for i in range(rounds)]
+        self._spread.append(_Spread(label, run_round, due, done))
+
+    def drain(self) -> None:
+        """Run every spread row's remaining rounds now and finish it (see :meth:`spread`)."""
+        for job in list(self._spread):
+            self._run_rounds(job, len(job.due))
+
+    def _run_due(self) -> None:
+        for job in list(self._spread):
+            self._run_rounds(job, sum(d <= self.bar.n for d in job.due))
+
+    def _run_rounds(self, job: _Spread, upto: int) -> None:
+        while len(job.out) < upto:
+            job.at_s.append(time.perf_counter() - self.t0)
+            job.out.append(job.run_round(len(job.out)))
+        if len(job.out) == len(job.due):
+            self._spread.remove(job)
+            job.done(job.out, job.at_s)
+            self.bar.set_description(job.label[:48])
+            self.bar.update(1)
 
     def note(self, msg: str) -> None:
         self.notes.append(msg)

@@ -112,25 +112,6 @@ def test_apply_in_placements_pools_fresh_operands():
     np.testing.assert_array_equal(V, V0)
 
 
-def test_time_sequential_rounds_s_buys_more_paired_rounds():
-    """``rounds_s`` makes the paired rounds of a loop take at least that long together: a
-    10 ms loop gets the profile's three rounds without it and ≥ 5 with 0.5 s."""
-    import time
-
-    from benchmarks._cwy_rows import time_sequential
-
-    prof = H.Profile(sample_s=0.0, min_total=0.0, max_total=0.2, min_rep=3, max_rep=30)
-
-    def loop(k: int) -> None:
-        time.sleep(0.01)
-
-    with H.Bench(prof, 2, "test") as b:
-        few = time_sequential(b, "loop", loop, 40, 10.0, pair=lambda: None)
-        more = time_sequential(b, "loop", loop, 40, 10.0, pair=lambda: None, rounds_s=0.5)
-    assert len(few["times_s"]) == 3
-    assert len(more["times_s"]) >= 5
-
-
 def test_reproduce_reports_each_ratios_spread_across_runs():
     """``benchmarks/reproduce.py`` reads the timed ratios of each run's headline rows (rows
     without a ratio, like the accuracy rows, are left out), and a ratio whose runs deviate
@@ -157,3 +138,130 @@ def test_reproduce_reports_each_ratios_spread_across_runs():
     assert not by["loop / Numba"]["2threads"]["met"]
     md = R.markdown(rows, [1, 2], "test machine")
     assert "9.0–12.0× (±14.3%) ✗" in md and "1thread 2 of 2, 2threads 1 of 2" in md
+
+
+def test_spread_runs_a_rows_rounds_between_the_other_rows_until_drained():
+    """``Bench.spread``: the rounds run one at a time at evenly spaced progress steps of the
+    rest of the run (the first at the next step), never inside another row; ``done`` gets
+    the rounds' results and start times once the last has run, and the row takes one
+    progress step; ``drain`` runs what is left, and leaving the ``with`` block drains."""
+    log: list[str] = []
+    done: list[tuple[list, list]] = []
+    with H.Bench(H.Profile(), 11, "test") as b:
+        b.step("first")  # step 1 of 11: ten steps left for four rounds
+        b.spread("row", lambda i: log.append(f"r{i}") or i * i, 4, lambda o, a: done.append((o, a)))
+        for k in range(2, 8):
+            log.append(f"s{k}")
+            b.step(f"s{k}")
+        # due at steps 1 + i * 10 // 4 = 1, 3, 6, 8: each runs after the step reaching it
+        assert log == ["s2", "r0", "s3", "r1", "s4", "s5", "s6", "r2", "s7"]
+        assert not done and b.bar.n == 7
+        b.drain()
+        assert log[-1] == "r3" and b.bar.n == 8  # the row's own step
+        ((out, at),) = done
+        assert out == [0, 1, 4, 9] and len(at) == 4 and at == sorted(at)
+        b.spread("late", lambda i: log.append(f"late{i}"), 2, lambda o, a: done.append((o, a)))
+    assert log[-2:] == ["late0", "late1"] and len(done) == 2  # drained by __exit__
+
+
+def test_spread_rounds_rewarm_the_short_method_before_its_sample():
+    """``SpreadRounds``: a round times every method once, alternating their order as
+    ``measure`` does; a method shorter than ``rewarm_s`` gets an untimed call right before
+    its sample (other rows ran since the last round), a longer one does not."""
+    import time
+
+    calls: list[str] = []
+
+    def slow() -> None:
+        calls.append("slow")
+        time.sleep(0.02)
+
+    prof = H.Profile(sample_s=0.0, max_total=1.0)
+    job = H.SpreadRounds({"slow": slow, "fast": lambda: calls.append("fast")}, prof, rewarm_s=0.01)
+    calls.clear()  # warm-up and calibration
+    job(0)
+    job(1)
+    # (with two methods both rounds run in the same order: round 1 starts one later, backwards)
+    assert calls == ["slow", "fast", "fast", "slow", "fast", "fast"]
+    r = job.result()
+    assert r["slow"]["repeats"] == len(r["fast"]["times_s"]) == 2
+    assert min(r["slow"]["times_s"]) >= 0.02 > max(r["fast"]["times_s"])
+
+
+def test_time_sequential_spread_fills_its_row_when_drained():
+    """``time_sequential(..., spread_rounds=)`` returns a pending row that the last of its
+    rounds fills in (the paired ratio the median of the rounds' ratios, one sample each), and
+    then calls ``then``."""
+    from benchmarks._cwy_rows import time_sequential
+
+    prof = H.Profile(sample_s=0.0, min_total=0.0, max_total=0.2, min_rep=5, max_rep=5)
+    filled = []
+    with H.Bench(prof, 3, "test") as b:
+        r = time_sequential(
+            b, "loop", lambda k: None, 40, 10.0, pair=lambda: None, spread_rounds=7,
+            then=lambda: filled.append(dict(r)),
+        )  # fmt: skip
+        assert r["pending"] and "paired_ratio" not in r and b.bar.n == 0
+        b.step("other")
+        assert r["pending"]  # rounds due at steps 0, 0, 0, 1, 1, 2, 2: five of seven ran
+    assert "pending" not in r and len(filled) == 1 and b.bar.n == 2
+    pairs = [x / y for x, y in zip(r["times_s"], r["pair_times_s"], strict=True)]
+    assert len(pairs) == 7 and r["paired_ratio"] == statistics.median(pairs)
+    assert len(r["round_at_s"]) == 7 and filled[0]["paired_ratio"] == r["paired_ratio"]
+    # the headline's figure: the fastest loop over the fastest apply
+    assert r["ratio_of_minima"] == min(r["times_s"]) / min(r["pair_times_s"])
+
+
+def test_time_in_processes_spread_runs_one_process_a_round(monkeypatch):
+    """``time_in_processes(..., spread=True)``: one fresh process per round of the spread
+    row; the summary (the median over the processes, and the fastest loop over the fastest
+    apply) is filled in when the last has run."""
+    from benchmarks import _cwy_rows as A
+
+    results = iter(
+        {"median_s": m, "min_s": m / 2, "paired_ratio": 10 * m, "pair_times_s": [m / 4, m]}
+        for m in (3.0, 1.0, 2.0, 5.0)
+    )
+    shapes = []
+
+    def fake_probe(shape, threads, max_total):
+        shapes.append((shape, threads))
+        return next(results)
+
+    monkeypatch.setattr(A, "_probe_process", fake_probe)
+    then = []
+    with H.Bench(H.Profile(), 8, "test") as b:
+        r = A.time_in_processes(b, "p", (8, 8, 2), 1, 4, spread=True, then=lambda: then.append(1))
+        assert r["pending"] and not shapes
+        b.step("other")
+        assert len(shapes) == 1  # one process at the next step
+    assert shapes == [((8, 8, 2), 1)] * 4 and then == [1]
+    assert r["median_s"] == 2.5 and r["paired_ratio"] == 25.0 and r["min_s"] == 0.5
+    assert r["process_ratios"] == [30.0, 10.0, 20.0, 50.0] and len(r["round_at_s"]) == 4
+    # fastest loop (1.0 / 2) over fastest CWY apply (1.0 / 4), each over all processes
+    assert r["ratio_of_minima"] == 2.0 and r["process_pair_min_s"] == [0.75, 0.25, 0.5, 1.25]
+
+
+def test_apply_in_placements_spread_times_the_first_now_and_the_rest_later():
+    """``apply_in_placements(..., spread=True)``: the first placement is timed at once (its
+    Q and h come back for the loops' pairs), the others as rounds spread over the run; the
+    pooled figures are filled in with ``then`` once the last has run."""
+    import numpy as np
+
+    import householderla as hl
+    from benchmarks._cwy_rows import apply_in_placements
+
+    rng = np.random.default_rng(0)
+    V = rng.standard_normal((16, 4))
+    prof = H.Profile(sample_s=0.0, min_total=0.0, max_total=0.2, min_rep=3, max_rep=9)
+    seen = []
+    with H.Bench(prof, 6, "test") as b:
+        t, Q, h = apply_in_placements(b, "apply", V, 3, 3, rng, spread=True, then=seen.append)
+        assert t["pending"] and b.bar.n == 1  # the CWY apply's step
+        np.testing.assert_allclose(Q @ h, hl.householder_apply(V, h), rtol=0, atol=1e-13)
+        b.step("other")  # rounds due at steps 1 and 3: the second placement runs
+        assert t["pending"] and not seen
+    assert seen == [t] and "pending" not in t and b.bar.n == 3
+    assert len(t["placement_ratios"]) == 3 and len(t["round_at_s"]) == 2
+    assert t["ratio"] == statistics.median(t["placement_ratios"])
+    assert t["cwy"]["repeats"] == len(t["two_gemm"]["times_s"]) == 9
