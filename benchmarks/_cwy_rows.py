@@ -199,26 +199,18 @@ def time_in_processes(
     shape: tuple[int, int, int],
     threads: int,
     processes: int,
-    spread: bool = False,
     then: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
-    """``hl.householder_apply`` (N, L, B) timed in ``processes`` fresh interpreters one after
-    another (``benchmarks/_sequential_probe.py``, which says why), each side by side with the
-    reused CWY apply of the same V and h: ``median_s`` is the median of their medians, each
-    in ``process_median_s`` (the median, not the mean: a slow spell of the VM during one
-    process, 28 and 40 ms against 16–21 ms, moved the mean of eight by up to 12%), and
-    ``paired_ratio`` the median of each process's paired ratio loop / CWY apply
-    (``process_ratios``). Costs ≈ 2 s a process at the headline shape.
-
-    ``spread``: the processes run one at a time spread over the rest of the run
-    (:meth:`~benchmarks._harness.Bench.spread`; ``round_at_s``: when each began); the returned
-    dict is filled in when the last has ended, and then ``then()`` is called."""
-    run = lambda i: _probe_process(shape, threads, b.prof.max_total)  # noqa: E731
-    if not spread:
-        b.bar.set_description(label[:48])
-        runs = [run(i) for i in range(processes)]
-        b.step(label)
-        return _processes_summary(runs)
+    """``hl.householder_apply`` (N, L, B) timed in ``processes`` fresh interpreters
+    (``benchmarks/_sequential_probe.py``, which says why), one at a time spread over the rest
+    of the run (:meth:`~benchmarks._harness.Bench.spread`; ``round_at_s``: when each began),
+    each side by side with the reused CWY apply of the same V and h: ``median_s`` is the
+    median of their medians, each in ``process_median_s`` (the median, not the mean: a slow
+    spell of the VM during one process, 28 and 40 ms against 16–21 ms, moved the mean of
+    eight by up to 12%), and ``paired_ratio`` the median of each process's paired ratio
+    loop / CWY apply (``process_ratios``). The returned dict is filled in when the last
+    process has ended, and then ``then()`` is called. Costs ≈ 2 s a process at the headline
+    shape."""
     r: dict[str, Any] = {"skipped": False, "pending": True}
 
     def done(runs: list[dict[str, Any]], at_s: list[float]) -> None:
@@ -227,7 +219,7 @@ def time_in_processes(
         if then is not None:
             then()
 
-    b.spread(label, run, processes, done)
+    b.spread(label, lambda i: _probe_process(shape, threads, b.prof.max_total), processes, done)
     return r
 
 
@@ -387,7 +379,6 @@ def bench_apply(b: H.Bench, cfg: Any, gflops64: float, threads: int) -> list[dic
                         (N, L, B),
                         threads,
                         cfg.seq_processes,
-                        spread=True,
                         then=fill,
                     )
                 else:

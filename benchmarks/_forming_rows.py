@@ -116,7 +116,9 @@ def bench_forming_q(b: H.Bench, cfg: Any, gflops64: float) -> list[dict[str, Any
                     r.pop("pending")
                     _forming_fields(r, {k: j.result() for k, j in jobs.items()}, gflops64)
 
-            def pairs_done(_: list[Any], at_s: list[float], r: dict[str, Any] = r) -> None:
+            def pairs_done(
+                _: list[Any], at_s: list[float], r: dict[str, Any] = r, finish: Any = finish
+            ) -> None:
                 r["pairs_round_at_s"] = at_s
                 finish()
 

@@ -213,7 +213,7 @@ def test_time_sequential_spread_fills_its_row_when_drained():
 
 
 def test_time_in_processes_spread_runs_one_process_a_round(monkeypatch):
-    """``time_in_processes(..., spread=True)``: one fresh process per round of the spread
+    """``time_in_processes``: one fresh process per round of the spread
     row; the summary (the median over the processes, and the fastest loop over the fastest
     apply) is filled in when the last has run."""
     from benchmarks import _cwy_rows as A
@@ -231,7 +231,7 @@ def test_time_in_processes_spread_runs_one_process_a_round(monkeypatch):
     monkeypatch.setattr(A, "_probe_process", fake_probe)
     then = []
     with H.Bench(H.Profile(), 8, "test") as b:
-        r = A.time_in_processes(b, "p", (8, 8, 2), 1, 4, spread=True, then=lambda: then.append(1))
+        r = A.time_in_processes(b, "p", (8, 8, 2), 1, 4, then=lambda: then.append(1))
         assert r["pending"] and not shapes
         b.step("other")
         assert len(shapes) == 1  # one process at the next step
