@@ -95,7 +95,7 @@ def time_sequential(
     skip_s: float,
     pair: Callable[[], Any] | None = None,
     spread_rounds: int = 0,
-    then: Callable[[], None] | None = None,
+    then: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Time ``fn_of_l(L)`` whose cost is linear in L (sequential reflections) after a pilot
     with ≤ 32 reflectors: skipped, with the reason noted, when one call is predicted to take
@@ -107,8 +107,8 @@ def time_sequential(
 
     ``spread_rounds`` (with ``pair``): that many paired rounds, spread over the rest of the run
     (:meth:`~benchmarks._harness.Bench.spread`) instead of back to back; the returned dict is
-    filled in when the last has run (``round_at_s``: when each began), and then ``then()`` is
-    called. Four seconds of consecutive rounds gave the two-thread NumPy loop at
+    filled in when the last has run (``round_at_s``: when each began), and then ``then(row)``
+    is called. Four seconds of consecutive rounds gave the two-thread NumPy loop at
     N = L = 1024 ratios of 64–81× over three runs, as its speed drifted over seconds."""
     lp = min(L, 32)
     pilot = math.inf
@@ -129,19 +129,17 @@ def time_sequential(
     long = est >= b.prof.max_total
     if pair is not None and spread_rounds > 0:
         job = H.SpreadRounds({"loop": lambda: fn_of_l(L), "pair": pair}, b.prof, warmup=not long)
-        r = {"predicted_s": est, "skipped": False, "spread_rounds": spread_rounds, "pending": True}
+        r = {"predicted_s": est, "skipped": False, "spread_rounds": spread_rounds}
 
-        def done(_: list[Any], at_s: list[float]) -> None:
-            r.pop("pending")
+        def fill(_: list[Any]) -> dict[str, Any]:
             t = job.result()
-            r.update(H.paired_times(t, "loop", "pair"), round_at_s=at_s)
-            r["pair_min_s"] = t["pair"]["min_s"]
-            r["ratio_of_minima"] = t["loop"]["min_s"] / t["pair"]["min_s"]
-            if then is not None:
-                then()
+            return {
+                **H.paired_times(t, "loop", "pair"),
+                "pair_min_s": t["pair"]["min_s"],
+                "ratio_of_minima": t["loop"]["min_s"] / t["pair"]["min_s"],
+            }
 
-        b.spread(label, job, spread_rounds, done)
-        return r
+        return b.spread(label, job, spread_rounds, fill, r, then)
     if pair is None:
         r = b.time(label, lambda: fn_of_l(L), warmup=not long, max_total=3.0)
     else:
@@ -199,7 +197,7 @@ def time_in_processes(
     shape: tuple[int, int, int],
     threads: int,
     processes: int,
-    then: Callable[[], None] | None = None,
+    then: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """``hl.householder_apply`` (N, L, B) timed in ``processes`` fresh interpreters
     (``benchmarks/_sequential_probe.py``, which says why), one at a time spread over the rest
@@ -209,18 +207,10 @@ def time_in_processes(
     spell of the VM during one process, 28 and 40 ms against 16–21 ms, moved the mean of
     eight by up to 12%), and ``paired_ratio`` the median of each process's paired ratio
     loop / CWY apply (``process_ratios``). The returned dict is filled in when the last
-    process has ended, and then ``then()`` is called. Costs ≈ 2 s a process at the headline
+    process has ended, and then ``then(row)`` is called. Costs ≈ 2 s a process at the headline
     shape."""
-    r: dict[str, Any] = {"skipped": False, "pending": True}
-
-    def done(runs: list[dict[str, Any]], at_s: list[float]) -> None:
-        r.pop("pending")
-        r.update(_processes_summary(runs), round_at_s=at_s)
-        if then is not None:
-            then()
-
-    b.spread(label, lambda i: _probe_process(shape, threads, b.prof.max_total), processes, done)
-    return r
+    probe = lambda i: _probe_process(shape, threads, b.prof.max_total)  # noqa: E731
+    return b.spread(label, probe, processes, _processes_summary, {"skipped": False}, then)
 
 
 def _placement(
@@ -299,17 +289,13 @@ def apply_in_placements(
         runs = [first] + [run(i) for i in range(placements - 1)]
         b.step(label, 2)
         return _placements_summary(runs), held0[0], held0[1]
-    out: dict[str, Any] = {"pending": True}
 
-    def done(runs: list[dict[str, Any]], at_s: list[float]) -> None:
-        out.pop("pending")
-        out.update(_placements_summary([first, *runs]), round_at_s=at_s)
+    def fill(runs: list[dict[str, Any]]) -> dict[str, Any]:
         held.clear()
-        if then is not None:
-            then(out)
+        return _placements_summary([first, *runs])
 
     b.step(label)  # the CWY apply's step; the anchor's when the last placement has run
-    b.spread(label, run, placements - 1, done)
+    out = b.spread(label, run, placements - 1, fill, then=then)
     return out, held0[0], held0[1]
 
 
@@ -371,7 +357,6 @@ def bench_apply(b: H.Bench, cfg: Any, gflops64: float, threads: int) -> list[dic
                 )
                 apply = lambda Q=Q, H_=H_: Q @ H_  # noqa: E731 - the pair of the loops below
                 head = (N, L, B) == (cfg.head_n, cfg.head_n, cfg.head_b)
-                fill = lambda row=row: _sequential_fields(row, gflops64)  # noqa: E731
                 if head:
                     t_seq = time_in_processes(
                         b,
@@ -379,7 +364,7 @@ def bench_apply(b: H.Bench, cfg: Any, gflops64: float, threads: int) -> list[dic
                         (N, L, B),
                         threads,
                         cfg.seq_processes,
-                        then=fill,
+                        then=lambda _, row=row: _sequential_fields(row, gflops64),
                     )
                 else:
                     t_seq = time_sequential(
@@ -413,7 +398,7 @@ def bench_apply(b: H.Bench, cfg: Any, gflops64: float, threads: int) -> list[dic
                 if not t.get("pending"):
                     _apply_fields(row, t, gflops64)
                 if not t_seq.get("pending"):
-                    fill()
+                    _sequential_fields(row, gflops64)
                 rows.append(row)
     return rows
 
@@ -433,26 +418,22 @@ def bench_vjp(b: H.Bench, cfg: Any, gflops64: float) -> dict[str, Any]:
         {"forward": lambda: hl.cwy(V) @ H_, "vjp": lambda: hl.vjp.cwy_apply(V, H_, G)}, b.prof
     )
     b.step(label)  # the forward's step; the VJP's when its last round has run
-    out: dict[str, Any] = {"N": N, "L": L, "B": B, "pending": True}
 
-    def done(_: list[Any], at_s: list[float]) -> None:
+    def fill(_: list[Any]) -> dict[str, Any]:
         t = job.result()
         fwd, vjp = t["forward"], t["vjp"]
-        out.pop("pending")
-        out.update(
-            forward_from_v=fwd,
-            vjp=vjp,
-            ratio_vjp_over_forward=H.paired_ratio(t, "vjp", "forward"),
-            gemm_eff_forward=(fl_build(N, L) + fl_apply(N, L, B))
+        return {
+            "forward_from_v": fwd,
+            "vjp": vjp,
+            "ratio_vjp_over_forward": H.paired_ratio(t, "vjp", "forward"),
+            "gemm_eff_forward": (fl_build(N, L) + fl_apply(N, L, B))
             / fwd["median_s"]
             / 1e9
             / gflops64,
-            gemm_eff_vjp=fl_vjp(N, L, B) / vjp["median_s"] / 1e9 / gflops64,
-            round_at_s=at_s,
-        )
+            "gemm_eff_vjp": fl_vjp(N, L, B) / vjp["median_s"] / 1e9 / gflops64,
+        }
 
-    b.spread(label, job, cfg.spread_rounds, done)
-    return out
+    return b.spread(label, job, cfg.spread_rounds, fill, {"N": N, "L": L, "B": B})
 
 
 def bench_efficiency(b: H.Bench, cfg: Any, gflops64: float) -> list[dict[str, Any]]:

@@ -108,25 +108,19 @@ def bench_forming_q(b: H.Bench, cfg: Any, gflops64: float) -> list[dict[str, Any
             b.bar.set_description(label[:48])
             jobs = {k: H.SpreadRounds(fns, b.prof) for k, fns in pairs.items()}
             b.step(label, 2 * len(jobs) - 1)  # the last step when the rounds are done
-            r["pending"] = 2
 
-            def finish(r: dict[str, Any] = r, jobs: dict[str, Any] = jobs) -> None:
-                r["pending"] -= 1
-                if r["pending"] == 0:
-                    r.pop("pending")
+            def finish(_: Any, r: dict[str, Any] = r, jobs: dict[str, Any] = jobs) -> None:
+                """Once both the pairs' rounds (``r["pairs"]``) and the loop's are done."""
+                parts = (r.get(k, {"pending": 1}) for k in ("pairs", "sequential"))
+                if not any(p.get("pending") for p in parts):
                     _forming_fields(r, {k: j.result() for k, j in jobs.items()}, gflops64)
 
-            def pairs_done(
-                _: list[Any], at_s: list[float], r: dict[str, Any] = r, finish: Any = finish
-            ) -> None:
-                r["pairs_round_at_s"] = at_s
-                finish()
-
-            b.spread(
+            r["pairs"] = b.spread(
                 label,
                 lambda i, jobs=jobs: [j(i) for j in jobs.values()],
                 cfg.forming_rounds,
-                pairs_done,
+                lambda _: {},
+                then=finish,
             )
         else:
             timed = {k: b.side_by_side(f"{label} vs {k}", fns) for k, fns in pairs.items()}
@@ -141,7 +135,7 @@ def bench_forming_q(b: H.Bench, cfg: Any, gflops64: float) -> list[dict[str, Any
             then=finish if head else None,
         )
         if head and r["sequential"].get("skipped"):
-            finish()
+            finish(None)
         elif not head:
             _forming_fields(r, timed, gflops64)
         rows.append(r)

@@ -288,22 +288,36 @@ class Bench:
         label: str,
         run_round: Callable[[int], Any],
         rounds: int,
-        done: Callable[[list[Any], list[float]], None],
-    ) -> None:
+        fill: Callable[[list[Any]], dict[str, Any]],
+        row: dict[str, Any] | None = None,
+        then: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
         """Run ``run_round(i)``, i = 0 … rounds − 1, one at a time at evenly spaced progress
         steps of the rest of the run (the first at the next step), between the other rows'
-        measurements, never inside one; then ``done(results, at_s)`` (``at_s``: the seconds
-        since the bar started at which each round began) and one progress step.
+        measurements, never inside one. Returns ``row`` (a new dict by default) marked
+        ``"pending"``; after the last round the mark goes, ``row`` is updated with
+        ``fill(results)`` and ``round_at_s`` (the seconds since the bar started at which each
+        round began), ``then(row)`` is called, and the bar takes one step.
 
         Why: a loop of reflections streams its operands through the caches once per
         reflection, and on the 2-core VM its speed drifts over seconds (the NumPy loop at
         N = L = 1024, B = 64, two threads: 127–203 ms within 150 s, while the CWY apply it is
         paired with moved less). Medians of 22 consecutive rounds of one process spread
         ±12.2% over such a stretch; 22 rounds drawn from all over it spread ±3–7%."""
+        out: dict[str, Any] = {} if row is None else row
+        out["pending"] = True
+
+        def done(results: list[Any], at_s: list[float]) -> None:
+            out.pop("pending")
+            out.update(fill(results), round_at_s=at_s)
+            if then is not None:
+                then(out)
+
         start = self.bar.n
         left = max(0, (self.bar.total or start) - start)
         due = [start + (i * left) // rounds for i in range(rounds)]
         self._spread.append(_Spread(label, run_round, due, done))
+        return out
 
     def drain(self) -> None:
         """Run every spread row's remaining rounds now and finish it (see :meth:`spread`)."""

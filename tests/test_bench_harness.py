@@ -142,26 +142,40 @@ def test_reproduce_reports_each_ratios_spread_across_runs():
 
 def test_spread_runs_a_rows_rounds_between_the_other_rows_until_drained():
     """``Bench.spread``: the rounds run one at a time at evenly spaced progress steps of the
-    rest of the run (the first at the next step), never inside another row; ``done`` gets
-    the rounds' results and start times once the last has run, and the row takes one
-    progress step; ``drain`` runs what is left, and leaving the ``with`` block drains."""
+    rest of the run (the first at the next step), never inside another row; the returned row
+    stays marked ``pending`` until the last has run, then ``fill`` gets the rounds' results,
+    the row gets its fields and the rounds' start times, ``then`` gets the row, and the row
+    takes one progress step; ``drain`` runs what is left, and leaving the ``with`` block
+    drains."""
     log: list[str] = []
-    done: list[tuple[list, list]] = []
+    got: list[list] = []
+    seen: list[dict] = []
+
+    def fill(out: list) -> dict:
+        got.append(out)
+        return {"sum": sum(out)}
+
     with H.Bench(H.Profile(), 11, "test") as b:
         b.step("first")  # step 1 of 11: ten steps left for four rounds
-        b.spread("row", lambda i: log.append(f"r{i}") or i * i, 4, lambda o, a: done.append((o, a)))
+        row = b.spread(
+            "row", lambda i: log.append(f"r{i}") or i * i, 4, fill, {"k": 1}, seen.append
+        )
+        assert row == {"k": 1, "pending": True}
         for k in range(2, 8):
             log.append(f"s{k}")
             b.step(f"s{k}")
         # due at steps 1 + i * 10 // 4 = 1, 3, 6, 8: each runs after the step reaching it
         assert log == ["s2", "r0", "s3", "r1", "s4", "s5", "s6", "r2", "s7"]
-        assert not done and b.bar.n == 7
+        assert not got and row["pending"] and b.bar.n == 7
         b.drain()
         assert log[-1] == "r3" and b.bar.n == 8  # the row's own step
-        ((out, at),) = done
-        assert out == [0, 1, 4, 9] and len(at) == 4 and at == sorted(at)
-        b.spread("late", lambda i: log.append(f"late{i}"), 2, lambda o, a: done.append((o, a)))
-    assert log[-2:] == ["late0", "late1"] and len(done) == 2  # drained by __exit__
+        assert got == [[0, 1, 4, 9]] and seen == [row] and "pending" not in row
+        at = row["round_at_s"]
+        assert row["k"] == 1 and row["sum"] == 14 and len(at) == 4 and at == sorted(at)
+        late = b.spread("late", lambda i: log.append(f"late{i}"), 2, lambda o: {"n": len(o)})
+        assert late["pending"]
+    assert log[-2:] == ["late0", "late1"] and late["n"] == 2  # drained by __exit__
+    assert "pending" not in late
 
 
 def test_spread_rounds_rewarm_the_short_method_before_its_sample():
@@ -199,7 +213,7 @@ def test_time_sequential_spread_fills_its_row_when_drained():
     with H.Bench(prof, 3, "test") as b:
         r = time_sequential(
             b, "loop", lambda k: None, 40, 10.0, pair=lambda: None, spread_rounds=7,
-            then=lambda: filled.append(dict(r)),
+            then=lambda row: filled.append(dict(row)),
         )  # fmt: skip
         assert r["pending"] and "paired_ratio" not in r and b.bar.n == 0
         b.step("other")
@@ -231,11 +245,11 @@ def test_time_in_processes_spread_runs_one_process_a_round(monkeypatch):
     monkeypatch.setattr(A, "_probe_process", fake_probe)
     then = []
     with H.Bench(H.Profile(), 8, "test") as b:
-        r = A.time_in_processes(b, "p", (8, 8, 2), 1, 4, then=lambda: then.append(1))
+        r = A.time_in_processes(b, "p", (8, 8, 2), 1, 4, then=then.append)
         assert r["pending"] and not shapes
         b.step("other")
         assert len(shapes) == 1  # one process at the next step
-    assert shapes == [((8, 8, 2), 1)] * 4 and then == [1]
+    assert shapes == [((8, 8, 2), 1)] * 4 and then == [r]
     assert r["median_s"] == 2.5 and r["paired_ratio"] == 25.0 and r["min_s"] == 0.5
     assert r["process_ratios"] == [30.0, 10.0, 20.0, 50.0] and len(r["round_at_s"]) == 4
     # fastest loop (1.0 / 2) over fastest CWY apply (1.0 / 4), each over all processes
