@@ -229,15 +229,17 @@ def _unfused_passes(V, H, G, trap, transpose):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("transpose", [False, True])
 @pytest.mark.parametrize("trap", [False, True])
-def test_block_kernels_equal_their_unfused_passes_bit_for_bit(dtype, transpose, trap):
+@pytest.mark.parametrize("B", [5, 520])
+def test_block_kernels_equal_their_unfused_passes_bit_for_bit(dtype, transpose, trap, B):
     """``apply_block`` runs each reflection's update in the same pass over the block as the
     next reflection's dot products. The operations and their order are those of separate
     passes, so the result must agree bit for bit — also across a zero column (skipped: the
-    next active reflection's dots ride along) and with B = 5 (the partial sums' tail); so must
+    next active reflection's dots ride along), with B = 5 (the partial sums' tail) and with
+    B = 520 (float64 rows over ``FUSED_ROW_BYTES``: the two passes themselves); so must
     the backward (``grad_one``, one pass per reflection after its two dot passes). A fused
     pass that read a row before its update, or dotted the wrong column, is off by O(1)."""
     rng = np.random.default_rng(11)
-    n, L, B = 13, 6, 5
+    n, L = 13, 6
     V = rng.standard_normal((n, L)).astype(dtype)
     if trap:
         V = np.tril(V)

@@ -85,7 +85,7 @@ __all__ = [
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "01fb62bbaabeceda"
+KERNEL_DEPS = "824a6d8ca7b47143"
 
 
 # -- entry kernels (explicit signatures: read-only C inputs accept writable arrays too) -------

@@ -36,7 +36,7 @@ __all__ = [
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "eb9aea9bb89c99fb"
+KERNEL_DEPS = "9b0c17c04082c64a"
 
 #: Largest N for the batched kernels (lanes or column blocks); above, the per-matrix kernel:
 #: at N = 64 (1024 matrices) a batched kernel took 55 against 86 µs a matrix for the

@@ -83,6 +83,16 @@ def njit(sigs: Any = None, inline: str = "never") -> Any:
     return deco
 
 
+#: The longest row of Y (bytes) for which :func:`apply_block` fuses each reflection's update
+#: with the next one's dot products; longer rows get a dot pass and an update pass. A fused
+#: row touches that row of Y, of the partial sums and of the coefficients, and the three no
+#: longer sit in L1 (32 KiB here) side by side: at N = L = B = 1024, float64 (8 KiB rows) the
+#: fused pass took 1.28× the two passes' median time, with 4 KiB rows (B = 512 float64,
+#: B = 1024 float32) 0.82–0.83× (one thread on the 2-core EPYC VM). ``householder_product``
+#: at N = 1024 float64 forms Q through 8 KiB rows: fused, its time spread 214–447 ms over
+#: six headline runs, against a steady ≈ 345 ms with two passes.
+FUSED_ROW_BYTES = 4096
+
 #: log2 of the safe range of ‖v‖² per dtype: inside it τ = 2/‖v‖², the products τ·γ and the
 #: squares v_i² neither overflow nor lose precision to underflow.
 SAFE_EXP = {np.dtype(np.float64): 500, np.dtype(np.float32): 60}
@@ -378,6 +388,15 @@ def _axpy_dots_block(V: Any, k: int, kn: int, Y: Any, s: int, acc: Any, c: Any) 
 
 
 @njit(inline="always")
+def _update_rows(V: Any, k: int, Y: Any, s: int, e: int, c: Any) -> None:
+    """Y[i, b] −= c[0, b]·V[i, k] for s ≤ i < e: an update pass."""
+    for i in range(s, e):
+        vk = V[i, k]
+        for b in range(Y.shape[1]):
+            Y[i, b] -= c[0, b] * vk
+
+
+@njit(inline="always")
 def _scaled_dots(t: Any, acc: Any, c: Any) -> None:
     """c[0, b] = t·((acc[0, b] + acc[1, b]) + (acc[2, b] + acc[3, b])): τγ of each column,
     the partial sums combined in :func:`_dot_col`'s order."""
@@ -392,16 +411,26 @@ def apply_block(V: Any, tau: Any, Y: Any, trap: bool, transpose: bool, acc: Any,
     (v_{k'}ᵀY), so Y streams through the cache once per reflection rather than twice. The
     operations and their order are those of a dot pass and an update pass per reflection, so
     the result is the same bit for bit (and each column's equals :func:`apply_vec`'s). Median
-    time against the two passes, one thread on the 2-core EPYC VM, 14 shapes N = 64…1024,
-    L = 16…1024, B = 4…128, float32 and float64: 0.59–0.99×, e.g. 0.94× (15.6 vs 16.6 ms)
-    at N = L = 1024, B = 64, float64 and 0.86× at N = 1024, L = 256, B = 64."""
+    time against the two passes, interleaved, one thread on the 2-core EPYC VM, over 14
+    shapes N = 64…1024, L = 16…1024, B = 4…128, float32 and float64: per shape the median of
+    three runs' ratios 0.68–1.00× (median 0.93×; single runs 0.65–1.20×), e.g. 0.92× at
+    N = L = 1024, B = 64 and 0.94× at N = 1024, L = 256, B = 64, float64. Rows longer
+    than ``FUSED_ROW_BYTES`` get the two passes (the constant says why)."""
     n, B = Y.shape
+    if B * Y.itemsize > FUSED_ROW_BYTES:
+        for idx in range(V.shape[1]):
+            k = idx if transpose else V.shape[1] - 1 - idx
+            if tau[k] != 0:
+                s = k if trap else 0
+                _dots_block(V, k, Y, s, acc, c, 0)
+                _scaled_dots(tau[k], acc, c)
+                _update_rows(V, k, Y, s, n, c)
+        return
     k, idx = _next_active(tau, 0, transpose)
     if k < 0:
         return
     _dots_block(V, k, Y, k if trap else 0, acc, c, 0)
-    for b in range(B):
-        c[0, b] = tau[k] * c[0, b]
+    _scaled_dots(tau[k], acc, c)
     while True:
         kn, idx = _next_active(tau, idx, transpose)
         if kn < 0:
@@ -413,19 +442,13 @@ def apply_block(V: Any, tau: Any, Y: Any, trap: bool, transpose: bool, acc: Any,
                 vn = V[i, kn]
                 for b in range(B):
                     acc[r, b] += vn * Y[i, b]
-            for i in range(k, kn):
-                vk = V[i, k]
-                for b in range(B):
-                    Y[i, b] -= c[0, b] * vk
+            _update_rows(V, k, Y, k, kn, c)
             _axpy_dots_block(V, k, kn, Y, max(k, kn), acc, c)
         else:  # literal start row 0, see apply_vec
             _axpy_dots_block(V, k, kn, Y, 0, acc, c)
         _scaled_dots(tau[kn], acc, c)
         k = kn
-    for i in range(k if trap else 0, n):
-        vk = V[i, k]
-        for b in range(B):
-            Y[i, b] -= c[0, b] * vk
+    _update_rows(V, k, Y, k if trap else 0, n, c)
 
 
 @njit()
