@@ -172,6 +172,10 @@ def householder_apply_vjp(V: Any, h: Any, g: Any, xp: Any) -> tuple[Any, Any]:
 #: * Re-run after the other jobs ended (results/sequential.md, load 2.4 and falling): against
 #:   a fresh operator sequential was faster in 142 of 144 cells; the two others are
 #:   N = L = 512, B ∈ {4, 16}, float64, at 1.01–1.02× (a tie), so the rule stands.
+#: * Re-run 2026-11-27 on the idle VM with the fused block pass of the kernel
+#:   (results/sequential.md): sequential faster than a fresh operator in all 144 cells (median
+#:   0.48, at most 0.86), slower than a built one in all 144 (median 2.8×); the rule picks the
+#:   path more than 25% slower in 0 of 288 cells.
 SEQUENTIAL_MAX_N = 512
 SEQUENTIAL_MAX_B = 64
 SEQUENTIAL_MAX_LB_PRECOMPUTED = 0
