@@ -195,10 +195,11 @@ def _unfused_passes(V, H, G, trap, transpose):
     and one with g, then per row v̄ (partial sums by column mod 4, the tail in the first) and
     the updates of y and g. Returns (Q h, V̄, h̄)."""
     from householderla._kernels import numba_loops as nl
+    from householderla._kernels import numba_taus as nt
 
     dots = nl._dots_block.py_func
     (n, L), B = V.shape, H.shape[1]
-    tau, status = nl.all_taus(V[None], trap, nl.SAFE_EXP[V.dtype])
+    tau, status = nt.all_taus(V[None], trap, nt.SAFE_EXP[V.dtype])
     assert status == 0
     tau = tau[0]
     acc, c = np.zeros((4, B), V.dtype), np.zeros((2, B), V.dtype)

@@ -46,17 +46,9 @@ from .numba_checks import (
     upper_is_zero,
 )
 from .numba_larft import lapack_panel, larft_forward
-from .numba_loops import (
-    HAVE_NUMBA,
-    SAFE_EXP,
-    all_taus,
-    apply_one,
-    apply_vec,
-    grad_one,
-    njit,
-    taus,
-)
+from .numba_loops import HAVE_NUMBA, apply_one, apply_vec, grad_one, njit
 from .numba_panels import orgqr_panels, ormqr_panels
+from .numba_taus import SAFE_EXP, all_taus, taus
 
 if HAVE_NUMBA:
     from numba import types as _nt
@@ -85,7 +77,7 @@ __all__ = [
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "824a6d8ca7b47143"
+KERNEL_DEPS = "c6cdd3ec3bd834f3"
 
 
 # -- entry kernels (explicit signatures: read-only C inputs accept writable arrays too) -------

@@ -20,7 +20,8 @@ import numpy as np
 from .numba_checks import lapack_unit_lower
 from .numba_columns import apply_columns
 from .numba_lanes import NT_MIN_BYTES, apply_lanes
-from .numba_loops import HAVE_NUMBA, SAFE_EXP, all_taus, apply_one, njit
+from .numba_loops import HAVE_NUMBA, apply_one, njit
+from .numba_taus import SAFE_EXP, all_taus
 
 __all__ = [
     "BATCH_MIN",
@@ -36,7 +37,7 @@ __all__ = [
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "9b0c17c04082c64a"
+KERNEL_DEPS = "ec69e3fb5262b9ba"
 
 #: Largest N for the batched kernels (lanes or column blocks); above, the per-matrix kernel:
 #: at N = 64 (1024 matrices) a batched kernel took 55 against 86 µs a matrix for the

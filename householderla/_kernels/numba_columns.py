@@ -39,7 +39,7 @@ __all__ = ["WIDE_MIN_C", "WIDE_MIN_C_FORM", "apply_columns"]
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "c4341307d1fed91f"
+KERNEL_DEPS = "0255f3915560c1dd"
 
 #: Columns from which one sweep over all of them (:func:`_sweep_wide`, vectorised) beats the
 #: blocks of eight: applying to 32 columns took 0.5–0.8× the blocks' time at N = 16…96;

@@ -54,7 +54,7 @@ __all__ = ["LANES", "apply_lanes"]
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "7f48f445184a6d8b"
+KERNEL_DEPS = "18e40681e2d27e2e"
 
 #: Output size from which the kernel's full 8 × 8 blocks are stored non-temporally
 #: (:func:`~householderla._kernels.numba_simd.transpose8_nt`; the output must be

@@ -35,7 +35,8 @@ Numerics, chosen to stay within a few ulps of the Array API path
   depend on the batch width, the start row or the machine, so the result for one column of a
   block equals the result for that column alone, and trapezoidal mode equals dense mode on a
   lower-trapezoidal V, bit for bit; no ``fastmath`` (no reassociation, no FMA contraction);
-* columns whose ‖v‖² leaves [2^−e, 2^e] (e = 500 for float64, 60 for float32) are rescaled
+* columns whose ‖v‖² leaves [2^−e, 2^e] (e = 500 for float64, 60 for float32;
+  :mod:`~householderla._kernels.numba_taus` computes τ and says which) are rescaled
   by a power of two in a copy first (exact; H(cv) = H(v)); the gradient is scaled back
   (v̄ = c·v̄' since H is homogeneous of degree 0). Non-finite columns either raise
   (``check=True``, the forward's rule) or give τ = NaN, which propagates like the NumPy path.
@@ -43,10 +44,7 @@ Numerics, chosen to stay within a few ulps of the Array API path
 
 from __future__ import annotations
 
-import math
 from typing import Any
-
-import numpy as np
 
 # imported lazily (householderla._kernels.load_numba): ``import householderla`` never imports numba
 try:
@@ -59,14 +57,11 @@ except ImportError:  # pragma: no cover - exercised only without numba
 
 __all__ = [
     "HAVE_NUMBA",
-    "SAFE_EXP",
-    "all_taus",
     "apply_block",
     "apply_one",
     "apply_vec",
     "grad_one",
     "njit",
-    "taus",
 ]
 
 
@@ -92,10 +87,6 @@ def njit(sigs: Any = None, inline: str = "never") -> Any:
 #: at N = 1024 float64 forms Q through 8 KiB rows: fused, its time spread 214–447 ms over
 #: six headline runs, against a steady ≈ 345 ms with two passes.
 FUSED_ROW_BYTES = 4096
-
-#: log2 of the safe range of ‖v‖² per dtype: inside it τ = 2/‖v‖², the products τ·γ and the
-#: squares v_i² neither overflow nor lose precision to underflow.
-SAFE_EXP = {np.dtype(np.float64): 500, np.dtype(np.float32): 60}
 
 
 # -- inner loops (inlined into the entry kernels) --------------------------------------------
@@ -201,46 +192,6 @@ def _dots_block(V: Any, k: int, Y: Any, start: int, acc: Any, out: Any, row: int
             acc[r, b] += vi * Y[i, b]
     for b in range(B):
         out[row, b] = (acc[0, b] + acc[1, b]) + (acc[2, b] + acc[3, b])
-
-
-@njit()
-def taus(V: Any, trap: bool, safe_exp: int, tau: Any) -> Any:
-    """τ_k = 2/‖v_k‖² into ``tau`` (L,); ‖v_k‖² row by row (vectorised over k) in
-    :func:`_dot_col`'s order. Returns (non-finite columns: τ = NaN; nonzero columns whose
-    ‖v‖² is outside [2^−safe_exp, 2^safe_exp]: τ = 0, the caller rescales them)."""
-    n, L = V.shape
-    two = V.dtype.type(2)
-    lo = math.ldexp(1.0, -safe_exp)
-    hi = math.ldexp(1.0, safe_exp)
-    acc = np.zeros((4, L), V.dtype)
-    for i in range(n):
-        r = i & 3
-        kmax = min(i + 1, L) if trap else L
-        for k in range(kmax):
-            x = V[i, k]
-            acc[r, k] += x * x
-    nonfinite = 0
-    outside = 0
-    for k in range(L):
-        ss = (acc[0, k] + acc[1, k]) + (acc[2, k] + acc[3, k])
-        if lo <= ss <= hi:
-            tau[k] = two / ss
-            continue
-        m = 0.0
-        bad = False
-        for i in range(k if trap else 0, n):
-            a = abs(np.float64(V[i, k]))
-            if not (a <= 1.7976931348623157e308):  # NaN or Inf
-                bad = True
-            elif a > m:
-                m = a
-        tau[k] = 0  # H(0) = I for a zero column
-        if bad:
-            tau[k] = np.nan
-            nonfinite += 1
-        elif m > 0.0:
-            outside += 1
-    return nonfinite, outside
 
 
 @njit(inline="always")
@@ -485,18 +436,3 @@ def grad_one(
             _bp_step(V, k, t, Y, G, Vb, k, acc, c)
         else:
             _bp_step(V, k, t, Y, G, Vb, 0, acc, c)
-
-
-@njit()
-def all_taus(V: Any, trap: bool, safe_exp: int) -> Any:
-    """τ (Pv, L) for every batch entry; status −1 if a column needs rescaling, else the
-    number of non-finite columns."""
-    Pv, _, L = V.shape
-    tau = np.empty((Pv, L), V.dtype)
-    nonfinite = 0
-    outside = 0
-    for p in range(Pv):
-        a, b = taus(V[p], trap, safe_exp, tau[p])
-        nonfinite += a
-        outside += b
-    return tau, (-1 if outside else nonfinite)
