@@ -5,7 +5,15 @@
 #   make bench-repro  the headline three times per thread count (1 and 2) and its spread
 #   make test-long   the exhaustive test run (tests/conftest.py): 4x the hypothesis examples,
 #                the `long` tests, full shape ranges and the `jax_long` cases on JAX
-# torch is pinned to the CPU build 2.13.0 (an unpinned torch pulls gigabytes of CUDA).
+#   make warm    compile the Numba kernels into Numba's on-disk cache (install does it too)
+# What the install ($(VENV)/.installed-stamp) does:
+#   1. creates $(VENV) unless it exists (VENV=/path/to/env uses an existing environment);
+#   2. installs torch only when $(VENV) has none: $(TORCH_SPEC) from $(TORCH_INDEX), PyTorch's
+#      CPU wheel index (a CPU build: no CUDA packages, no triton), falling back to the default
+#      index if that fails; a torch already there (a CUDA build, say) is kept, and the extras
+#      ask for torch>=2.4 only, so the next step never replaces it;
+#   3. pip install -e ".[test,docs,bench]";
+#   4. make warm: the kernels compile once here (a minute or two) instead of in the tests.
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -14,16 +22,28 @@ STAMP  := $(VENV)/.installed-stamp
 # Backends the test suite must run on; a backend named here but not importable fails the run.
 HL_TEST_BACKENDS ?= numpy,numpy_readonly,array_api_strict,torch,jax,jax_jit,dask
 PYTEST_WORKERS ?= 2
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_SPEC  ?= torch==2.13.0
+# an unreachable index fails in seconds, not minutes (the fallback then takes over)
+PIP_NET     ?= --timeout 20 --retries 1
 
 .PHONY: install test test-long lint unit unit-long docs bench bench-quick bench-repro fuzz clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet "torch==2.13.0"
+	$(PY) -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)" \
+	  || $(PY) -m pip install --quiet $(PIP_NET) --index-url $(TORCH_INDEX) "$(TORCH_SPEC)" \
+	  || $(PY) -m pip install --quiet "$(TORCH_SPEC)"
 	$(PY) -m pip install --quiet -e ".[test,docs,bench]"
+	$(PY) -m householderla._kernels.warm
 	touch $(STAMP)
 
 install: $(STAMP)
+
+.PHONY: warm
+# every Numba kernel compiled (or loaded) once, so no later process compiles them
+warm: $(STAMP)
+	$(PY) -m householderla._kernels.warm
 
 lint: $(STAMP)
 	$(PY) -m ruff check householderla tests benchmarks examples docs/conf.py

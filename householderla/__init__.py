@@ -6,16 +6,17 @@ NumPy), their constructive inverses, retractions, momentum Stiefel optimizers, a
 VJPs of every differentiable map, written once against the Python Array API standard (NumPy,
 torch, JAX, array-api-strict, CuPy, ...).
 
-The framework adapters ``householderla.torch`` and ``householderla.jax`` are imported on
-first access, never by ``import householderla``.
+The framework adapters ``householderla.torch``, ``householderla.jax`` and
+``householderla.lineax`` are imported on first access, never by ``import householderla``;
+without their framework that access raises ``ModuleNotFoundError`` naming the extra to install.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+import importlib as _importlib
 
 from . import stiefel, vjp
+from ._kernels import PerformanceWarning
 from .cwy import CWY, TCWY, cwy, tcwy
 from .householder import (
     householder_apply,
@@ -39,6 +40,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CWY",
     "TCWY",
+    "PerformanceWarning",
     "SVDHouseholder",
     "__version__",
     "bounded_sigma",
@@ -62,10 +64,32 @@ __all__ = [
     "vjp",
 ]
 
-_LAZY_SUBMODULES = {"torch", "jax", "lineax"}
+#: lazily imported adapters: (the packages they need, the extra that installs them)
+_LAZY_SUBMODULES = {
+    "torch": (("torch",), "torch"),
+    "jax": (("jax", "jaxlib"), "jax"),
+    "lineax": (("lineax", "equinox", "jax", "jaxlib"), "lineax"),
+}
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY_SUBMODULES:
-        return importlib.import_module(f"{__name__}.{name}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def __getattr__(name: str) -> object:
+    if name not in _LAZY_SUBMODULES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        return _importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as e:
+        needs, extra = _LAZY_SUBMODULES[name]
+        missing = (e.name or "").partition(".")[0]
+        if missing not in needs:
+            raise  # not a missing framework: a genuine error, unchanged
+        *first, last = (p for p in needs if p != "jaxlib")
+        what = f"{', '.join(first)} and {last}" if first else last
+        why = f" ({missing} cannot be imported)" if first else ""
+        raise ModuleNotFoundError(
+            f'householderla.{name} needs {what}{why}: pip install "householderla[{extra}]"',
+            name=e.name,
+        ) from e
+
+
+def __dir__() -> list[str]:
+    return sorted({*__all__, *_LAZY_SUBMODULES})

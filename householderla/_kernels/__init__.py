@@ -4,19 +4,39 @@
 :mod:`householderla._kernels.numba`: numba importable, every operand a NumPy array, and the
 environment variable ``HL_DISABLE_NUMBA`` unset (or "0"). ``import householderla`` never
 imports numba; the first NumPy call that can use it does.
+
+That first call says what it does. Importing the kernel modules compiles every kernel when
+Numba's on-disk cache is cold (a fresh install, a new Numba, another CPU, a changed kernel
+source), which takes a minute or two; :func:`load_numba` then prints one line to stderr first
+(never a warning: the test suite turns warnings into errors). A stamp file next to Numba's
+cache, holding a hash of what the cache depends on, tells a warm cache from a cold one without
+asking Numba. Without Numba (or with a broken one) the first call that would have used the
+kernels warns once with :class:`PerformanceWarning`, naming the extra to install.
+``python -m householderla._kernels.warm`` (``make warm``) compiles everything ahead.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import importlib.util
 import os
 import sys
+import threading
+import warnings
+from pathlib import Path
 from typing import Any
 
 import array_api_compat as aac
 import numpy as np
 
-__all__ = ["load_numba", "numba_enabled", "numba_for", "numba_for_torch"]
+__all__ = [
+    "PerformanceWarning",
+    "load_numba",
+    "numba_enabled",
+    "numba_for",
+    "numba_for_torch",
+]
 
 _FLAG = "HL_DISABLE_NUMBA"
 # os.environ.get encodes the key on every call (~0.9 µs, a third of a tiny kernel call); the
@@ -25,15 +45,126 @@ _FLAG = "HL_DISABLE_NUMBA"
 _ENV_DATA = getattr(os.environ, "_data", None)
 _ENV_KEY = os.environ.encodekey(_FLAG) if hasattr(os.environ, "encodekey") else None
 
+_HERE = Path(__file__).resolve().parent
+_STAMP = "householderla-kernels.stamp"
+COMPILE_NOTICE = (
+    "householderla: compiling the Numba kernels for this machine (first use only, about 1-2 "
+    "minutes; cached afterwards - 'make warm' or 'python -m householderla._kernels.warm' "
+    "compiles them ahead)"
+)
+MISSING_NOTICE = (
+    "householderla: Numba is not {what}, so NumPy and CPU torch calls skip the compiled "
+    "kernels (stacks of small matrices, sequential reflections, LAPACK-layout reflectors) and "
+    "take the much slower Array API paths; for the fast paths: pip install "
+    '"householderla[numba]"'
+)
 
-@functools.cache
-def load_numba() -> Any:
-    """The Numba kernel module, or None when numba is missing or broken."""
+
+class PerformanceWarning(UserWarning):
+    """A fast path is unavailable in this environment (e.g. Numba is not installed): the
+    result is the same, only slower. Emitted once per process."""
+
+
+_lock = threading.Lock()
+_said = {"compile": False, "missing": False}
+
+
+def _say_once(what: str) -> bool:
+    """True the first time ``what`` is asked for in this process."""
+    with _lock:
+        first = not _said[what]
+        _said[what] = True
+    return first
+
+
+def _cache_key() -> str:
+    """What Numba's cache of the kernels depends on: the Numba and Python versions, the CPU it
+    compiles for, and the kernel sources (Numba's own stamp is their content hash)."""
+    import numba
+    from llvmlite import binding as ll
+
+    h = hashlib.sha256()
+    for part in (numba.__version__, sys.implementation.cache_tag, ll.get_host_cpu_name()):
+        h.update(part.encode() + b"\0")
+    h.update(ll.get_host_cpu_features().flatten().encode() + b"\0")
+    for src in sorted(_HERE.glob("numba*.py")):
+        h.update(src.name.encode() + b"\0" + src.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _stamp_path() -> Path | None:
+    """The stamp file in the directory Numba caches this package's kernels in (Numba's own
+    choice: ``NUMBA_CACHE_DIR``, the in-tree ``__pycache__`` or the user-wide cache); None
+    when Numba cannot say."""
+    try:
+        from numba.core.caching import CompileResultCacheImpl
+
+        # the kernels' modules share this file's directory, hence its cache directory
+        return Path(CompileResultCacheImpl(_cache_key).locator.get_cache_path()) / _STAMP
+    except Exception:  # pragma: no cover - another Numba layout, or no writable cache
+        return None
+
+
+def _cold_cache() -> tuple[Path | None, str] | None:
+    """(stamp path, key) when the kernels will compile on import (the stamp is missing or
+    stale); None when Numba's cache holds them or the check itself fails."""
+    try:
+        key = _cache_key()
+        path = _stamp_path()
+        if path is not None and path.is_file() and path.read_text().strip() == key:
+            return None
+    except Exception:  # pragma: no cover - never let the notice break the import
+        return None
+    return path, key
+
+
+def _write_stamp(path: Path, key: str) -> None:
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(key + "\n")
+        os.replace(tmp, path)
+    except OSError:  # pragma: no cover - a read-only cache: the notice shows again
+        tmp.unlink(missing_ok=True)
+
+
+def import_kernels() -> tuple[Any, str]:
+    """(the Numba kernel module, "") or (None, why not: "installed" / "importable"); prints
+    :data:`COMPILE_NOTICE` to stderr once per process when the import compiles them."""
+    if importlib.util.find_spec("numba") is None:
+        return None, "installed"
+    cold = _cold_cache()
+    if cold is not None and _say_once("compile"):
+        print(COMPILE_NOTICE, file=sys.stderr, flush=True)
     try:
         from . import numba as kernels
     except ImportError:  # pragma: no cover - numba present but broken
-        return None
-    return kernels if kernels.HAVE_NUMBA else None
+        return None, "importable"
+    if not kernels.HAVE_NUMBA:  # pragma: no cover - numba's own import failed
+        return None, "importable"
+    if cold is not None and cold[0] is not None:
+        _write_stamp(*cold)
+    return kernels, ""
+
+
+def _warn_missing(what: str) -> None:
+    if not _say_once("missing"):
+        return
+    # point at the caller's code: the first frame outside this package
+    frame, level = sys._getframe(1), 2
+    package = str(_HERE.parent) + os.sep
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(MISSING_NOTICE.format(what=what), PerformanceWarning, stacklevel=level)
+
+
+@functools.cache
+def load_numba() -> Any:
+    """The Numba kernel module, or None when numba is missing or broken (then a
+    :class:`PerformanceWarning` once per process)."""
+    kernels, why = import_kernels()
+    if kernels is None:
+        _warn_missing(why)
+    return kernels
 
 
 def numba_enabled() -> Any:
