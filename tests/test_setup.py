@@ -163,9 +163,18 @@ def stamp(monkeypatch, tmp_path):
     return path
 
 
-def test_cold_cache_prints_one_line(stamp, capsys):
+def _unimport_kernels(monkeypatch) -> None:
+    """The next import of the kernel module runs it afresh, as in a new process (Numba loads
+    the compiled code from its cache); the original module is restored afterwards."""
+    monkeypatch.delitem(sys.modules, "householderla._kernels.numba", raising=False)
+    if "numba" in vars(K):
+        monkeypatch.setattr(K, "numba", K.numba)
+
+
+def test_cold_cache_prints_one_line(stamp, capsys, monkeypatch):
     pytest.importorskip("numba")
     assert K._cold_cache() is not None  # no stamp: cold
+    _unimport_kernels(monkeypatch)
     nk, why = K.import_kernels()
     assert nk is not None and why == ""
     err = capsys.readouterr().err
@@ -175,9 +184,21 @@ def test_cold_cache_prints_one_line(stamp, capsys):
     assert K._cold_cache() is None  # the stamp written: warm
     stamp.write_text("a key of another Numba or source\n")
     assert K._cold_cache() is not None  # stale
+    _unimport_kernels(monkeypatch)
     K.import_kernels()  # cold again, but never a second line in one process
     assert capsys.readouterr().err == ""
     assert stamp.read_text().strip() == K._cache_key()
+
+
+def test_no_notice_once_the_kernels_are_imported(stamp, capsys):
+    """A process that imported the kernel module directly has compiled them already."""
+    pytest.importorskip("numba")
+    from householderla._kernels import numba as nk
+
+    assert K._cold_cache() is not None
+    assert K.import_kernels() == (nk, "")
+    assert capsys.readouterr().err == ""
+    assert K._cold_cache() is None  # but the stamp is written
 
 
 def test_warm_cache_prints_nothing(capsys):

@@ -7,7 +7,7 @@ imports numba; the first NumPy call that can use it does.
 
 That first call says what it does. Importing the kernel modules compiles every kernel when
 Numba's on-disk cache is cold (a fresh install, a new Numba, another CPU, a changed kernel
-source), which takes a minute or two; :func:`load_numba` then prints one line to stderr first
+source), which takes a minute or more; :func:`load_numba` then prints one line to stderr first
 (never a warning: the test suite turns warnings into errors). A stamp file next to Numba's
 cache, holding a hash of what the cache depends on, tells a warm cache from a cold one without
 asking Numba. Without Numba (or with a broken one) the first call that would have used the
@@ -48,8 +48,8 @@ _ENV_KEY = os.environ.encodekey(_FLAG) if hasattr(os.environ, "encodekey") else 
 _HERE = Path(__file__).resolve().parent
 _STAMP = "householderla-kernels.stamp"
 COMPILE_NOTICE = (
-    "householderla: compiling the Numba kernels for this machine (first use only, about 1-2 "
-    "minutes; cached afterwards - 'make warm' or 'python -m householderla._kernels.warm' "
+    "householderla: compiling the Numba kernels for this machine (first use only, a minute "
+    "or more; cached afterwards - 'make warm' or 'python -m householderla._kernels.warm' "
     "compiles them ahead)"
 )
 MISSING_NOTICE = (
@@ -133,7 +133,8 @@ def import_kernels() -> tuple[Any, str]:
     if importlib.util.find_spec("numba") is None:
         return None, "installed"
     cold = _cold_cache()
-    if cold is not None and _say_once("compile"):
+    loaded = f"{__name__}.numba" in sys.modules  # imported directly: compiled already
+    if cold is not None and not loaded and _say_once("compile"):
         print(COMPILE_NOTICE, file=sys.stderr, flush=True)
     try:
         from . import numba as kernels
