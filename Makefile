@@ -24,15 +24,17 @@ HL_TEST_BACKENDS ?= numpy,numpy_readonly,array_api_strict,torch,jax,jax_jit,dask
 PYTEST_WORKERS ?= 2
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_SPEC  ?= torch==2.13.0
-# an unreachable index fails in seconds, not minutes (the fallback then takes over)
-PIP_NET     ?= --timeout 20 --retries 1
+# torch alone comes from TORCH_INDEX (--no-deps: its dependencies come with the package's
+# install, from the default index), so an unreachable index costs one request of at most
+# 2 x 10 s before the fallback to the default index takes over
+PIP_NET     ?= --timeout 10 --retries 1
 
 .PHONY: install test test-long lint unit unit-long docs bench bench-quick bench-repro fuzz clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)" \
-	  || $(PY) -m pip install --quiet $(PIP_NET) --index-url $(TORCH_INDEX) "$(TORCH_SPEC)" \
+	  || $(PY) -m pip install --quiet --no-deps $(PIP_NET) --index-url $(TORCH_INDEX) "$(TORCH_SPEC)" \
 	  || $(PY) -m pip install --quiet "$(TORCH_SPEC)"
 	$(PY) -m pip install --quiet -e ".[test,docs,bench]"
 	$(PY) -m householderla._kernels.warm

@@ -274,7 +274,7 @@ def test_make_installs_cpu_torch_only_into_an_environment_without_one():
     # the default index as the fallback
     guard, cpu, fallback = (part.strip() for part in torch_line.split("||"))
     assert "find_spec('torch') is None" in guard
-    assert "--index-url $(TORCH_INDEX)" in cpu and "$(PIP_NET)" in cpu
+    assert "--index-url $(TORCH_INDEX)" in cpu and "$(PIP_NET)" in cpu and "--no-deps" in cpu
     assert re.search(r"^PIP_NET +\?= --timeout \d+ --retries \d$", make, re.M)
     assert "--index-url" not in fallback and "$(TORCH_SPEC)" in fallback
     assert any("householderla._kernels.warm" in line for line in lines)
