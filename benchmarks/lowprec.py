@@ -195,7 +195,7 @@ COLUMNS = [
     ("anchor", "anchor"),
     ("anchor value", "anchor_value"),
     ("ours", "ours"),
-    ("ratio", "ratio"),
+    ("ours / anchor (lower is better)", "ratio"),
     ("target", "target"),
     ("met", "met"),
 ]

@@ -182,7 +182,7 @@ def report(res: dict[str, Any]) -> str:
         "",
         f"svdRNN W = Q_U Σ Q_Vᵀ, N×N with 2N reflectors, W @ X for X of N×{res['config']['B']}",
         "",
-        "| N | dtype | method | time | × one GEMM | flops | GFLOP/s | Table 1 flops "
+        "| N | dtype | method | time | time / one GEMM | flops | GFLOP/s | Table 1 flops "
         "| Table 1 GFLOP/s | rel. err |",
         "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
