@@ -327,6 +327,8 @@ def test_headline_ratios_are_ours_over_anchor():
         if r.data["timed"]:
             by_times = _seconds(r.ours) / _seconds(r.anchor_value)
             assert 0.8 < x / by_times < 1.25, (r, by_times)
+            # ``ratio`` keeps the earlier figure: the same, or the speed-up it inverts
+            assert r.data["ratio"] in (x, pytest.approx(1 / x, rel=1e-12)), r
         tmax = r.data["target_max"]
         if tmax is not None:
             assert r.target == f"≤ {tmax:.3g}×", r
