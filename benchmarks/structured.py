@@ -2,7 +2,7 @@
 forming Q.
 
 Run ``python -m benchmarks.structured`` (full) or ``python -m benchmarks.structured --quick``
-(small sizes, a smoke test; writes ``benchmarks/results/quick/``); ``--out DIR`` elsewhere.
+(small sizes, a smoke test; writes ``build/bench/quick/``); ``--out DIR`` elsewhere.
 Writes ``structured.json`` (every raw time, machine info, load) and ``structured.md`` (the
 tables below).
 
