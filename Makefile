@@ -62,11 +62,16 @@ docs: $(STAMP)
 	$(PY) -m sphinx -W --keep-going -q -b html -d docs/_build/doctrees docs docs/_build/html
 	$(PY) -m sphinx -W --keep-going -q -b doctest -d docs/_build/doctrees docs docs/_build/doctest
 
-# every benchmark script, tiny sizes: a smoke test that they run (timings are not checked)
-BENCH_SCRIPTS := run forming retractions sequential structured svd training_step stiefel dispatch lapack small dask_tall lowprec muon
+# every benchmark script (make bench-all; with --quick, make bench-quick)
+BENCH_SCRIPTS := run forming retractions sequential structured svd training_step stiefel dispatch lapack small dask_tall lowprec muon by_hand
+# where make bench, bench-all and bench-repro write: git-ignored unless you ask for the
+# committed results (make bench BENCH_OUT=benchmarks/results)
+BENCH_OUT ?= build/bench
 
+# every benchmark script, tiny sizes, in one process (benchmarks/quick.py): a smoke test that
+# they run (timings are not checked)
 bench-quick: $(STAMP)
-	for s in $(BENCH_SCRIPTS) reproduce; do $(PY) -m benchmarks.$$s --quick --out $(VENV)/bench-quick || exit 1; done
+	$(PY) -m benchmarks.quick --out $(VENV)/bench-quick $(BENCH_SCRIPTS) reproduce
 
 test: lint unit docs bench-quick
 
@@ -76,13 +81,20 @@ fuzz: $(STAMP)
 
 test-long: lint unit-long
 
+# the headline table only (benchmarks/run.py, one thread; about 3 minutes on an idle 2-core
+# machine), with its legend, into $(BENCH_OUT)
 bench: $(STAMP)
-	for s in $(BENCH_SCRIPTS); do $(PY) -m benchmarks.$$s --out benchmarks/results || exit 1; done
+	$(PY) -m benchmarks.run --out $(BENCH_OUT)
+
+# every script in BENCH_SCRIPTS, full sizes, into $(BENCH_OUT) (about 26 minutes)
+.PHONY: bench-all
+bench-all: $(STAMP)
+	for s in $(BENCH_SCRIPTS); do $(PY) -m benchmarks.$$s --out $(BENCH_OUT) || exit 1; done
 
 # the headline three times at one and three times at two threads, each run in a fresh process,
-# and the spread of every ratio (benchmarks/results/reproduce.md; about 16 minutes)
+# and the spread of every ratio ($(BENCH_OUT)/reproduce.md; about 16 minutes)
 bench-repro: $(STAMP)
-	$(PY) -m benchmarks.reproduce --out benchmarks/results
+	$(PY) -m benchmarks.reproduce --out $(BENCH_OUT)
 
 clean:
 	rm -rf $(VENV) docs/_build docs/api/generated .pytest_cache .hypothesis

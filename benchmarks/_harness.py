@@ -42,12 +42,22 @@ def parser(doc: str | None, quick: str = "small sizes, a smoke test") -> argpars
     """The options every script takes: ``--quick`` and ``--out DIR``."""
     p = argparse.ArgumentParser(description=(doc or "").strip().splitlines()[0])
     p.add_argument("--quick", action="store_true", help=quick)
-    p.add_argument("--out", type=Path, help="results folder (default: benchmarks/results[/quick])")
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="results folder (default: build/bench[/quick], git-ignored; the committed "
+        "results: --out benchmarks/results)",
+    )
     return p
 
 
+#: Where a script writes without ``--out``: outside the committed ``benchmarks/results/``, so
+#: that a run never overwrites them unless asked (``make bench BENCH_OUT=benchmarks/results``).
+DEFAULT_OUT = ROOT / "build" / "bench"
+
+
 def out_dir(args: argparse.Namespace) -> Path:
-    d = args.out or ROOT / "benchmarks" / "results" / ("quick" if args.quick else "")
+    d = args.out or DEFAULT_OUT / ("quick" if args.quick else "")
     d.mkdir(parents=True, exist_ok=True)
     return d
 
@@ -532,7 +542,7 @@ RATIO_COLUMNS = [
     ("anchor", "anchor"),
     ("anchor time", "anchor_value"),
     ("ours", "ours"),
-    ("ratio", "ratio"),
+    ("ours / anchor (lower is better)", "ratio"),
     ("target", "target"),
     ("met", "met"),
 ]
@@ -580,6 +590,11 @@ def table_markdown(
     for row in _cells(rows, columns):
         out.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
     return "\n".join(out) + "\n"
+
+
+def fmt_ratio(r: float) -> str:
+    """A ratio to three significant digits: 1.03×, 0.450×, 0.0283×, 35.4×."""
+    return f"{r:#.3g}×"
 
 
 def fmt_t(s: float | None) -> str:

@@ -2,8 +2,8 @@
 hand in the caller's library, one thread, float64 NumPy and float32 torch.
 
 Run ``python -m benchmarks.dispatch`` (full, < 1 min on 2 cores; writes
-``benchmarks/results/dispatch.{json,md}``) or ``python -m benchmarks.dispatch --quick`` (a
-smoke test, a few seconds; writes ``benchmarks/results/quick/``); ``--out DIR`` elsewhere.
+``build/bench/dispatch.{json,md}``) or ``python -m benchmarks.dispatch --quick`` (a
+smoke test, a few seconds; writes ``build/bench/quick/``); ``--out DIR`` elsewhere.
 
 At these shapes the flops take microseconds, so the ratio is the library's own overhead
 (argument resolution, dispatch, checks, dtype handling) next to the minimal code a caller

@@ -7,7 +7,7 @@ thread (a smoke test). Issue 19 item 4 asks of every headline ratio that it repr
 ±10% across three runs, at one and at two threads; this script is that check, so that an
 independent run on the machine gets the README's figures again with one command.
 
-Outputs (``--out``, default ``benchmarks/results/``): ``headline-<k>thread(s)-run<i>.md``,
+Outputs (``--out``, default ``build/bench/``): ``headline-<k>thread(s)-run<i>.md``,
 each run's table as ``run.py`` wrote it (its JSON in ``reproduce/<k>thread(s)-run<i>/``,
 git-ignored), and ``reproduce.{md,json}``: per timed row and thread count the ratio of each
 run, their range and the spread, the largest deviation from their mean relative to the mean.
@@ -35,11 +35,14 @@ def threads_tag(k: int) -> str:
 
 
 def timed_ratios(latest: dict[str, Any]) -> dict[str, float]:
-    """{row name: ratio} of the headline rows that carry a timed ratio (``Row.data``)."""
+    """{row name: ours / anchor} of the headline rows that carry a timed ratio (``Row.data``:
+    ``timed`` and ``ratio_ours_over_anchor``; a run of an earlier ``run.py`` has only
+    ``ratio``, read as it is)."""
     out = {}
     for r in latest["headline"]:
-        v = r.get("data", {}).get("ratio")
-        if v is not None:
+        d = r.get("data", {})
+        v = d.get("ratio_ours_over_anchor") if "timed" in d else d.get("ratio")
+        if v is not None and d.get("timed", True):
             out[f"{r['measure']} / {r['anchor']}"] = float(v)
     return out
 
@@ -74,10 +77,10 @@ def markdown(rows: list[dict[str, Any]], threads: list[int], mline: str) -> str:
     lines = [
         f"**Machine:** {mline}",
         "",
-        "Each cell: the lowest–highest ratio of the runs (± the largest deviation from their "
-        f"mean); ✗ where that is over ±{100 * SPREAD_TARGET:.0f}%.",
+        "Each cell: the lowest–highest ratio ours / anchor of the runs (lower is better; ± the "
+        f"largest deviation from their mean); ✗ where that is over ±{100 * SPREAD_TARGET:.0f}%.",
         "",
-        "| ratio | " + " | ".join(columns) + " |",
+        "| ours / anchor | " + " | ".join(columns) + " |",
         "|---|" + "---|" * len(head),
     ]
     for r in rows:
@@ -88,9 +91,8 @@ def markdown(rows: list[dict[str, Any]], threads: list[int], mline: str) -> str:
                 cells.append("—")
                 continue
             lo, hi = min(c["values"]), max(c["values"])
-            fmt = (lambda x: f"{x:.2f}") if hi < 10 else (lambda x: f"{x:.1f}")
             mark = "" if c["met"] else " ✗"
-            cells.append(f"{fmt(lo)}–{fmt(hi)}× (±{100 * c['spread']:.1f}%){mark}")
+            cells.append(f"{lo:#.3g}–{H.fmt_ratio(hi)} (±{100 * c['spread']:.1f}%){mark}")
         lines.append(f"| {r['ratio']} | " + " | ".join(cells) + " |")
     met = {h: sum(1 for r in rows if r.get(h, {}).get("met")) for h in head}
     n = {h: sum(1 for r in rows if h in r) for h in head}

@@ -2,8 +2,8 @@
 Cayley by Sherman–Morrison–Woodbury vs the dense N×N Cayley transform (CPU, NumPy backend).
 
 Run ``python -m benchmarks.retractions`` (full, < 3 min on 2 cores; writes
-``benchmarks/results/retractions.{json,md}``) or ``python -m benchmarks.retractions --quick``
-(small sizes, < 20 s; writes ``benchmarks/results/quick/``); ``--out DIR`` elsewhere.
+``build/bench/retractions.{json,md}``) or ``python -m benchmarks.retractions --quick``
+(small sizes, < 20 s; writes ``build/bench/quick/``); ``--out DIR`` elsewhere.
 
 Every row is measured side by side in one run (``benchmarks/_harness.py``: the methods of a
 row timed round-robin, median of the samples; README "Method"). Orthogonality is

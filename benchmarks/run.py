@@ -87,7 +87,7 @@ QUICK = Config(
     seq_skip_s=2.0,
     forming_rounds=2,
     spread_rounds=3,
-    seq_processes=2,
+    seq_processes=1,
     gemm_n=256,
     apply_ns=[32, 128],
     apply_l_fracs=[8, 4, 1],
@@ -140,49 +140,80 @@ def _find(rows: list[dict[str, Any]], **kw: Any) -> dict[str, Any]:
     raise KeyError(kw)
 
 
+def _ratio_cell(r: float | None) -> str:
+    return "—" if r is None else H.fmt_ratio(r)
+
+
+def _le(x: float) -> str:
+    """Target text "≤ x×" of a ratio ours / anchor."""
+    return f"≤ {x:.3g}×"
+
+
 def headline(res: dict[str, Any], cfg: Config) -> list[H.Row]:
+    """The headline rows. Every ratio is ours / anchor (lower is better): a row whose anchor
+    was once compared as a speed-up (anchor / ours, "35.4× faster") shows its inverse (the
+    same statistic: 1 / the median of the paired speed-ups, not the median of the inverses,
+    which for an even number of rounds differs), and so does its target ("≥ 20× faster"
+    reads "≤ 0.05×"). ``Row.data`` of a row with a ratio:
+    ``ratio_ours_over_anchor`` (the figure in the table), ``target_max`` (met: ratio ≤ it;
+    None where the target is on another figure, named in ``target_on``), ``timed`` (a ratio
+    of two times: what ``benchmarks/reproduce.py`` reads) and ``ratio``, the figure as earlier
+    versions stored it (anchor / ours for the speed-up rows), kept for older readers."""
     rows: list[H.Row] = []
     N, L, B = cfg.head_n, cfg.head_l, cfg.head_b
 
-    def add(measure, anchor, anchor_v, ours_v, ratio, target, eff, met, value=None):
-        # value: the ratio as a number, for the timed rows (benchmarks/reproduce.py)
-        data = {} if value is None else {"ratio": value}
-        rows.append(H.Row(measure, anchor, anchor_v, ours_v, ratio, target, met, eff, data))
+    def add(measure, anchor, anchor_v, ours_v, r, target, eff, met, *, tmax=None, on=None,
+            timed=True, legacy=None, cell=None):  # fmt: skip
+        data: dict[str, Any] = {}
+        if r is not None:
+            data = {"ratio_ours_over_anchor": r, "target_max": tmax, "timed": timed}
+            if on is not None:
+                data["target_on"] = on
+            if timed:
+                data["ratio"] = r if legacy is None else legacy
+        if met is None:
+            met_s = ""
+        else:
+            met_s = "yes" if met else "NO"
+        cell = _ratio_cell(r) if cell is None else cell
+        rows.append(H.Row(measure, anchor, anchor_v, ours_v, cell, target, met_s, eff, data))
 
-    def add_vs_two_gemms(measure, row, target, met):
+    def add_vs_two_gemms(measure, row, target, met, tmax=None, on=None):
+        r = row["ratio_cwy_over_two_gemm"]
         add(
             measure,
             "two GEMMs (numpy)",
             H.fmt_t(row["two_gemm"]["median_s"]),
             H.fmt_t(row["cwy_apply"]["median_s"]),
-            f"{row['ratio_cwy_over_two_gemm']:.2f}×",
+            r,
             target,
             f"{fmt_eff(row['gemm_eff_cwy_apply'])} (2-GEMM {fmt_eff(row['gemm_eff_two_gemm'])})",
-            "yes" if met else "NO",
-            row["ratio_cwy_over_two_gemm"],
+            met,
+            tmax=tmax,
+            on=on,
         )
 
     a = _find(res["apply"], N=N, L=L, B=B)
-    add_vs_two_gemms(
-        f"CWY apply N={N} L={L} B={B}", a, "≤ 1.15×", a["ratio_cwy_over_two_gemm"] <= 1.15
-    )
+    r = a["ratio_cwy_over_two_gemm"]
+    add_vs_two_gemms(f"CWY apply N={N} L={L} B={B}", a, _le(1.15), r <= 1.15, tmax=1.15)
     add(
         f"CWY build cwy(V) (U, T) N={N} L={L}",
         "—",
         "—",
         H.fmt_t(a["build"]["median_s"]),
-        "—",
+        None,
         "—",
         fmt_eff(a["gemm_eff_build"]),
-        "",
+        None,
     )
     s = _find(res["apply"], N=N, L=N, B=B)
+    eff = s["gemm_eff_cwy_apply"]
     add_vs_two_gemms(
-        f"CWY apply L=N={N} B={B} (reused)", s, "≥ 85% GEMM rate", s["gemm_eff_cwy_apply"] >= 0.85
+        f"CWY apply L=N={N} B={B} (reused)", s, "GEMM eff. ≥ 85%", eff >= 0.85, on="gemm_efficiency"
     )
     # both loops' rounds are spread over the run (_cwy_rows.bench_apply). The NumPy loop's
-    # 30 rounds share one placement: its figure is the fastest loop over the fastest CWY
-    # apply it was paired with (the time nothing slowed down). The Numba loop's samples are
+    # 30 rounds share one placement: its figure is the fastest CWY apply it was paired with
+    # over the fastest loop (the time nothing slowed down). The Numba loop's samples are
     # sixteen processes, each its own placement: the median of their paired ratios (the
     # fastest process is the luckiest placement, which moved ±12% between runs).
     for key, anchor, fastest in (
@@ -191,22 +222,25 @@ def headline(res: dict[str, Any], cfg: Config) -> list[H.Row]:
     ):
         seq = s[key]
         skipped = seq.get("skipped")
-        sp = None if skipped else seq["ratio_of_minima" if fastest else "paired_ratio"]
         if skipped:
+            r = legacy = None
             times = ("skipped", H.fmt_t(s["cwy_apply"]["median_s"]))
         elif fastest:
+            r, legacy = seq["pair_min_s"] / seq["min_s"], seq["ratio_of_minima"]
             times = (H.fmt_t(seq["min_s"]), H.fmt_t(seq["pair_min_s"]))
         else:
+            r, legacy = 1.0 / seq["paired_ratio"], seq["paired_ratio"]
             times = (H.fmt_t(seq["median_s"]), H.fmt_t(s["cwy_apply"]["median_s"]))
         add(
             f"CWY apply L=N={N} B={B} (reused)" + (", fastest rounds" if fastest else ""),
             anchor,
             *times,
-            "—" if sp is None else f"{sp:.1f}× faster",
-            "≥ 20× faster",
+            r,
+            _le(0.05),
             fmt_eff(s["gemm_eff_cwy_apply"]),
-            "" if sp is None else ("yes" if sp >= 20 else "NO"),
-            sp,
+            None if r is None else r <= 0.05,
+            tmax=0.05,
+            legacy=legacy,
         )
     f = res["forming_q"][-1]
     Nf = f["N"]
@@ -216,40 +250,44 @@ def headline(res: dict[str, Any], cfg: Config) -> list[H.Row]:
         "torch householder_product (orgqr)",
         H.fmt_t(f["lapack_orgqr"]["median_s"]),
         H.fmt_t(f["cwy_matrix_lapack_reflectors"]["median_s"]),
-        f"{rl:.2f}×",
-        "≤ 1.0×",
+        rl,
+        _le(1.0),
         f"{fmt_eff(f['gemm_eff_cwy_matrix_lapack_reflectors'])} "
         f"(orgqr {fmt_eff(f['gemm_eff_orgqr'])})",
-        "yes" if rl <= 1.0 else "NO",
-        rl,
+        rl <= 1.0,
+        tmax=1.0,
     )
-    for key, name, tgt, thr in (
-        ("expm", "scipy expm (skew)", "≥ 3× faster", 3.0),
-        ("cayley_solve", "Cayley by scipy solve", "≥ 1.0× faster", 1.0),
+    for key, name, tmax in (
+        ("expm", "scipy expm (skew)", 1 / 3),
+        ("cayley_solve", "Cayley by scipy solve", 1.0),
     ):
         sp = f["speedup_vs_expm" if key == "expm" else "speedup_vs_cayley"]
+        r = 1.0 / sp
         add(
             f"CWY matrix dense V N=L={Nf}",
             name,
             H.fmt_t(f[key]["median_s"]),
             H.fmt_t(f["cwy_matrix"]["median_s"]),
-            f"{sp:.2f}× faster",
-            tgt,
+            r,
+            _le(tmax),
             fmt_eff(f["gemm_eff_cwy_matrix"]),
-            "yes" if sp >= thr else "NO",
-            sp,
+            r <= tmax,
+            tmax=tmax,
+            legacy=sp,
         )
     seqf = f["sequential"]
+    sp = f["speedup_vs_sequential"]
+    r = None if sp is None else 1.0 / sp
     add(
         f"CWY matrix dense V N=L={Nf}",
         "sequential householder_product",
         "skipped" if seqf.get("skipped") else H.fmt_t(seqf["median_s"]),
         H.fmt_t(f["cwy_matrix"]["median_s"]),
-        "—" if f["speedup_vs_sequential"] is None else f"{f['speedup_vs_sequential']:.1f}× faster",
+        r,
         "—",
         fmt_eff(f["gemm_eff_cwy_matrix"]),
-        "",
-        f["speedup_vs_sequential"],
+        None,
+        legacy=sp,
     )
     v = res["vjp"]
     rv = v["ratio_vjp_over_forward"]
@@ -258,29 +296,32 @@ def headline(res: dict[str, Any], cfg: Config) -> list[H.Row]:
         "forward cwy(V) @ H",
         H.fmt_t(v["forward_from_v"]["median_s"]),
         H.fmt_t(v["vjp"]["median_s"]),
-        f"{rv:.2f}×",
-        "≤ 3×",
-        fmt_eff(v["gemm_eff_vjp"]),
-        "yes" if rv <= 3 else "NO",
         rv,
+        _le(3.0),
+        fmt_eff(v["gemm_eff_vjp"]),
+        rv <= 3,
+        tmax=3.0,
     )
     Na = cfg.acc_ns[-1]
     for dt in ("float32", "float64"):
         c = _find(res["accuracy"], dtype=dt, N=Na)
         ratio = c["ratio_ours_over_lapack"]
         if dt == "float32":
-            tgt, met = "ours/LAPACK ≤ 1.0", ratio <= 1.0
+            tgt, met, tmax, on = _le(1.0), ratio <= 1.0, 1.0, None
         else:
-            tgt, met = "ours ≤ 1e-13", c["orth_err_ours"] <= 1e-13
+            tgt, met, tmax, on = "ours ≤ 1e-13", c["orth_err_ours"] <= 1e-13, None, "ours"
         add(
             f"‖QᵀQ−I‖_F {dt} N={Na}",
             "LAPACK orgqr, same reflectors",
             f"{c['orth_err_lapack']:.2e}",
             f"{c['orth_err_ours']:.2e}",
-            f"{ratio:.2f}×",
+            ratio,
             tgt,
             "—",
-            "yes" if met else "NO",
+            met,
+            tmax=tmax,
+            on=on,
+            timed=False,
         )
     c = _find(res["accuracy"], dtype="float64", N=Na)
     d = c["max_abs_diff_ours_vs_lapack"]
@@ -289,35 +330,75 @@ def headline(res: dict[str, Any], cfg: Config) -> list[H.Row]:
         "—",
         "—",
         f"{d:.2e}",
+        None,
+        "ours ≤ 1e-13",
         "—",
-        "≲ 1e-13",
-        "—",
-        "yes" if d <= 1e-13 else "NO",
+        d <= 1e-13,
     )
     m = res["memory"]
+    rm = m["ratio_ours_over_dense"]
     add(
         f"peak memory T-CWY tcwy(V)@x N={m['N']} M={m['M']}",
         "N×N intermediate (8·N² B, analytic)",
         fmt_b(m["dense_nxn_bytes_analytic"]),
         fmt_b(m["ours_build_and_apply_peak_bytes"]),
-        f"{m['ratio_ours_over_dense']:.1e}× ({m['ours_in_units_of_nm_bytes']:.1f}·8NM B)",
-        "O(N·M)",
+        rm,
+        "ours ≤ 10·8NM B: O(N·M)",
         "—",
-        "yes" if m["ours_in_units_of_nm_bytes"] <= 10 else "NO",
+        m["ours_in_units_of_nm_bytes"] <= 10,
+        on="ours",
+        timed=False,
+        cell=f"{rm:.1e}× ({m['ours_in_units_of_nm_bytes']:.1f}·8NM B)",
     )
     return rows
 
 
+#: The columns of the headline table: (header, ``Row`` field).
 HEADLINE_COLUMNS = [
     ("measure", "measure"),
     ("anchor", "anchor"),
     ("anchor time/value", "anchor_value"),
     ("ours", "ours"),
-    ("ratio", "ratio"),
+    ("ours / anchor (lower is better)", "ratio"),
     ("target", "target"),
     ("GEMM eff.", "gemm_efficiency"),
     ("met", "met"),
 ]
+
+#: One line per column of the headline table, printed under it and written under it in
+#: headline.md (``legend``); a test checks that every column has one.
+LEGEND = {
+    "measure": "what is timed or measured, at the shape named (N rows, L reflectors, B right-"
+    "hand columns; float64 NumPy on CPU unless stated)",
+    "anchor": "what ours is compared with: the bare GEMMs of the same shapes, the loop of "
+    "reflections, LAPACK, SciPy (— : no anchor, the row is ours alone)",
+    "anchor time/value": "the anchor's median time per call (or its error, or its bytes)",
+    "ours": "householderla's median time per call (or its error, or its peak bytes)",
+    "ours / anchor (lower is better)": "every ratio is ours / anchor, timed side by side in "
+    "the same run (the median over the rounds of the per-round ratio; 'fastest rounds': the "
+    "fastest of ours over the fastest of the anchor); below 1 ours is faster, more accurate "
+    "or smaller",
+    "target": "the project's target for this row (benchmarks/README.md, Targets): a bound on "
+    "the ratio (≤ x×) unless it names another column (GEMM eff., ours); — : none",
+    "GEMM eff.": "useful flops / time / this run's float64 GEMM rate (benchmarks/README.md, "
+    "Method; in brackets: the anchor's)",
+    "met": "yes: this run meets the target; NO: this run's figure misses the project's "
+    "target (not an error of the run); blank: the row has no target",
+}
+
+
+def legend(columns: list[tuple[str, str]] = HEADLINE_COLUMNS) -> str:
+    """The legend printed under the headline table: one line per column."""
+    lines = ["Legend (every ratio is ours / anchor: lower is better):"]
+    lines += [f"  {h}: {LEGEND[h]}" for h, _ in columns]
+    return "\n".join(lines)
+
+
+def legend_markdown(columns: list[tuple[str, str]] = HEADLINE_COLUMNS) -> str:
+    """The legend under the table in headline.md: a list, one item per column."""
+    lines = ["Every ratio is ours / anchor: lower is better.", ""]
+    lines += [f"- **{h}**: {LEGEND[h]}" for h, _ in columns]
+    return "\n".join(lines) + "\n"
 
 
 # -- main --------------------------------------------------------------------------------------
@@ -393,6 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     res["headline"] = rows
     print(("[--quick sizes] " if cfg.quick else "") + mline)
     print(H.table_text(rows, HEADLINE_COLUMNS))
+    print(legend())
     for n in notes:
         print(n)
 
@@ -400,6 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in (f"cpu-{host}.json", "latest.json"):
         H.write(out / name, res)
     md = H.table_markdown(rows, mline, cfg.quick, HEADLINE_COLUMNS)
+    md += "\n" + legend_markdown()
     H.write(out / "headline.md", md)
     if not args.no_plots:
         F.plot_forming_q(res["forming_q"], out / "forming_q_vs_n.png", mline)

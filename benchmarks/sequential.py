@@ -1,9 +1,9 @@
 """Sequential Householder kernels (Numba) vs compact WY on small shapes (CPU, NumPy backend).
 
 Run ``python -m benchmarks.sequential`` (full, a few minutes on 2 cores; writes
-``benchmarks/results/sequential.json`` and ``sequential.md``) or
+``build/bench/sequential.json`` and ``sequential.md``) or
 ``python -m benchmarks.sequential --quick`` (< 30 s with a warm Numba cache; writes
-``benchmarks/results/quick/``). ``--out DIR`` writes elsewhere.
+``build/bench/quick/``). ``--out DIR`` writes elsewhere.
 
 Tables:
 

@@ -1,9 +1,9 @@
 """Momentum Stiefel optimizers on the leading-eigenvalue problem of Kong et al. App. Q.
 
 Run ``python -m benchmarks.stiefel`` (full: n = 1000, m = 10, 5000 steps, a few minutes on
-2 cores; writes ``benchmarks/results/stiefel.{json,md}`` and two PNG plots) or
+2 cores; writes ``build/bench/stiefel.{json,md}`` and two PNG plots) or
 ``python -m benchmarks.stiefel --quick`` (n = 200, m = 5, 400 steps, < 40 s; writes to
-``benchmarks/results/quick/``). ``--out DIR`` overrides the directory.
+``build/bench/quick/``). ``--out DIR`` overrides the directory.
 
 Problem (Kong, Wang & Tao (ICLR 2023) App. Q): maximise tr(XᵀAX) over St(n, m),
 A = (Ξ + Ξᵀ)/2/√n with Ξ i.i.d. normal; f(X) = −tr(XᵀAX), G = −2AX, f* = −(sum of the m

@@ -2,9 +2,9 @@
 NumPy backend), next to the flop counts of svdRNN's Table 1.
 
 Run ``python -m benchmarks.svd`` (N ∈ {128, 256, 512, 1024}, float64 and float32; ~1 min on
-2 idle cores; writes ``benchmarks/results/svd.json`` and ``svd.md``) or
+2 idle cores; writes ``build/bench/svd.json`` and ``svd.md``) or
 ``python -m benchmarks.svd --quick`` (N ∈ {64, 128}, a smoke test; writes
-``benchmarks/results/quick/``). ``--out DIR`` overrides the directory.
+``build/bench/quick/``). ``--out DIR`` overrides the directory.
 
 Square W (N×N) with 2N reflectors (k₁ = k₂ = N, Gaussian vectors), X ∈ ℝ^{N×B}, B = 64.
 Rows, measured side by side in one run:
@@ -182,7 +182,7 @@ def report(res: dict[str, Any]) -> str:
         "",
         f"svdRNN W = Q_U Σ Q_Vᵀ, N×N with 2N reflectors, W @ X for X of N×{res['config']['B']}",
         "",
-        "| N | dtype | method | time | × one GEMM | flops | GFLOP/s | Table 1 flops "
+        "| N | dtype | method | time | time / one GEMM | flops | GFLOP/s | Table 1 flops "
         "| Table 1 GFLOP/s | rel. err |",
         "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]

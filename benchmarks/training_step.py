@@ -3,7 +3,7 @@ batch of B rows, householderla against torch's own orthogonal maps and geotorch 
 
 Run ``python -m benchmarks.training_step`` (N ∈ {128, 256, 512, 1024}, B ∈ {32, 256, 1024},
 float32 and float64; one thread; several minutes on 2 cores; writes
-``benchmarks/results/training_step.{json,md,png}``) or ``--quick`` (a smoke test, seconds);
+``build/bench/training_step.{json,md,png}``) or ``--quick`` (a smoke test, seconds);
 ``--out DIR`` elsewhere, ``--threads K`` for K threads.
 
 One step is ``opt.zero_grad(); loss = ⟨G, layer(x)⟩; loss.backward(); opt.step()`` with

@@ -119,16 +119,20 @@ def test_reproduce_reports_each_ratios_spread_across_runs():
     from benchmarks import reproduce as R
 
     def latest(a: float, b: float) -> dict:
+        # the loop row's legacy ``ratio`` is its speed-up anchor / ours: never read
+        loop = {"ratio_ours_over_anchor": b, "timed": True, "ratio": 1 / b}
         rows = [
-            {"measure": "apply", "anchor": "two GEMMs", "data": {"ratio": a}},
-            {"measure": "loop", "anchor": "Numba", "data": {"ratio": b}},
+            {"measure": "apply", "anchor": "two GEMMs", "data": {"ratio": a}},  # older run.py
+            {"measure": "loop", "anchor": "Numba", "data": loop},
             {"measure": "‖QᵀQ−I‖", "anchor": "LAPACK", "data": {}},
-        ]
+            {"measure": "‖QᵀQ−I‖ f32", "anchor": "LAPACK", "data": {
+                "ratio_ours_over_anchor": 0.1, "timed": False}},
+        ]  # fmt: skip
         return {"headline": rows}
 
     one = [R.timed_ratios(latest(1.0, 5.0)), R.timed_ratios(latest(1.1, 5.1))]
     two = [R.timed_ratios(latest(1.0, 9.0)), R.timed_ratios(latest(1.0, 12.0))]
-    assert list(one[0]) == ["apply / two GEMMs", "loop / Numba"]
+    assert one[0] == {"apply / two GEMMs": 1.0, "loop / Numba": 5.0}
     rows = R.summary({1: one, 2: two})
     by = {r["ratio"]: r for r in rows}
     # 1.0 and 1.1: mean 1.05, deviation 0.05 / 1.05 = 4.8%; 9 and 12: 1.5 / 10.5 = 14.3%
@@ -137,7 +141,8 @@ def test_reproduce_reports_each_ratios_spread_across_runs():
     assert by["loop / Numba"]["2threads"]["spread"] == pytest.approx(1.5 / 10.5)
     assert not by["loop / Numba"]["2threads"]["met"]
     md = R.markdown(rows, [1, 2], "test machine")
-    assert "9.0–12.0× (±14.3%) ✗" in md and "1thread 2 of 2, 2threads 1 of 2" in md
+    assert "9.00–12.0× (±14.3%) ✗" in md and "1thread 2 of 2, 2threads 1 of 2" in md
+    assert "| ours / anchor |" in md and "lower is better" in md
 
 
 def test_spread_runs_a_rows_rounds_between_the_other_rows_until_drained():
@@ -279,3 +284,93 @@ def test_apply_in_placements_spread_times_the_first_now_and_the_rest_later():
     assert len(t["placement_ratios"]) == 3 and len(t["round_at_s"]) == 2
     assert t["ratio"] == statistics.median(t["placement_ratios"])
     assert t["cwy"]["repeats"] == len(t["two_gemm"]["times_s"]) == 9
+
+
+# -- the headline table: one direction, targets, legend ----------------------------------------
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def _seconds(cell: str) -> float:
+    """A time cell of the table (``_harness.fmt_t``) in seconds."""
+    value, unit = cell.split()
+    return float(value) * {"µs": 1e-6, "ms": 1e-3, "s": 1.0}[unit]
+
+
+def _headline_rows() -> list:
+    """The headline rows of the committed run's raw results (its JSON keeps every figure
+    the rows are made of)."""
+    from benchmarks import run
+
+    res = json.loads((RESULTS / "latest.json").read_text(encoding="utf-8"))
+    return run.headline(res, run.QUICK if res["config"]["quick"] else run.FULL)
+
+
+def test_headline_ratios_are_ours_over_anchor():
+    """Every ratio of the headline is ours / anchor (issue 40 item 4): no cell says
+    "faster"; a timed ratio agrees with the ours and anchor times of its row (a speed-up
+    anchor / ours, as the loop rows once printed, is off by its square: 35× -> 0.03×); the
+    cell is that ratio; a target on the ratio reads "≤ x×" and "met" is ratio ≤ x."""
+    from benchmarks import _harness as Hh
+
+    rows = _headline_rows()
+    timed = [r for r in rows if r.data.get("timed")]
+    assert len(timed) >= 9  # the rows benchmarks/reproduce.py checks
+    for r in rows:
+        cells = [r.measure, r.anchor, r.anchor_value, r.ours, r.ratio, r.target, r.met]
+        assert not any("faster" in c or "slower" in c for c in cells), r
+        assert r.met in ("yes", "NO", ""), r
+        if "ratio_ours_over_anchor" not in r.data:
+            assert r.ratio == "—", r
+            continue
+        x = r.data["ratio_ours_over_anchor"]
+        assert r.ratio.startswith((Hh.fmt_ratio(x), f"{x:.1e}×")), r  # memory: 1.8e-03×
+        if r.data["timed"]:
+            by_times = _seconds(r.ours) / _seconds(r.anchor_value)
+            assert 0.8 < x / by_times < 1.25, (r, by_times)
+            # ``ratio`` keeps the earlier figure: the same, or the speed-up it inverts
+            assert r.data["ratio"] in (x, pytest.approx(1 / x, rel=1e-12)), r
+        tmax = r.data["target_max"]
+        if tmax is not None:
+            assert r.target == f"≤ {tmax:.3g}×", r
+            assert r.met == ("yes" if x <= tmax else "NO"), r
+        else:
+            assert r.data.get("target_on") in ("gemm_efficiency", "ours") or r.target == "—", r
+    # the loop of reflections: 35× faster in the committed table, so its ratio is below 1/20
+    loop = next(r for r in rows if "NumPy loop" in r.anchor)
+    assert loop.data["ratio_ours_over_anchor"] < 0.05 and loop.target == "≤ 0.05×"
+    assert loop.data["ratio"] == pytest.approx(1 / loop.data["ratio_ours_over_anchor"])
+
+
+def test_headline_legend_names_every_column_and_the_targets_source():
+    """The legend under the table has a line for every column, says what yes and NO mean,
+    and sends the reader to the Targets section of benchmarks/README.md, which lists every
+    target the rows show."""
+    from benchmarks import run
+
+    text, md = run.legend(), run.legend_markdown()
+    headers = [h for h, _ in run.HEADLINE_COLUMNS]
+    assert [h for h, _ in run.HEADLINE_COLUMNS if h.startswith("ours / anchor")] == [
+        "ours / anchor (lower is better)"
+    ]
+    for h in headers:
+        assert f"\n  {h}: " in text and f"- **{h}**: " in md, h
+    assert len(text.splitlines()) == len(headers) + 1
+    met = run.LEGEND["met"]
+    assert "yes" in met and "NO" in met and "target" in met
+    assert "benchmarks/README.md, Targets" in run.LEGEND["target"]
+    readme = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
+    assert "\n## Targets\n" in readme
+    section = readme.split("\n## Targets\n", 1)[1].split("\n## ", 1)[0]
+    for r in _headline_rows():
+        if r.target != "—":
+            assert f"| {r.target} |" in section, r.target
+
+
+def test_scripts_write_outside_the_committed_results_by_default():
+    """Without ``--out`` a script writes under build/bench (git-ignored), never into the
+    committed benchmarks/results/ (issue 40 item 4)."""
+    p = H.parser("doc")
+    for argv, sub in (([], ""), (["--quick"], "quick")):
+        d = H.out_dir(p.parse_args(argv)).resolve()
+        assert d == (ROOT / "build" / "bench" / sub).resolve()
+        assert not d.is_relative_to(RESULTS.resolve())
