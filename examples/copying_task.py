@@ -16,31 +16,30 @@ The recurrent matrix is formed once per forward pass under ``torch.nn.utils.para
 
 Run::
 
-    python examples/copying_task.py --T 20 --hidden 128 --steps 1500
+    python examples/copying_task.py           # T = 20, N = 128, 1500 steps
+    python examples/copying_task.py --quick   # T = 20, N = 64, 100 steps: the docs page's run
 
-Measured on a shared 2-core AMD EPYC VM (torch's default threads): T = 20, N = 128 reaches a
-mean loss of 0.031 over steps 100–150 (baseline 0.520) in 6 s for 150 steps, so the defaults
-take about a minute; ``--T 100 --steps 400`` ends at 0.0125 (baseline 0.173) in 5 minutes.
+Measured on a shared 2-core AMD EPYC VM (torch's default threads, ``--threads 0``): T = 20,
+N = 128 reaches a mean loss of 0.031 over steps 100–150 (baseline 0.520) in 6 s for 150 steps,
+so the defaults take about a minute; ``--T 100 --steps 400`` ends at 0.0125 (baseline 0.173)
+in 5 minutes.
 
-``--plot loss.png`` saves the learning curve next to the baseline.
+Takes the gallery's options (``--quick``, ``--out``, ``--seed``, ``--threads``,
+``--no-progress``, ``--replot``; ``_gallery.py``) and writes ``copying_task.{json,png}``: the
+learning curve next to the no-memory baseline, and ‖WᵀW − I‖_F of every step.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 import time
-from pathlib import Path
+from typing import Any
 
+import _gallery as G  # puts the checkout on sys.path when householderla is not installed
 import torch
 from torch.nn.utils import parametrize
 
-try:
-    import householderla as hl
-except ImportError:  # running from a source checkout without installing
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import householderla as hl
+import householderla as hl
 
 N_SYMBOLS = 10  # 0 blank, 1..8 digits, 9 marker
 N_DIGITS = 10
@@ -169,50 +168,66 @@ def _train(
     return history
 
 
+FULL = {"T": 20, "hidden": 128, "steps": 1500}
+QUICK = {"T": 20, "hidden": 64, "steps": 100}
+
+
+def plot(res: dict[str, Any]) -> Any:
+    plt = G.pyplot()
+    T, loss = res["T"], res["loss"]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(9, 3.4))
+    ax.plot(loss, lw=1.2, label=f"orthogonal RNN ({res['map']}, N = {res['hidden']})")
+    ax.axhline(baseline(T), color="k", ls="--", label=f"no-memory baseline {baseline(T):.3f}")
+    ax.set(xlabel="training step", ylabel="cross-entropy per step", yscale="log")
+    ax.set_title(f"copying task, T = {T}: last 20 steps {sum(loss[-20:]) / len(loss[-20:]):.3f}")
+    ax.legend(fontsize=8)
+    ax2.semilogy(res["orth_err"], lw=1.2)
+    ax2.set(xlabel="training step", ylabel="‖WᵀW − I‖_F", title="orthogonality of W (float32)")
+    fig.tight_layout()
+    return fig
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--T", type=int, default=20, help="number of blanks to remember across")
-    ap.add_argument("--hidden", type=int, default=128, help="hidden size N (reflectors L = N)")
-    ap.add_argument("--steps", type=int, default=1500, help="training steps (batches)")
-    ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--map", default="cwy", choices=["cwy", "tcwy", "svd"])
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
-    ap.add_argument("--plot", type=Path, default=None, help="save the learning curve (PNG)")
-    args = ap.parse_args(argv)
+    p = G.parser(__doc__)
+    p.add_argument("--T", type=int, default=None, help="number of blanks to remember across")
+    p.add_argument("--hidden", type=int, default=None, help="hidden size N (reflectors L = N)")
+    p.add_argument("--steps", type=int, default=None, help="training steps (batches)")
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--map", default="cwy", choices=["cwy", "tcwy", "svd"])
+    args = p.parse_args(argv)
+    if G.replot(args, "copying_task", plot):
+        return 0
+    cfg = QUICK if args.quick else FULL
+    T, hidden, steps = args.T or cfg["T"], args.hidden or cfg["hidden"], args.steps or cfg["steps"]
+    G.set_threads(args.threads)
+    G.seed_everything(args.seed)
+    info = G.machine()
+    print("machine:", G.machine_line(info))
     t0 = time.perf_counter()
     hist = train(
-        args.T,
-        args.hidden,
-        args.steps,
-        args.batch,
-        map=args.map,
-        seed=args.seed,
-        num_threads=args.threads,
+        T, hidden, steps, args.batch, map=args.map, seed=args.seed, progress=not args.no_progress
     )
     wall = time.perf_counter() - t0
     tail = hist["loss"][-50:]
     final = sum(tail) / len(tail)
-    verdict = "beaten" if final < baseline(args.T) else "not beaten"
+    verdict = "beaten" if final < baseline(T) else "not beaten"
     print(
-        f"T={args.T} N={args.hidden}: mean loss of the last {len(tail)} steps {final:.4f}, "
-        f"baseline {baseline(args.T):.4f} ({verdict}); "
+        f"T={T} N={hidden}: mean loss of the last {len(tail)} steps {final:.4f}, "
+        f"baseline {baseline(T):.4f} ({verdict}); "
         f"max ‖WᵀW − I‖_F {max(hist['orth_err']):.1e}; {wall:.1f} s"
     )
-    if args.plot is not None:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        ax.plot(hist["loss"], lw=1, label=f"orthogonal RNN ({args.map}, N={args.hidden})")
-        ax.axhline(baseline(args.T), color="k", ls="--", label="no-memory baseline")
-        ax.set(xlabel="step", ylabel="cross-entropy", title=f"copying task, T = {args.T}")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(args.plot, dpi=120)
-        print(f"wrote {args.plot}")
+    res: dict[str, Any] = {
+        "T": T,
+        "hidden": hidden,
+        "steps": steps,
+        "batch": args.batch,
+        "map": args.map,
+        "baseline": baseline(T),
+        **hist,
+        "machine": info,
+        "wall_s": wall,
+    }
+    G.save(G.out_dir(args), "copying_task", res, plot(res))
     return 0
 
 

@@ -158,3 +158,39 @@ def test_gradient_profile_of_orthogonal_cells_is_flat() -> None:
         assert prof[0] > 0.5 * prof[-1], m
     prof = np.array(rnn.gradient_profile(rnn.RecurrentNet(1, 16, 3, "rnn", seed=0), x, loss))
     assert not 0.5 * prof[-1] < prof[0] <= prof[-1] * (1 + 1e-4)
+
+
+# -- every script ------------------------------------------------------------------------------
+#: modules of examples/ that the scripts import, not scripts themselves
+MODULES = {"orthogonal_rnns"}
+SCRIPTS = sorted(
+    p.stem for p in EXAMPLES.glob("*.py") if not p.stem.startswith("_") and p.stem not in MODULES
+)
+
+
+def test_the_scripts_are_found() -> None:
+    """The list above is not empty by accident (a renamed folder would skip every case)."""
+    assert {"copying_task", "sequential_digits", "training_time"} <= set(SCRIPTS)
+
+
+@pytest.mark.parametrize("module", SCRIPTS)
+def test_every_script_takes_quick(module: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every gallery script takes the gallery's options, ``--quick`` (the docs page's short run,
+    ≤ 2 minutes) among them; ``--help`` stops before any work."""
+    mod = __import__(module)
+    with pytest.raises(SystemExit) as exc:
+        mod.main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--quick", "--out", "--seed", "--threads", "--no-progress"):
+        assert flag in out, (module, flag)
+
+
+# -- copying task --------------------------------------------------------------------------------
+def test_copying_task_script(tmp_path: Path) -> None:
+    cp = pytest.importorskip("copying_task")
+    res = _run("copying_task", tmp_path, *("--T", "3", "--hidden", "8", "--steps", "4"))
+    assert (res["T"], res["hidden"], res["steps"]) == (3, 8, 4)
+    assert len(res["loss"]) == len(res["orth_err"]) == 4
+    assert res["baseline"] == pytest.approx(cp.baseline(3)) == pytest.approx(10 * math.log(8) / 23)
+    assert max(res["orth_err"]) < 1e-5  # float32 W formed in float64, rounded once
