@@ -86,6 +86,9 @@ class OperatorProduct(LinearOperatorMixin):
     def device(self) -> Any:
         return self.left.device
 
+    def _reference_array(self) -> Any:
+        return self.left._reference_array()
+
     @property
     def T(self) -> OperatorProduct:
         return OperatorProduct(self.right.T, self.left.T)

@@ -73,7 +73,7 @@ def euclidean_sgd(
     nesterov=...)`` with v = −buffer. Kong, Wang & Tao, ICLR 2023, App. P: Stiefel and
     Euclidean parameters share lr and momentum. Any shape.
     """
-    lr = check_real("lr", lr, 0.0, math.inf, lo_open=True)
+    lr = check_real("lr", lr, 0.0, math.inf)  # lr = 0: a scheduler's last step
     mu = check_real("momentum", momentum, 0.0, 1.0)
     tau = check_real("dampening", dampening, 0.0, 1.0)
     if nesterov and (mu <= 0.0 or tau != 0.0):
@@ -112,7 +112,7 @@ def euclidean_adam(
     maximum of s (Reddi, Kale & Kumar, ICLR 2018). Complex x: s⁺ = β₂s + (1 − β₂) ``|g|²`` (real,
     phase-invariant; ``torch.optim.Adam`` instead treats Re and Im as separate parameters).
     """
-    lr = check_real("lr", lr, 0.0, math.inf, lo_open=True)
+    lr = check_real("lr", lr, 0.0, math.inf)  # lr = 0: a scheduler's last step
     b1 = check_real("b1", b1, 0.0, 1.0)
     b2 = check_real("b2", b2, 0.0, 1.0)
     eps = check_real("eps", eps, 0.0, math.inf, lo_open=True)

@@ -13,6 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+from ._interop.dlpack import from_numpy, numpy_dtype, writable_numpy
+
 __all__ = ["LinearOperatorMixin"]
 
 
@@ -58,26 +62,33 @@ class LinearOperatorMixin:
             raise ValueError(f"x must have shape ({n},) or ({n}, 1); got shape {tuple(x.shape)}")
         return op @ x
 
+    def _reference_array(self) -> Any:
+        """An array of the operator's namespace and device (its parameters)."""
+        raise NotImplementedError
+
     def aslinearoperator(self) -> Any:
-        """This operator as a ``scipy.sparse.linalg.LinearOperator`` (NumPy arrays in and
-        out; JAX operators convert them, torch operators raise ``TypeError`` since SciPy's
-        solvers pass NumPy arrays). Needs SciPy."""
-        import numpy as np
+        """This operator as a ``scipy.sparse.linalg.LinearOperator``: NumPy arrays in and out,
+        fresh and writable (SciPy's solvers update them in place), for an operator on any
+        backend on the CPU — torch, JAX, array-api-strict arrays are exchanged by DLPack, a
+        vector at a time. Needs SciPy."""
         from scipy.sparse.linalg import LinearOperator
 
         shape = self._matrix_shape()
-        try:
-            dtype = np.dtype(self.dtype)  # type: ignore[attr-defined]
-        except TypeError:
-            raise TypeError(
-                f"aslinearoperator needs an operator on NumPy (or JAX) arrays: SciPy's "
-                f"solvers pass NumPy arrays; this one holds {self.dtype!r} arrays"  # type: ignore[attr-defined]
-            ) from None
+        like = self._reference_array()
+
+        def wrap(product: Any) -> Any:
+            def numpy_product(x: Any) -> np.ndarray:
+                y = product(from_numpy(np.array(x, dtype=dtype), like))
+                return writable_numpy(y)
+
+            return numpy_product
+
+        dtype = numpy_dtype(self.dtype)  # type: ignore[attr-defined]
         return LinearOperator(
             shape,
-            matvec=self.matvec,
-            rmatvec=self.rmatvec,
-            matmat=self.matmat,
-            rmatmat=self.rmatmat,
+            matvec=wrap(self.matvec),
+            rmatvec=wrap(self.rmatvec),
+            matmat=wrap(self.matmat),
+            rmatmat=wrap(self.rmatmat),
             dtype=dtype,
         )

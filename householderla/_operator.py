@@ -107,6 +107,9 @@ class CompactWYOperator(LinearOperatorMixin):
     def device(self) -> Any:
         return device_of(self._V)
 
+    def _reference_array(self) -> Any:
+        return self._V
+
     @property
     def V(self) -> Any:
         """The reflection vectors as given (resolved, never copied), shape (..., N, L)."""

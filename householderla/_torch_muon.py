@@ -53,7 +53,9 @@ class Muon(torch.optim.Optimizer):
     in ``ns_dtype``; θ ← (1 − ηλ)θ − η·adjust(A, B)·O. The orthogonalisation normalises U
     by its Frobenius norm accumulated in float32 (torch.optim.Muon: in bfloat16, clamped at
     ``eps``; here ``eps`` clamps the norm likewise). Learning-rate schedulers, parameter
-    groups, ``state_dict`` (the buffer is ``momentum_buffer``, as torch's) work as usual.
+    groups, ``state_dict`` (the buffer is ``momentum_buffer``, as torch's) work as usual; a
+    ``torch.optim.Muon`` checkpoint loads and continues with torch's quintic, and one of this
+    class built with ``ns_coefficients`` loads into ``torch.optim.Muon``.
     Cost per parameter and step: ``ns_steps`` × (4·A·B·min(A, B) + 2·min(A, B)³) flops in
     ``ns_dtype``.
 
@@ -112,6 +114,17 @@ class Muon(torch.optim.Optimizer):
         super().__init__(params, defaults)
         for group in self.param_groups:
             self._check_group(group)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Also a ``torch.optim.Muon`` checkpoint (``load_state_dict``): its groups have no
+        ``schedule`` or ``ns_dtype`` and get torch's own step (its fixed quintic in
+        bfloat16)."""
+        super().__setstate__(state)
+        for group in self.param_groups:
+            if "schedule" not in group:
+                fixed = group.get("ns_coefficients") is not None
+                group["schedule"] = "muon" if fixed else self.defaults["schedule"]
+            group.setdefault("ns_dtype", torch.bfloat16)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)

@@ -263,7 +263,7 @@ class StiefelSGD(_StiefelOptimizer):
         Tensors or parameter-group dicts. Groups may set ``stiefel=False`` (heavy-ball SGD
         with the same lr and momentum, App. P) and override any hyperparameter.
     lr : float
-        η > 0 (default 0.1).
+        η ≥ 0 (default 0.1; 0, as a scheduler may reach, moves nothing).
     momentum : float
         μ ∈ [0, 1) (default 0.9).
     metric : float or str
@@ -363,7 +363,7 @@ class StiefelAdam(_StiefelOptimizer):
         Tensors or parameter-group dicts; ``stiefel=False`` groups get
         :func:`~householderla.stiefel.euclidean_adam` with the same hyperparameters.
     lr : float
-        η > 0 (default 1e-3, App. P).
+        η ≥ 0 (default 1e-3, App. P; 0 moves nothing).
     betas : tuple of float
         (β₁, β₂) ∈ [0, 1)² (default (0.9, 0.999)).
     eps : float

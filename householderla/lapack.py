@@ -12,11 +12,13 @@ unitary operator whose reflectors keep LAPACK's eigenvalues λᵢ = 1 − τᵢ�
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from ._agnostic.lapack import lapack_reflectors, normalized_sdiag, sq_norms, tau_mismatch
+from ._interop.dlpack import numpy_dtype
 from ._kernels import numba_for
 from ._lapack_columns import lapack_columns
 from ._lapack_stack import lapack_stack
@@ -51,15 +53,24 @@ def _tau_error(bad: float, m: int, eps: float, complex_: bool) -> None:
     )
 
 
-def _checked(bad: float, nonfinite: int, m: int, dtype: Any) -> None:
+def _eps_of(dtype: Any) -> float:
+    """The unit roundoff of a floating dtype given by the caller (0 for anything else)."""
+    try:
+        return float(np.finfo(numpy_dtype(dtype)).eps)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _checked(bad: float, nonfinite: int, m: int, dtype: Any, eps: float | None) -> None:
     """Raise for what a Numba pass over real ``(a, τ)`` found: ``nonfinite`` NaN/Inf entries
-    below the diagonal, or τ's largest mismatch ``bad`` beyond :func:`_tau_error`'s bound."""
+    below the diagonal, or τ's largest mismatch ``bad`` beyond :func:`_tau_error`'s bound
+    (``eps``: the unit roundoff τ is checked in, by default ``dtype``'s)."""
     if nonfinite:
         raise ValueError("a (below the diagonal) contains NaN or Inf")
-    _tau_error(bad, m, float(np.finfo(dtype).eps), False)
+    _tau_error(bad, m, float(np.finfo(dtype).eps) if eps is None else eps, False)
 
 
-def _small_numpy_reflectors(a: Any, tau: Any, m: int, xp: Any) -> Any:
+def _small_numpy_reflectors(a: Any, tau: Any, m: int, xp: Any, eps: float | None = None) -> Any:
     """V (..., m, k) of NumPy float32/float64 ``(a, τ)`` with m ≤ SMALL_M, built and checked
     (NaN/Inf below the diagonal, τ against 2/‖v‖²) by one Numba pass; None for other input
     or without Numba (the Array API path then does the same in several passes)."""
@@ -73,11 +84,11 @@ def _small_numpy_reflectors(a: Any, tau: Any, m: int, xp: Any) -> Any:
     if V.size:
         a3 = np.ascontiguousarray(a.reshape((-1, *a.shape[-2:])))  # (geqrf's is F order)
         t2 = np.ascontiguousarray(tau.reshape((-1, k)))
-        _checked(*nk.lapack_unit_lower(a3, t2, V.reshape((-1, m, k))), m, a.dtype)
+        _checked(*nk.lapack_unit_lower(a3, t2, V.reshape((-1, m, k))), m, a.dtype, eps)
     return V
 
 
-def _column_major_reflectors(a: Any, tau: Any, xp: Any) -> Any:
+def _column_major_reflectors(a: Any, tau: Any, xp: Any, eps: float | None = None) -> Any:
     """V (m, k) of one column-major NumPy float32/float64 ``a`` (m, n) — LAPACK's layout, as
     ``scipy.linalg.lapack.?geqrf`` and ``scipy.linalg.qr(mode="raw")`` return it — built and
     checked (NaN/Inf below the diagonal, τ against 2/‖v‖²) by one Numba pass over the
@@ -95,15 +106,16 @@ def _column_major_reflectors(a: Any, tau: Any, xp: Any) -> Any:
     m, k = a.shape[0], tau.shape[0]
     Vt = np.empty((k, m), a.dtype)
     if Vt.size:
-        _checked(*nk.lapack_unit_lower_columns(a.T, np.ascontiguousarray(tau), Vt), m, a.dtype)
+        lower = nk.lapack_unit_lower_columns(a.T, np.ascontiguousarray(tau), Vt)
+        _checked(*lower, m, a.dtype, eps)
     return Vt.T
 
 
-def _reflectors_of_columns(a: Any, tau: Any) -> tuple[Any, Any]:
+def _reflectors_of_columns(a: Any, tau: Any, eps: float | None = None) -> tuple[Any, Any]:
     """(V, the diagonal of S or None) of a checked column-major NumPy ``(a, τ)``: what the
     in-place operator (:mod:`householderla._lapack_columns`) builds when V is needed."""
     if not is_complex(a.dtype):
-        return _column_major_reflectors(a, tau, np), None
+        return _column_major_reflectors(a, tau, np, eps), None
     V = lapack_reflectors(a, tau)
     return V, normalized_sdiag(V, tau, sq_norms(V))
 
@@ -190,7 +202,11 @@ def from_lapack(a: Any, tau: Any, *, thin: bool = False, xp: Any = None) -> CWY 
     >>> bool(np.allclose(hl.from_lapack(a, tau).T @ A, np.vstack([R[:3], np.zeros((2, 3))])))
     True
     """
+    # τ is checked within the rounding of the less precise of the dtypes it and a came in
+    # (τ of ``sgeqrf`` upcast to float64 is float32's τ)
+    eps = max(_eps_of(getattr(a, "dtype", None)), _eps_of(getattr(tau, "dtype", None)))
     xp, _, _, (a, tau) = resolve([("a", a), ("tau", tau)], xp, complex_ok=True)
+    eps = max(eps, float(xp.finfo(a.dtype).eps))
     if a.ndim < 2:
         raise ValueError(f"a must have shape (..., m, n); got shape {tuple(a.shape)}")
     m, n = a.shape[-2], a.shape[-1]
@@ -208,15 +224,15 @@ def from_lapack(a: Any, tau: Any, *, thin: bool = False, xp: Any = None) -> CWY 
     check_finite(tau, xp, "tau")
     stack = None if thin else lapack_stack(a, tau, xp, SMALL_M)
     if stack is not None:  # a stack of small NumPy (a, τ): read in place, checked in one pass
-        _tau_error(stack[1], m, float(np.finfo(a.dtype).eps), False)
+        _tau_error(stack[1], m, eps, False)
         return stack[0]
-    cols = lapack_columns(a, tau, thin, xp, _reflectors_of_columns)
+    cols = lapack_columns(a, tau, thin, xp, partial(_reflectors_of_columns, eps=eps))
     if cols is not None:  # one column-major NumPy a: read in place, checked in one pass
-        _tau_error(cols[1], m, float(np.finfo(a.dtype).eps), is_complex(a.dtype))
+        _tau_error(cols[1], m, eps, is_complex(a.dtype))
         return cols[0]
-    V = _column_major_reflectors(a, tau, xp)
+    V = _column_major_reflectors(a, tau, xp, eps)
     if V is None:
-        V = _small_numpy_reflectors(a, tau, m, xp)
+        V = _small_numpy_reflectors(a, tau, m, xp, eps)
     if V is not None:  # checked in the same pass; real, so no sdiag
         tau = tau.detach() if hasattr(tau, "detach") else tau
         return (TCWY if thin else CWY)(V, xp, structure="trapezoidal", tau=tau)
@@ -228,7 +244,7 @@ def from_lapack(a: Any, tau: Any, *, thin: bool = False, xp: Any = None) -> CWY 
         if not bool(xp.all(xp.isfinite(ss))):  # NaN/Inf in V (or an overflowing ‖vᵢ‖²)
             check_finite(V, xp, "a (below the diagonal)")
         bad = float(xp.max(tau_mismatch(Vc, tc, ss)))
-        _tau_error(bad, m, float(xp.finfo(V.dtype).eps), is_complex(V.dtype))
+        _tau_error(bad, m, eps, is_complex(V.dtype))
         ss = ss if Vc is V else None  # (torch: S's diagonal from V itself, as before)
     else:
         check_finite(V, xp, "a (below the diagonal)")

@@ -58,7 +58,7 @@ def _check_trapezoid(U: Any) -> tuple[int, int]:
             f"its lower-trapezoidal columns; got shape {tuple(U.shape)}"
         )
     n, m = U.shape[-2], U.shape[-1]
-    if m > n - 1:
+    if m > max(n - 1, 0):  # n = 0: the one element of O(0), no reflector and no sign
         raise ValueError(
             f"U has m={m} columns for n={n}; need m <= n - 1 (u_k ∈ ℝᵏ for k = n, …, n−m+1 "
             f"≥ 2; the last factor H_1 is the sign argument), got shape {tuple(U.shape)}"
@@ -105,6 +105,13 @@ def _reflectors(U: Any, s: Any, xp: Any) -> Any:
     """V = [tril(U), c·e_n] (..., n, m + 1) with c = 0 for s = +1 and 1 for s = −1."""
     n, m = U.shape[-2], U.shape[-1]
     dtype, device = U.dtype, device_of(U)
+    if n == 0:  # H_1 acts on ℝ⁰: V is U, broadcast against the sign's batch
+        batch = (
+            tuple(U.shape[:-2])
+            if isinstance(s, float)
+            else broadcast_batch([("U", U.shape[:-2]), ("sign", s.shape)])
+        )
+        return xp.broadcast_to(U, batch + (0, 0))
     e_n = xp.reshape(xp.astype(xp.arange(n, device=device) == n - 1, dtype), (n, 1))  # (n, 1)
     if isinstance(s, float):
         col = e_n if s < 0 else xp.zeros_like(e_n)
@@ -123,7 +130,7 @@ def _prepare(U: Any, sign: Any, xp: Any, more: list[tuple[str, Any]] = ()) -> tu
     U = values[0]
     _check_trapezoid(U)
     s = _sign(sign, xp, real_dtype(xp, dtype), device, tuple(U.shape[:-2]))
-    if is_eager(U):
+    if is_eager(U) and U.shape[-2]:  # (n = 0: no entries, and no maximum over them)
         check_finite_norms(xp.max(xp.abs(xp.tril(U)), axis=-2, keepdims=True), xp, "U")
     return xp, U, _reflectors(U, s, xp), values[1:]
 
@@ -230,6 +237,8 @@ def ornn_params(Q: Any, *, xp: Any = None) -> tuple[Any, Any]:
         return V[..., :, : V.shape[-1] - 1], theta  # the n-th reflector is 0
     V = householder_vectors(Q, xp=xp)
     n = V.shape[-1]
+    if n == 0:  # O(0) = {the empty matrix}: no reflector, sign +1
+        return V, xp.ones(V.shape[:-2], dtype=V.dtype, device=device_of(V))
     last = V[..., n - 1, n - 1]
     one = xp.ones_like(last)
     return V[..., :, : n - 1], xp.where(last != 0, -one, one)

@@ -344,7 +344,7 @@ def cayley_retraction(
     check_stiefel_shape(X)
     check_like(Z, X, "Z")
     t = as_step(step, xp, step_dtype(xp, dtype), device, tuple(X.shape[:-2]))
-    if X.shape[-1] == 0:
+    if math.prod(X.shape) == 0:  # M = 0 or an empty batch: nothing moves
         return X
     for a, name in ((X, "X"), (Z, "Z")):
         check_finite_columns(a, xp, name)

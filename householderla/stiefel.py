@@ -135,7 +135,8 @@ def momentum_sgd(
     Parameters
     ----------
     lr : float
-        η > 0 (the paper's rescaled learning rate, App. M.4: η = h(1 − e^{−γh})/γ).
+        η ≥ 0 (the paper's rescaled learning rate, App. M.4: η = h(1 − e^{−γh})/γ; 0, as a
+        scheduler may reach, moves nothing).
     momentum : float
         μ = e^{−γh} ∈ [0, 1).
     metric : float or str
@@ -213,7 +214,7 @@ def momentum_sgd(
     >>> bool(np.isclose(np.trace(X.T @ A @ X), np.linalg.eigvalsh(A)[-2:].sum()))
     True
     """
-    lr = check_real("lr", lr, 0.0, math.inf, lo_open=True)
+    lr = check_real("lr", lr, 0.0, math.inf)  # lr = 0: a scheduler's last step
     mu = check_real("momentum", momentum, 0.0, 1.0)
     tau = check_real("dampening", dampening, 0.0, 1.0)
     if nesterov and (mu <= 0.0 or tau != 0.0):
@@ -341,7 +342,7 @@ def adam(
     **Cost:** 10 N×M×M products per step (XᵀG, XA, UL, XᵀW, X(XᵀW), XR, ŨᵀU½, X·(…), and
     the two of ``polar``) plus O(M³); for M = N as in :func:`momentum_sgd`.
     """
-    lr = check_real("lr", lr, 0.0, math.inf, lo_open=True)
+    lr = check_real("lr", lr, 0.0, math.inf)  # lr = 0: a scheduler's last step
     b1 = check_real("b1", b1, 0.0, 1.0)
     b2 = check_real("b2", b2, 0.0, 1.0)
     eps = check_real("eps", eps, 0.0, math.inf, lo_open=True)

@@ -168,6 +168,9 @@ class SVDHouseholder(LinearOperatorMixin):
     def device(self) -> Any:
         return device_of(self._sigma)
 
+    def _reference_array(self) -> Any:
+        return self._sigma
+
     @property
     def sigma(self) -> Any:
         """The diagonal of Σ, shape (..., r), real; the singular values of W are abs(σ)."""

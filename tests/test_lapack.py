@@ -212,6 +212,29 @@ def test_bad_arguments_are_named(a, tau, err, match):
         hl.from_lapack(a, tau)
 
 
+@pytest.mark.parametrize("m", [5, 100])  # the small-stack pass and the column-major pass
+@pytest.mark.parametrize("layout", ["F", "C", "torch"])
+def test_tau_upcast_from_single_precision_is_accepted(m, layout):
+    """τ of ``sgeqrf`` upcast to float64 beside float32 ``a`` is checked within float32's
+    rounding, the dtype it was computed in (issue 41, item 5: it was refused as "not LAPACK's"
+    by float64's bound); the operator is float64 and equals ``sorgqr``'s Q to float32's
+    accuracy. τ with float32-sized errors beside float64 ``a`` is still refused."""
+    rng = np.random.default_rng(7)
+    A = rng.standard_normal((m, 4)).astype(np.float32)
+    qr, tau, _, _ = la.sgeqrf(A)
+    q_ref = la.sorgqr(qr, tau)[0]
+    tau64 = tau.astype(np.float64)
+    a = qr if layout == "F" else np.ascontiguousarray(qr)
+    if layout == "torch":
+        torch = require("torch")
+        a, tau64 = torch.from_numpy(a), torch.from_numpy(tau64)
+    Q = hl.from_lapack(a, tau64, thin=True)
+    assert str(Q.dtype).endswith("float64")
+    np.testing.assert_allclose(to_numpy(Q.matrix()), q_ref, atol=50 * m * EPS[np.float32])
+    with pytest.raises(ValueError, match="not LAPACK's 2/"):
+        hl.from_lapack(np.asarray(qr, np.float64), np.asarray(tau, np.float64) * (1 + 3e-7))
+
+
 def test_integer_arrays_are_promoted():
     """As everywhere in the library, integer input computes in float64."""
     Q = hl.from_lapack(np.zeros((4, 3), dtype=np.int64), np.zeros(2, dtype=np.int32))
@@ -510,7 +533,7 @@ def test_one_column_major_a_is_read_in_place_until_v_is_needed(monkeypatch, dtyp
     built = []
     orig = hl_lapack._reflectors_of_columns
     monkeypatch.setattr(
-        hl_lapack, "_reflectors_of_columns", lambda a, t: built.append(1) or orig(a, t)
+        hl_lapack, "_reflectors_of_columns", lambda a, t, **kw: built.append(1) or orig(a, t, **kw)
     )
     cx = np.dtype(dtype).kind == "c"
     wide = np.complex128 if cx else np.float64

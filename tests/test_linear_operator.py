@@ -111,9 +111,49 @@ def test_batched_and_wrong_shapes_raise():
         Q.matmat(np.ones(N))
 
 
-def test_torch_operators_say_why_not():
+def _operator_on(backend: str, V: np.ndarray):
+    if backend == "numpy":
+        return hl.cwy(V)
+    if backend == "torch":
+        return hl.cwy(require("torch").asarray(V))
+    if backend == "jax":
+        require("jax").config.update("jax_enable_x64", True)
+        return hl.cwy(require("jax.numpy").asarray(V))
+    return hl.cwy(require("array_api_strict").asarray(V))
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch", "jax", "array_api_strict"])
+def test_scipy_solvers_on_every_backends_operator(backend):
+    """gmres, lsqr, eigs, svds on ``op.aslinearoperator()`` of an operator of each backend
+    (issue 41, item 5: a JAX operator's read-only results made gmres fail, a torch operator
+    was refused): NumPy arrays in and out, fresh and writable, the dense answer."""
+    rng = _rng(6)
+    V = rng.standard_normal((N, N))
+    op = _operator_on(backend, V)
+    Q = hl.cwy(V).matrix()
+    L = op.aslinearoperator()
+    assert L.dtype == np.float64
+    b = rng.standard_normal(N)
+    y = L.matvec(b)
+    assert isinstance(y, np.ndarray) and y.flags.writeable
+    np.testing.assert_allclose(y, Q @ b, atol=PROD_TOL)
+    np.testing.assert_allclose(L.rmatmat(b[:, None]), Q.T @ b[:, None], atol=PROD_TOL)
+    x, info = sla.gmres(L, b, rtol=1e-12, atol=0.0, restart=N)
+    assert info == 0
+    np.testing.assert_allclose(x, Q.T @ b, atol=1e-9)  # Q⁻¹ = Qᵀ, ‖Q⁻¹‖ = 1
+    x = sla.lsqr(L, b, atol=1e-14, btol=1e-14)[0]
+    np.testing.assert_allclose(x, Q.T @ b, atol=1e-9)
+    s = sla.svds(L, k=2, tol=1e-12, return_singular_vectors=False)
+    np.testing.assert_allclose(s, [1.0, 1.0], rtol=1e-9)  # orthogonal: every σ is 1
+
+
+def test_torch_operator_of_a_parameter_gives_plain_numpy():
     torch = require("torch")
-    Q = hl.cwy(torch.randn(N, 4, dtype=torch.float64))
-    with pytest.raises(TypeError, match="needs an operator on NumPy"):
-        Q.aslinearoperator()
-    np.testing.assert_allclose(Q.matvec(torch.ones(N)).numpy(), (Q @ torch.ones(N)).numpy())
+    V = torch.randn(N, 4, dtype=torch.float64, requires_grad=True)
+    Q = hl.cwy(V)
+    np.testing.assert_allclose(
+        Q.matvec(torch.ones(N)).detach().numpy(), (Q @ torch.ones(N)).detach().numpy()
+    )
+    y = Q.aslinearoperator().matvec(np.ones(N))
+    assert type(y) is np.ndarray and y.flags.writeable
+    np.testing.assert_allclose(y, (Q @ torch.ones(N, dtype=torch.float64)).detach().numpy())

@@ -147,6 +147,44 @@ def test_empty_shapes_give_empty_results(bk, shape):
     y = hl.householder_apply(V, bk.asarray(np.ones(n)))
     assert to_numpy(y).shape == (*shape[:-2], n)
     assert to_numpy(hl.polar(V)).shape == shape
+    # every retraction, the Riemannian gradient and the oRNN inverse (issue 41, item 7: an
+    # empty batch was a NumPy zero-size reduction error in cayley_retraction, a 0 x 0 Q an
+    # IndexError in ornn_params)
+    for retract in (hl.cayley_retraction, hl.qr_retraction, hl.polar_retraction):
+        assert to_numpy(retract(V, V, 0.5)).shape == shape, retract.__name__
+    assert to_numpy(hl.riemannian_gradient(V, V)).shape == shape
+    if shape[-1] == shape[-2]:
+        U, sign = hl.ornn_params(V)
+        assert to_numpy(U).shape == (*shape[:-1], max(n - 1, 0))
+        assert to_numpy(sign).shape == shape[:-2]
+        assert to_numpy(hl.ornn(U, sign).matrix()).shape == shape
+
+
+def test_orthogonal_group_of_order_zero():
+    """O(0) = {the 0 x 0 matrix}: ornn_params gives no reflector and sign +1, and the map of
+    that is the empty matrix again; a 1 x 1 Q = [s] gives sign s."""
+    U, sign = hl.ornn_params(np.zeros((0, 0)))
+    assert U.shape == (0, 0) and float(sign) == 1.0
+    assert hl.ornn(U, sign).matrix().shape == (0, 0)
+    for s in (1.0, -1.0):
+        U, sign = hl.ornn_params(np.array([[s]]))
+        assert U.shape == (1, 0) and float(sign) == s
+        np.testing.assert_array_equal(hl.ornn(U, sign).matrix(), [[s]])
+
+
+@pytest.mark.parametrize("h_shape", [(2, 4, 5), (2, 4)])
+def test_batches_that_do_not_broadcast_are_named(h_shape):
+    """householder_apply's kernels say which batch shapes do not broadcast, as cwy does
+    (it was NumPy's own broadcast error)."""
+    rng = np.random.default_rng(5)
+    V = rng.standard_normal((3, 4, 2))
+    h = rng.standard_normal(h_shape if len(h_shape) == 3 else (2, 4, 1))
+    with pytest.raises(ValueError, match=r"batch shapes do not broadcast: V \(3,\), h \(2,\)"):
+        hl.householder_apply(V, h)
+    with pytest.raises(ValueError, match=r"batch shapes do not broadcast"):
+        hl.vjp.householder_apply(V, h, h)
+    with pytest.raises(ValueError, match=r"batch shapes do not broadcast"):
+        hl.cwy(V) @ h
 
 
 def test_empty_operand_columns(bk):

@@ -433,7 +433,7 @@ def test_bad_input():
         with pytest.raises(ValueError, match="metric"):
             hl.stiefel.adam(metric=bad)
     for kwargs, name in [
-        ({"lr": 0.0}, "lr"),
+        ({"lr": float("nan")}, "lr"),
         ({"lr": -1.0}, "lr"),
         ({"momentum": 1.0}, "momentum"),
         ({"momentum": -0.1}, "momentum"),

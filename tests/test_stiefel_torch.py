@@ -239,7 +239,7 @@ def test_bad_input():
     with pytest.raises(ValueError, match="parameter 1 of a stiefel=True group"):
         StiefelSGD([W, v])
     for kwargs, name in [
-        ({"lr": 0.0}, "lr"),
+        ({"lr": float("nan")}, "lr"),
         ({"momentum": 1.0}, "momentum"),
         ({"metric": 1.0}, "metric"),
     ]:

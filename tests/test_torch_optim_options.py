@@ -166,6 +166,32 @@ def test_groups_and_schedulers():
     torch.testing.assert_close(b.detach(), b1 + 0.05 * (0.9 * -1.0 - 1.0), rtol=0, atol=1e-15)
 
 
+@pytest.mark.parametrize("cls", ["StiefelSGD", "StiefelAdam"])
+def test_a_scheduler_may_reach_lr_zero(cls):
+    """CosineAnnealingLR with eta_min=0 ends at lr = 0, which torch's optimizers accept (ours
+    refused it, issue 41 item 5): a step at lr = 0 leaves the point where it is (to the polar
+    factor's rounding) and keeps it on the manifold; the functional optimizers take lr=0."""
+    W = torch.nn.Parameter(point(seed=7))
+    opt = getattr(hl.torch, cls)([W], lr=0.05)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=2, eta_min=0.0)
+    for G in grads((10, 3), 3, seed=8):
+        before = W.detach().clone()
+        W.grad = G.clone()
+        opt.step()
+        sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.05 * (1 + np.cos(np.pi * 3 / 2)) / 2)
+    # the third step ran at lr = 0 (the scheduler reached it after the second)
+    torch.testing.assert_close(W.detach(), before, rtol=0, atol=1e-14)
+    Wd = W.detach()
+    err = torch.linalg.matrix_norm(Wd.T @ Wd - torch.eye(3, dtype=F64))
+    assert float(err) < 1e-14
+    X = point(seed=9).numpy()
+    for make in (hl.stiefel.momentum_sgd, hl.stiefel.adam):
+        o = make(lr=0.0)
+        Y, _ = o.update(X, np.ones_like(X), o.init(X))
+        np.testing.assert_allclose(Y, X, rtol=0, atol=1e-14)
+
+
 def test_unsupported_and_unknown_options():
     W = torch.nn.Parameter(point())
     for k in ("foreach", "fused", "differentiable", "capturable"):

@@ -38,10 +38,12 @@ __all__ = [
     "cuda_stream",
     "from_cupy",
     "from_numpy",
+    "numpy_dtype",
     "plain_cpu_tensor",
     "plain_cpu_views",
     "to_cupy",
     "to_numpy",
+    "writable_numpy",
 ]
 
 #: Alignment (bytes) under which XLA's CPU client imports a DLPack buffer without a copy.
@@ -135,6 +137,26 @@ def to_numpy(x: Any, *, writable: bool = False, name: str = "x") -> np.ndarray:
     raise TypeError(f"{name} must be a NumPy array, a torch tensor or a JAX array on the CPU")
 
 
+def writable_numpy(x: Any) -> np.ndarray:
+    """``x`` as a NumPy array that its receiver may write into: ``x`` itself when it is a
+    writable NumPy array, else a copy (torch, JAX, CuPy, other DLPack arrays)."""
+    if isinstance(x, np.ndarray):
+        return x if x.flags.writeable else x.copy()
+    if aac.is_cupy_array(x):  # pragma: no cover - needs a GPU
+        return x.get()
+    if aac.is_torch_array(x) or aac.is_jax_array(x):
+        return to_numpy(x).copy()
+    return np.from_dlpack(x).copy()
+
+
+def numpy_dtype(dtype: Any) -> np.dtype:
+    """The NumPy dtype of the same name as a torch, JAX, array-api-strict or NumPy dtype."""
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        return np.dtype(str(dtype).rsplit(".", 1)[-1].lower())
+
+
 def plain_cpu_views(*tensors: Any) -> list[np.ndarray] | None:
     """NumPy views of plain CPU torch tensors for a Numba kernel, or None.
 
@@ -206,6 +228,8 @@ def from_numpy(a: np.ndarray, like: Any) -> Any:
         return jax.numpy.array(a)
     if aac.is_cupy_array(like):  # pragma: no cover - needs a GPU
         return sys.modules["cupy"].asarray(a)
+    if aac.is_array_api_obj(like):  # another Array API library on the CPU (array-api-strict)
+        return aac.array_namespace(like).from_dlpack(a)
     raise TypeError(
         f"like must be a NumPy, torch, JAX or CuPy array; got {type(like).__module__}."
         f"{type(like).__name__}"

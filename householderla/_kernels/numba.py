@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .._lib.checks import check_finite_norms
+from .._lib.checks import broadcast_batch, check_finite_norms
 from .._lib.linalg import sum_to_shape
 from .numba_batched import (
     BATCH_MIN,
@@ -201,7 +201,7 @@ def _shapes(V: np.ndarray, h: np.ndarray, name: str = "h") -> tuple:
     elif not vb:
         batch = hb
     else:
-        batch = tuple(np.broadcast_shapes(vb, hb))
+        batch = broadcast_batch([("V", vb), (name, hb)])
     return n, V.shape[-1], batch, vector, 1 if vector else h.shape[-1]
 
 
