@@ -10,8 +10,7 @@
                                      _compose, _linear_operator, _svd_vjp, _svd_params,
                                      _euclidean, _tall, _fixed_polar, _lapack_stack,
                                      _lapack_columns)
-    4  adapters                      torch, jax, lineax, _torch_optim, _torch_param, _torch_layer,
-                                     _torch_muon, _optax, _optax_muon
+    4  adapters                      torch/, jax/ (packages), lineax
     5  __init__
 
 A module may import from a lower layer, or from its own group of the same layer (a module of
@@ -55,17 +54,7 @@ PUBLIC_PRIVATE = {
     "_lapack_stack",
     "_lapack_columns",
 }
-ADAPTERS = {
-    "torch",
-    "jax",
-    "lineax",
-    "_torch_optim",
-    "_torch_param",
-    "_torch_layer",
-    "_optax",
-    "_torch_muon",
-    "_optax_muon",
-}
+ADAPTERS = {"torch", "jax", "lineax"}
 #: Modules that may import a framework at module level (they are imported only lazily).
 FRAMEWORK_MODULES = {
     "householderla._autodiff.torch": {"torch"},
@@ -74,12 +63,12 @@ FRAMEWORK_MODULES = {
     "householderla.torch": {"torch"},
     "householderla.jax": {"jax"},
     "householderla.lineax": {"jax", "lineax", "equinox"},
-    "householderla._torch_optim": {"torch"},
-    "householderla._torch_muon": {"torch"},
-    "householderla._optax_muon": {"jax"},
-    "householderla._torch_param": {"torch"},
-    "householderla._torch_layer": {"torch"},
-    "householderla._optax": {"jax"},
+    "householderla.torch._optim": {"torch"},
+    "householderla.torch._muon": {"torch"},
+    "householderla.jax._optax_muon": {"jax"},
+    "householderla.torch._param": {"torch"},
+    "householderla.torch._layer": {"torch"},
+    "householderla.jax._optax": {"jax"},
 }
 FRAMEWORKS = {"torch", "jax", "jaxlib", "cupy", "cupyx", "numba", "dask", "lineax", "equinox"}
 

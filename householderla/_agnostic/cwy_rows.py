@@ -15,7 +15,7 @@ normalised, and T = S⁻¹ is never formed. A zero column gives a zero row and c
 striu(G), and a_j = v_jᵀh = 0, so b_j = 0 with the diagonal 1 set there: H(0) = I, and its
 cotangent is 0 (the convention of :func:`.compact_wy.normalize_columns_vjp`).
 
-Rows x (B, N), y = x Qᵀ (``householderla._torch_layer`` runs this as one autograd node):
+Rows x (B, N), y = x Qᵀ (``householderla.torch._layer`` runs this as one autograd node):
 
     operator (B ≤ N):  a = x V,  b = a S⁻ᵀ,  y = x − b Vᵀ          4·N·L·B + 2·L²·B flops
     formed (B > N):    Z = S⁻¹ Vᵀ,  W = I − V Z,  y = x Wᵀ            3·N·L² + 2·N²·B flops

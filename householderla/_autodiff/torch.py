@@ -9,7 +9,7 @@ One ``torch.autograd.Function`` per differentiable primitive, in the ``forward``
   (``LowRankApplyKept`` where h has the factors' dtype: the same map, keeping Uᵀh and
   M Uᵀh for the backward).
 - ``CWYLinear``: (V, x) ↦ x Qᵀ, a small orthogonal layer's Gram, product and backward in
-  one node (``cwy_rows``; not a rule: ``householderla._torch_layer`` calls it; old-style
+  one node (``cwy_rows``; not a rule: ``householderla.torch._layer`` calls it; old-style
   ``forward(ctx, …)``, as the layer takes the composed rules under ``torch.func``).
 - ``HouseholderApply``: (V, h) ↦ H(v₁)…H(v_L) h; backward ``householder_apply_vjp``.
 - ``HouseholderApplyNumba``: the same map by the Numba kernels through DLPack (CPU);
@@ -183,7 +183,7 @@ class CWYLinear(torch.autograd.Function):
     square CWY map of V (N, N) (of its lower trapezoid with ``trapezoidal``), by the
     unnormalised form of :mod:`householderla._agnostic.cwy_rows` in column blocks of
     ``block`` reflectors (one block when ``block`` ≥ N): an orthogonal layer's Grams,
-    products and their backward as one autograd node (``householderla._torch_layer``),
+    products and their backward as one autograd node (``householderla.torch._layer``),
     where composed nodes' Python, dispatch, normalisation passes and copies outweigh the
     GEMMs. ``formed``: W is formed and x Wᵀ taken. The products update one copy of x inside
     the GEMMs (``addmm_``); the backward reads the S_b and the kept products

@@ -62,8 +62,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import stiefel as S
-from ._interop.dlpack import from_numpy, to_numpy
+from .. import stiefel as S
+from .._interop.dlpack import from_numpy, to_numpy
 
 __all__ = ["StiefelAdam", "StiefelSGD"]
 

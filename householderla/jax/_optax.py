@@ -17,7 +17,7 @@ Leaves: every leaf is a Stiefel matrix (..., N, M) by default; ``stiefel`` may b
 pytree of bools (a prefix of the params' structure, like ``optax.masked``), or a function
 params → such a pytree. Other leaves get the Euclidean update with the same hyperparameters
 (App. P). A wide leaf (N < M) is optimised through its transpose (orthonormal rows), as in
-:mod:`householderla._torch_optim`.
+:mod:`householderla.torch._optim`.
 
 Complex leaves (complex Stiefel matrices, U(n), or Euclidean): ``jax.grad`` of a real loss
 returns the *conjugate* ḡ = ∂L/∂Re z − i ∂L/∂Im z of the gradient the update needs
@@ -34,8 +34,8 @@ from typing import Any, NamedTuple
 
 import jax
 
-from . import stiefel as S
-from ._lib.tracing import is_eager
+from .. import stiefel as S
+from .._lib.tracing import is_eager
 
 __all__ = [
     "GradientTransformation",

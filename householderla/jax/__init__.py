@@ -31,14 +31,14 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from . import householder as _householder
-from ._autodiff.jax import PRECISION
+from .. import householder as _householder
+from .._autodiff.jax import PRECISION
+from ..cwy import CWY, TCWY, cwy, tcwy
+from ..retractions import cayley_retraction, polar, polar_retraction, qr_retraction
 
-# -- optax-style wrapper of hl.stiefel (householderla/_optax.py) and Muon (_optax_muon.py) ----
+# -- optax-style wrapper of hl.stiefel (jax/_optax.py) and Muon (jax/_optax_muon.py) --------
 from ._optax import apply_updates, stiefel_adam, stiefel_sgd, update_params
 from ._optax_muon import MuonState, muon
-from .cwy import CWY, TCWY, cwy, tcwy
-from .retractions import cayley_retraction, polar, polar_retraction, qr_retraction
 
 __all__ = [
     "CWY",

@@ -26,10 +26,10 @@ from typing import Any
 
 import torch
 
-from . import _blocked
-from ._autodiff.torch import CWYLinear
-from ._lib.tracing import is_transformed, needs_graph
-from ._torch_param import INITS, MAPS, STRUCTURES, Orthogonal
+from .. import _blocked
+from .._autodiff.torch import CWYLinear
+from .._lib.tracing import is_transformed, needs_graph
+from ._param import INITS, MAPS, STRUCTURES, Orthogonal
 
 __all__ = ["ONE_NODE", "OPERATOR_MAX_ROWS", "SINGLE_BLOCK_MAX_N", "OrthogonalLinear"]
 
