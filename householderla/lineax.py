@@ -32,7 +32,7 @@ import numpy as np
 from ._agnostic import compact_wy as K
 from ._agnostic.compact_wy_jvp import factors_jvp
 from ._autodiff.jax import PRECISION
-from ._compose import OperatorProduct
+from ._operator.compose import OperatorProduct
 from .cwy import CWY, TCWY
 from .svd import SVDHouseholder
 

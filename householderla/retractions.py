@@ -27,9 +27,9 @@ from typing import Any
 import array_api_compat as aac
 
 from ._agnostic import retraction as RK
+from ._agnostic.fixed_polar import fixed_step_polar
 from ._agnostic.newton_schulz import polar_qr_svd
 from ._autodiff import call, route
-from ._fixed_polar import fixed_step_polar
 from ._interop.dask import is_dask_array
 from ._interop.dask_tall import tsqr_retraction
 from ._lib.checks import (

@@ -26,6 +26,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ._agnostic.euclidean import (
+    EuclideanAdamState,
+    EuclideanAMSGradState,
+    EuclideanMomentumState,
+    euclidean_adam,
+    euclidean_sgd,
+)
 from ._agnostic.stiefel_flow import (
     AdamState,
     AMSGradState,
@@ -41,13 +48,6 @@ from ._agnostic.stiefel_flow import (
     prepare,
 )
 from ._agnostic.stiefel_guards import check_powers, check_step, momentum_growth
-from ._euclidean import (
-    EuclideanAdamState,
-    EuclideanAMSGradState,
-    EuclideanMomentumState,
-    euclidean_adam,
-    euclidean_sgd,
-)
 from ._lib.checks import check_choice, check_real
 from ._lib.jit import select
 from ._lib.linalg import abs2

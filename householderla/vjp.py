@@ -49,6 +49,9 @@ from . import retractions as R
 from ._agnostic import compact_wy as K
 from ._agnostic import phases as P
 from ._agnostic import retraction as RK
+from ._agnostic.svd_vjp import bounded_sigma_vjp as bounded_sigma
+from ._agnostic.svd_vjp import svd_householder_apply_vjp as svd_householder_apply
+from ._agnostic.svd_vjp import svd_householder_matrix_vjp as svd_householder_matrix
 from ._lib.checks import (
     as_matrix_operand,
     broadcast_batch,
@@ -69,9 +72,6 @@ from ._lib.namespace import (
     resolve,
 )
 from ._lib.tracing import is_eager
-from ._svd_vjp import bounded_sigma_vjp as bounded_sigma
-from ._svd_vjp import svd_householder_apply_vjp as svd_householder_apply
-from ._svd_vjp import svd_householder_matrix_vjp as svd_householder_matrix
 from .householder import householder_apply_vjp
 from .ornn import ornn_apply_vjp as ornn_apply
 from .ornn import ornn_matrix_vjp as ornn_matrix

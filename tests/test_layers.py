@@ -1,23 +1,23 @@
 """The package's layers, read from its import graph (AST; function-level imports included).
 
-``docs/design.rst`` has the picture. Layers, bottom to top::
+``docs/design.rst`` has the picture. "Which layer" is a module's first path component under
+``householderla/``; bottom to top::
 
-    0  _lib                          namespaces, dtypes, checks, linear-algebra shims, jit
-    1  _agnostic | _kernels | _interop   backend-neutral math | compiled kernels | Dask, DLPack
-    2  _autodiff                     route/call and one rule table per framework
-    3  public modules                cwy, householder, lapack, ornn, svd, retractions, stiefel, vjp
-                                     (and their private helpers _operator, _factors, _blocked,
-                                     _compose, _linear_operator, _svd_vjp, _svd_params,
-                                     _euclidean, _tall, _fixed_polar, _lapack_stack,
-                                     _lapack_columns)
-    4  adapters                      torch/, jax/ (packages), lineax
-    5  __init__
+    0  _lib/                             namespaces, dtypes, checks, linear-algebra shims, jit
+    1  _agnostic/ | _kernels/ | _interop/    backend-neutral math | compiled kernels | Dask, DLPack
+    2  _autodiff/                        route/call and one rule table per framework
+    3  _operator/                        the CWY operator machinery
+    4  public modules                    the top-level names ``__init__`` imports
+    5  adapters                          the top-level names it does not (torch/, jax/, lineax)
+    6  __init__
 
-A module may import from a lower layer, or from its own group of the same layer (a module of
-``_agnostic`` from another one of ``_agnostic``, a public module from another public module),
-never upwards and never across the three groups of layer 1. The graph has no cycle, no
-private name (``_x``) is imported or read from another module, no module is longer than
-``MAX_LINES``, and ``import householderla`` imports no framework.
+The package top holds ``__init__``, the layer packages and public (unprefixed) modules or
+packages only. A module may import from a lower layer, or from its own group of the same layer
+(a module of ``_agnostic`` from another one of ``_agnostic``, a public module from another
+public module), never upwards and never across the three groups of layer 1. The graph has no
+cycle, no private name (``_x``) is imported or read from another module, a module past
+``TOPIC_LINES`` says in its docstring why it is one topic, and ``import householderla``
+imports no framework.
 """
 
 from __future__ import annotations
@@ -30,31 +30,18 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "householderla"
-MAX_LINES = 450  # "about 400": a module past this wants splitting by topic
+#: A module is one topic; one longer than this says why in its docstring ("one topic: ...").
+TOPIC_LINES = 700
 
-GROUPS = {
+#: The layer packages (a module's first path component) and their (rank, group).
+LAYERS = {
     "_lib": (0, "_lib"),
     "_agnostic": (1, "_agnostic"),
     "_kernels": (1, "_kernels"),
     "_interop": (1, "_interop"),
     "_autodiff": (2, "_autodiff"),
+    "_operator": (3, "_operator"),
 }
-PUBLIC = {"cwy", "householder", "lapack", "ornn", "svd", "retractions", "stiefel", "vjp"}
-PUBLIC_PRIVATE = {
-    "_operator",
-    "_factors",
-    "_svd_vjp",
-    "_svd_params",
-    "_euclidean",
-    "_compose",
-    "_linear_operator",
-    "_blocked",
-    "_tall",
-    "_fixed_polar",
-    "_lapack_stack",
-    "_lapack_columns",
-}
-ADAPTERS = {"torch", "jax", "lineax"}
 #: Modules that may import a framework at module level (they are imported only lazily).
 FRAMEWORK_MODULES = {
     "householderla._autodiff.torch": {"torch"},
@@ -87,19 +74,35 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
+def _top_level_imports_of_init() -> set[str]:
+    """The first path components that ``householderla/__init__.py`` imports at module level."""
+    tree = ast.parse((PACKAGE / "__init__.py").read_text(encoding="utf-8"))
+    out = set()
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            if node.module:
+                out.add(node.module.split(".")[0])
+            else:
+                out.update(a.name for a in node.names)
+    return out
+
+
+PUBLIC = _top_level_imports_of_init()
+
+
 def layer(module: str) -> tuple[int, str]:
-    """(rank, group) of a module of the package."""
+    """(rank, group) of a module of the package, from its first path component."""
     parts = module.split(".")[1:]
     if not parts:
-        return 5, "__init__"
+        return 6, "__init__"
     head = parts[0]
-    if head in GROUPS:
-        return GROUPS[head]
-    if head in PUBLIC or head in PUBLIC_PRIVATE:
-        return 3, "public"
-    if head in ADAPTERS:
-        return 4, "adapters"
-    raise AssertionError(f"{module} is in no layer: add it to tests/test_layers.py")
+    if head in LAYERS:
+        return LAYERS[head]
+    if head.startswith("_"):
+        raise AssertionError(
+            f"{module}: a private module at the package top; put it in a layer package"
+        )
+    return (4, "public") if head in PUBLIC else (5, "adapters")
 
 
 def _resolve_from(module: str, node: ast.ImportFrom) -> str:
@@ -224,13 +227,39 @@ def test_no_private_name_crosses_a_module():
     assert not bad, "\n".join(bad)
 
 
-def test_modules_stay_small():
-    long = {
-        m: n
-        for m, p in MODULES.items()
-        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
-    }
-    assert not long, f"modules over {MAX_LINES} lines: {long}"
+def _docstring(path: Path) -> str:
+    return ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+
+
+def long_modules_without_reason(modules: dict[str, Path]) -> dict[str, int]:
+    """Modules past ``TOPIC_LINES`` whose docstring does not say why they are one topic."""
+    out = {}
+    for m, p in modules.items():
+        n = len(p.read_text(encoding="utf-8").splitlines())
+        if n > TOPIC_LINES and "one topic:" not in _docstring(p).lower():
+            out[m] = n
+    return out
+
+
+def test_long_modules_say_why_they_are_one_topic():
+    bad = long_modules_without_reason(MODULES)
+    assert not bad, (
+        f"modules over {TOPIC_LINES} lines without 'One topic: <why>' in their docstring: {bad}"
+    )
+
+
+def test_the_topic_rule_can_fail(tmp_path):
+    long = tmp_path / "long.py"
+    long.write_text('"""A module."""\n' + "x = 1\n" * (TOPIC_LINES + 1), encoding="utf-8")
+    assert long_modules_without_reason({"long": long}) == {"long": TOPIC_LINES + 2}
+    long.write_text('"""A module.\n\nOne topic: why."""\n' + "x = 1\n" * TOPIC_LINES)
+    assert long_modules_without_reason({"long": long}) == {}
+
+
+def test_adapters_are_not_imported_by_init():
+    """torch/ and jax/ (and lineax) import a framework: ``__init__`` must not import them."""
+    assert {"torch", "jax", "lineax"}.isdisjoint(PUBLIC)
+    assert {"cwy", "householder", "lapack", "ornn", "svd", "retractions", "stiefel"} <= PUBLIC
 
 
 def test_frameworks_only_where_allowed_at_module_level():
@@ -267,6 +296,11 @@ def test_import_householderla_imports_no_framework(framework):
     assert subprocess.run([env_python, "-c", code], check=False).returncode == 0, (
         f"import householderla (and a NumPy product) imported {framework}"
     )
+
+
+def test_a_private_module_at_the_top_is_in_no_layer():
+    with pytest.raises(AssertionError, match="private module at the package top"):
+        layer("householderla._helper")
 
 
 def test_the_layer_test_can_fail(monkeypatch):

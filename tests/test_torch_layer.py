@@ -18,7 +18,7 @@ from helpers import EPS
 torch = require("torch")
 
 import householderla as hl  # noqa: E402
-from householderla import _blocked  # noqa: E402
+from householderla._operator import blocked as _blocked  # noqa: E402
 from householderla.torch import _layer as _torch_layer  # noqa: E402
 
 TOL = 100 * EPS[np.float64]

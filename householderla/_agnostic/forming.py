@@ -86,7 +86,7 @@ def _unnormalized_s(V: Any, xp: Any, syrk: bool = True, sdiag: Any = None) -> tu
     only happens for such columns. Eager arrays only (the check is data dependent).
     ``syrk=False`` forms the Gram matrix with ``@`` (see :func:`structured_matrix`).
     ``sdiag`` (..., L) replaces the ½ of the diagonal (generalised reflectors,
-    :mod:`householderla._factors`): S_kk = sdiag_k ‖v_k‖², LAPACK's 1/τ_k.
+    :mod:`householderla._operator.factors`): S_kk = sdiag_k ‖v_k‖², LAPACK's 1/τ_k.
     """
     gram = gram_upper if syrk else _gram_matmul
     G = _quiet(gram, V, xp)

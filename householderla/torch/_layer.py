@@ -8,7 +8,7 @@ it, except that a square CWY weight reads its reflectors from the lower trapezoi
 default (``structure="trapezoidal"``; Mhammedi et al., ICML 2017 eq. 9). What differs is the
 forward: for a batch of B rows, forming W costs ≈ 3·N³ flops for a square CWY weight
 (N = L) and the GEMM 2·N²·B more, while applying the reflectors costs N·L·nb + 4·N·L·B in
-blocks of nb reflectors (:mod:`householderla._blocked`; 2·N²·B for trapezoidal V at L = N),
+blocks of nb reflectors (:mod:`householderla._operator.blocked`; 2·N²·B for trapezoidal V at L = N),
 so up to B = N the layer never forms W, and above it forms W by the same blocks applied to
 the identity. The backward is the explicit VJPs of the blocks, each reusing the factors and
 the products its forward built. A square CWY layer in a training step runs the same blocks
@@ -26,9 +26,9 @@ from typing import Any
 
 import torch
 
-from .. import _blocked
 from .._autodiff.torch import CWYLinear
 from .._lib.tracing import is_transformed, needs_graph
+from .._operator import blocked as _blocked
 from ._param import INITS, MAPS, STRUCTURES, Orthogonal
 
 __all__ = ["ONE_NODE", "OPERATOR_MAX_ROWS", "SINGLE_BLOCK_MAX_N", "OrthogonalLinear"]
@@ -216,7 +216,7 @@ class OrthogonalLinear(torch.nn.Module):
 
     def _formed(self) -> torch.Tensor:
         """W for a forward that forms it: under autodiff, a square CWY weight as its operator
-        applied to the identity (blocked compact WY, :func:`householderla._blocked.use_blocks`;
+        applied to the identity (blocked compact WY, ``_operator.blocked.use_blocks``;
         forward + backward of ``cwy(V) @ h`` at N = B = 512, float64, one thread: 60 ms by
         the blocks of trapezoidal V, 118 ms by the single factor pair that ``weight`` uses);
         ``weight`` otherwise."""

@@ -24,20 +24,20 @@ from typing import Any
 import array_api_compat as aac
 import numpy as np
 
-from ._agnostic import forming as F
-from ._agnostic import trapezoidal as S
-from ._autodiff import route
-from ._blocked import apply_blocks
-from ._compose import compose, is_operator
-from ._factors import SMALL_N, LazyFactors, lowrank
-from ._interop.dask import dask_matmul, dask_rmatmul, is_dask_array
-from ._interop.dlpack import from_numpy, plain_cpu_views
-from ._kernels import numba_enabled, numba_for, numba_for_torch
-from ._lib.checks import as_matrix_operand, broadcast_batch
-from ._lib.namespace import conj, device_of, is_complex, is_half, mH, mT, resolve
-from ._lib.tracing import is_eager, needs_graph
-from ._linear_operator import LinearOperatorMixin
-from .householder import apply_sequential, sequential_is_faster
+from .._agnostic import forming as F
+from .._agnostic import trapezoidal as S
+from .._autodiff import route
+from .._interop.dask import dask_matmul, dask_rmatmul, is_dask_array
+from .._interop.dlpack import from_numpy, plain_cpu_views
+from .._kernels import numba_enabled, numba_for, numba_for_torch
+from .._lib.checks import as_matrix_operand, broadcast_batch
+from .._lib.namespace import conj, device_of, is_complex, is_half, mH, mT, resolve
+from .._lib.tracing import is_eager, needs_graph
+from .blocked import apply_blocks
+from .compose import compose, is_operator
+from .factors import SMALL_N, LazyFactors, lowrank
+from .linear_operator import LinearOperatorMixin
+from .sequential import apply_sequential, sequential_is_faster
 
 #: Flops a trapezoidal V saves a first sequential product (2·L²·B) from which "auto" looks
 #: for one (the check costs about as much as 2¹⁷ flops of the kernel).
@@ -208,7 +208,7 @@ class CompactWYOperator(LinearOperatorMixin):
 
     def __matmul__(self, h: Any) -> Any:
         """``self @ h`` with ``matmul`` semantics: h (K,) or (..., K, B), K = cols; an
-        operator ``h`` gives the composed operator (:func:`householderla._compose.compose`).
+        operator ``h`` gives the composed operator (:func:`.compose.compose`).
 
         A Dask array ``h`` gives a lazy Dask array computed chunk by chunk
         (:mod:`householderla._interop.dask`). On NumPy, the first product of an operator whose
@@ -217,7 +217,7 @@ class CompactWYOperator(LinearOperatorMixin):
         products build and reuse U, T. A plain product (no autodiff) of an operator used
         again and again switches, once the columns it has multiplied add up to N, to one GEMM
         with the dense Q (L > N/2 reflectors) or to h − W (Uᴴ h) with W = U T
-        (:meth:`~householderla._factors.LazyFactors.product_factor`).
+        (:meth:`~householderla._operator.factors.LazyFactors.product_factor`).
         """
         f = self._factors
         direct = f.direct

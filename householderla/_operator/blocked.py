@@ -27,9 +27,9 @@ from typing import Any
 
 import array_api_compat as aac
 
-from ._autodiff import call, route
-from ._lib.mixed import widen
-from ._lib.namespace import device_of, is_half
+from .._autodiff import call, route
+from .._lib.mixed import widen
+from .._lib.namespace import device_of, is_half
 
 __all__ = ["BLOCK", "MIN_L", "MIN_L_GRAPH", "apply_blocks", "block_factors", "use_blocks"]
 
@@ -65,7 +65,7 @@ def block_factors(
 ) -> list[tuple[int, Any, Any]]:
     """[(s, U_b, T_b)] for the column blocks [s, s + nb) of V (..., N, L), first block first,
     each through the ``cwy_factors`` rule of the call's route (with the block's slice of the
-    diagonal ``sdiag`` of S for LAPACK's complex reflectors, ``householderla._factors``). For
+    diagonal ``sdiag`` of S for LAPACK's complex reflectors, ``_operator.factors``). For
     lower-trapezoidal V (LAPACK's and oRNN's layout) block b is zero in rows < s: its factors
     cover rows s… only and its products touch those rows only, as LAPACK's ``?larfb`` does
     (4·N·L·B − 2·L²·B flops for the apply instead of 4·N·L·B); s = 0 otherwise."""

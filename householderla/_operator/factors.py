@@ -17,23 +17,23 @@ from typing import Any
 import array_api_compat as aac
 import numpy as np
 
-from ._agnostic import compact_wy as K
-from ._agnostic import trapezoidal as S
-from ._agnostic.lapack_panels import (
+from .._agnostic import compact_wy as K
+from .._agnostic import trapezoidal as S
+from .._agnostic.lapack_panels import (
     ViewPanels,
     apply_panels,
     form_panel_width,
     form_panels,
 )
-from ._agnostic.phases import phase_factor
-from ._autodiff import call, route
-from ._blocked import block_factors, use_blocks
-from ._interop.dlpack import plain_cpu_views
-from ._kernels import numba_enabled
-from ._lib.linalg import eye_like, row_major_copy
-from ._lib.mixed import widen
-from ._lib.namespace import device_of, mH
-from ._lib.tracing import is_eager, needs_graph
+from .._agnostic.phases import phase_factor
+from .._autodiff import call, route
+from .._interop.dlpack import plain_cpu_views
+from .._kernels import numba_enabled
+from .._lib.linalg import eye_like, row_major_copy
+from .._lib.mixed import widen
+from .._lib.namespace import device_of, mH
+from .._lib.tracing import is_eager, needs_graph
+from .blocked import block_factors, use_blocks
 
 __all__ = ["SMALL_N", "LazyFactors", "factors_of", "lowrank"]
 
