@@ -31,6 +31,8 @@ from ._kernels import numba_enabled, numba_for
 from ._lib.checks import check_finite
 from ._lib.namespace import device_of, is_complex, mH, resolve
 from ._lib.tracing import is_eager
+from ._lib.tuning import LAPACK_SEQUENTIAL_MAX_M as SEQUENTIAL_MAX_M
+from ._lib.tuning import LAPACK_SMALL_M as SMALL_M
 from ._operator.factors import SMALL_N
 from .cwy import CWY, TCWY
 from .householder import sequential_is_faster
@@ -39,12 +41,6 @@ __all__ = ["from_lapack"]
 
 # pickles written before the in-place operators moved here name ``householderla._lapack_stack``
 sys.modules.setdefault(f"{__package__}._lapack_stack", sys.modules[__name__])
-
-#: Largest m for which a stack of NumPy ``(a, τ)`` is read by one Numba pass
-#: (:func:`householderla._kernels.numba_checks.lapack_unit_lower`): V in C order, its norms,
-#: the τ check and the NaN check together (8192 × 16 × 16: 7.7 → 1.6 ms, one thread). Larger
-#: ``a`` keeps its memory order for LAPACK's panels.
-SMALL_M = 64
 
 
 # -- a stack of small NumPy (a, τ): the batched Numba kernels read ``a`` in place -----------
@@ -201,15 +197,6 @@ def lapack_stack(a: Any, tau: Any, xp: Any, small_m: int) -> tuple[LapackStack, 
 # read-only Numba pass and no V is built: ``.matrix()`` and the first ``@`` run LAPACK's panel
 # algorithms on ``a`` (:class:`householderla._agnostic.lapack_panels.LapackPanels`, each panel
 # copied into one reused buffer). V and the factors are built when anything else needs them.
-
-
-#: Largest m at which a first product with few columns (``sequential_is_faster``) runs the
-#: sequential Numba kernel (on a built V) instead of the panels on ``a``. Fresh
-#: ``from_lapack(a, tau) @ C``, float64, one thread, ms, sequential / panels: m = k = 128:
-#: B = 1 0.10 / 0.17, B = 16 0.14 / 0.18; m = k = 256: B = 1 0.33 / 0.34, B = 16 0.50 /
-#: 0.38, B = 64 1.26 / 0.55; m = k = 512: B = 1 3.4 / 0.92, B = 64 5.7 / 1.6 (the kernel's
-#: 4·m·k·B flops at level-2 speed, and V's 2 MB faulted in each call).
-SEQUENTIAL_MAX_M = 128
 
 
 class _InPlacePanels:

@@ -256,6 +256,65 @@ def test_the_topic_rule_can_fail(tmp_path):
     assert long_modules_without_reason({"long": long}) == {}
 
 
+#: Numeric module constants that are not tuning: a kernel's structure, a library's default,
+#: a tolerance or an iteration bound of a proof. Every other one lives in ``_lib/tuning.py``.
+NOT_TUNING = {
+    "LANES",  # _kernels/numba_simd: one 512-bit vector of float64
+    "FRESH_PAGES_BYTES",  # _lib/linalg: glibc's default M_MMAP_THRESHOLD
+    "JAX_ALIGNMENT",  # _interop/dlpack: the alignment JAX requires
+    "DRIFT_FACTOR",  # retractions: Cayley's drift tolerance, in units of √M·eps
+    "CERT_CUSHION",  # _agnostic/polar_schedules: the certified schedule's margin
+    "DEFAULT_STEPS",  # _agnostic/fixed_polar: an argument's default
+    "MAX_STEPS",  # _agnostic/fixed_polar: an argument's bound
+    "MAX_ITERS",  # _agnostic/ns_bounds: the convergence proof's iteration bound
+    "LAZY_ITERS",
+    "LAZY_RESTART_ITERS",
+    "_FAR",  # _agnostic/newton_schulz: a correction that can exceed 1 (rounding, not speed)
+    "_DIVERGED",  # _agnostic/polar_schedules: where a model interval counts as unbounded
+}
+TUNING = "householderla._lib.tuning"
+
+
+def numeric_constants(modules: dict[str, Path]) -> list[str]:
+    """``NAME = <number or arithmetic of numbers and names>`` at module level."""
+    out = []
+    for m, p in modules.items():
+        for node in ast.parse(p.read_text(encoding="utf-8")).body:
+            if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
+                continue
+            t = node.targets[0]
+            if not (isinstance(t, ast.Name) and t.id.isupper()):
+                continue
+            leaves = [n for n in ast.walk(node.value) if isinstance(n, ast.Constant)]
+            allowed = (ast.Constant, ast.Name, ast.BinOp, ast.UnaryOp, ast.operator, ast.unaryop)
+            if leaves and all(
+                isinstance(n, allowed) or isinstance(n, ast.Load) for n in ast.walk(node.value)
+            ):
+                if all(isinstance(c.value, (int, float)) for c in leaves):
+                    out.append(f"{m}.{t.id}")
+    return out
+
+
+def test_every_tuning_constant_is_in_the_tuning_module():
+    bad = [
+        c
+        for c in numeric_constants(MODULES)
+        if not c.startswith(TUNING + ".") and c.rsplit(".", 1)[1] not in NOT_TUNING
+    ]
+    assert not bad, f"thresholds outside {TUNING} (one line each there): {bad}"
+    tuning = MODULES[TUNING].read_text(encoding="utf-8").splitlines()
+    assigned = [line for line in tuning if line[:1].isupper() and " = " in line]
+    assert len(assigned) == len(numeric_constants({TUNING: MODULES[TUNING]})) > 20
+    for line in assigned:
+        assert "  # " in line and "results/" in line, f"say what it decides and where: {line}"
+
+
+def test_the_tuning_rule_can_fail(tmp_path):
+    mod = tmp_path / "m.py"
+    mod.write_text("BLOCK = 64\nMIN_L = 2 * BLOCK\nMODES = ('a', 'b')\nLANES = 8\n")
+    assert numeric_constants({"m": mod}) == ["m.BLOCK", "m.MIN_L", "m.LANES"]
+
+
 def test_adapters_are_not_imported_by_init():
     """torch/ and jax/ (and lineax) import a framework: ``__init__`` must not import them."""
     assert {"torch", "jax", "lineax"}.isdisjoint(PUBLIC)

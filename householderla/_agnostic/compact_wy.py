@@ -45,6 +45,7 @@ from .._lib.namespace import (
     real_dtype,
 )
 from .._lib.tracing import is_eager
+from .._lib.tuning import FUSE_MAX_COLUMNS
 
 MODES = ("square", "embed", "project")
 
@@ -199,12 +200,6 @@ def _u_bar(Ubar_out: Any, Ubar_in: Any, m: int, mode: str, xp: Any) -> Any:
     if mode == "embed":
         return xp.concat([Ubar_out[..., :m, :] + Ubar_in, Ubar_out[..., m:, :]], axis=-2)
     return xp.concat([Ubar_in[..., :m, :] + Ubar_out, Ubar_in[..., m:, :]], axis=-2)
-
-
-#: Widest batch (columns of h) for which :func:`lowrank_vjp` concatenates h and g into one
-#: GEMM operand. Wider, the concatenation is a memory pass of 2·N·B numbers with no GEMM-rate
-#: gain: at N = 512, B = 1024 (float64, torch, one thread) it took 35% of a training step.
-FUSE_MAX_COLUMNS = 64
 
 
 def lowrank_vjp(

@@ -27,6 +27,7 @@ from .._lib.linalg import (
     workspace,
 )
 from .._lib.namespace import accumulation_dtype_for, device_of, is_complex, mH, real_dtype
+from .._lib.tuning import STRUCTURED_BLOCK
 
 __all__ = ["STRUCTURED_BLOCK", "dense_matrix", "structured_matrix"]
 
@@ -118,12 +119,6 @@ def _real_diagonal(G: Any, xp: Any) -> Any:
     """The diagonal ‖v_k‖² of a Gram matrix, real (the imaginary part of vᴴv is zero)."""
     d = xp.linalg.diagonal(G)
     return xp.real(d) if is_complex(d.dtype) else d
-
-
-#: Reflectors per block in :func:`structured_matrix`: N=1024 float64 LAPACK reflectors took
-#: 775 / 467 / 265 / 115 ms for blocks of 16 / 32 / 64 / 128 (2-core CPU, NumPy/OpenBLAS),
-#: with the same ‖QᵀQ − I‖_F ≈ 7.4e-14.
-STRUCTURED_BLOCK = 128
 
 
 def _identity(xp: Any, V: Any, ncols: int, dtype: Any) -> Any:

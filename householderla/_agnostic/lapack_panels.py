@@ -43,6 +43,7 @@ from .._lib.blas import blas_pointers
 from .._lib.checks import broadcast_batch
 from .._lib.linalg import gram_upper, inv_upper_triangular, subtract_product, workspace
 from .._lib.namespace import device_of, is_complex, mH, mT
+from .._lib.tuning import PANEL
 
 __all__ = [
     "PANEL",
@@ -54,13 +55,6 @@ __all__ = [
     "panel_bounds",
     "panel_factors",
 ]
-
-#: Reflectors per panel: ``?ormqr``/``?orgqr``'s block size (reference ``ilaenv``). At
-#: m = 1024, k = 256, B = 64 (float64, one thread, NumPy): nb = 32 / 64 / 128 took about
-#: 2.65 / 2.82 / 3.65 ms for a fresh product (dormqr 2.3 ms), and forming the thin Q gave
-#: ‖QᵀQ − I‖_F 1.00 / 1.06 / 1.17 × dorgqr's (six seeds: 1.01–1.05× at 32, complex128
-#: 0.87–0.90×). Measured on the 2-core VM with other work running: ratios, not timings.
-PANEL = 32
 
 
 def form_panel_width(k: int) -> int:

@@ -27,6 +27,7 @@ from .._lib.linalg import eye_like
 from .._lib.mixed import has_wide_matmul, matmul_acc, matmul_split
 from .._lib.namespace import accumulation_dtype_for, device_of, is_half, mH, mT, real_dtype
 from .._lib.tracing import is_eager
+from .._lib.tuning import EIG_BOUNDS_MAX_M
 from .ns_bounds import (
     LAZY_ITERS,
     LAZY_RESTART_ITERS,
@@ -240,12 +241,6 @@ def _tolerances(work: Any, out: Any, restart: bool, xp: Any) -> tuple[float, flo
         return eps_o / 128.0, eps_w
     return eps_w, eps_w
 
-
-#: Largest M for which eager NumPy / host polar bounds the spectrum of XᵀX by its eigenvalues:
-#: ``eigvalsh`` of an M × M matrix took 7 / 12 / 34 / 118 µs at M = 10 / 16 / 32 / 64 against
-#: 36 / 38 / 42 / 52 µs for the O(M²) Gershgorin–Frobenius bounds (NumPy, one thread, this
-#: project's 2-core Intel VM), and exact bounds give the smallest certified count.
-EIG_BOUNDS_MAX_M = 32
 
 #: Restart by default when the first pass's correction can exceed 1 (λ_min·s² < 1/4, i.e.
 #: κ(XᵀX) ≳ 7 after centring): X' + X'D then carries ‖D‖ times the rounding of X'.

@@ -33,26 +33,11 @@ from typing import Any
 
 from .._lib.linalg import sum_to_shape
 from .._lib.namespace import device_of, mH
+from .._lib.tuning import TRAPEZOIDAL_BLOCK as BLOCK
+from .._lib.tuning import TRAPEZOIDAL_FEW_RHS as FEW_RHS
+from .._lib.tuning import TRAPEZOIDAL_MAX_BLOCKS as MAX_BLOCKS
+from .._lib.tuning import TRAPEZOIDAL_MIN_COLUMNS as MIN_COLUMNS
 from .compact_wy import normalize_columns_vjp
-
-#: Target column-block width of the blocked products and the most blocks used: the number of
-#: blocks is ⌊L / 128⌋ clipped to [1, 8]. At N = 1024, L = 1023, B = 64 (float64, one BLAS
-#: thread, 2-core CPU) 2 / 4 / 8 blocks took 11.0 / 9.8 / 9.4 ms (dense 17.1 ms); at
-#: N = L + 1 = 512, 4 and 8 blocks 1.36 / 1.29 ms (dense 2.13 ms). Narrower blocks lose GEMM
-#: efficiency and add per-call overhead that shows at B = 1.
-BLOCK = 128
-MAX_BLOCKS = 8
-
-#: When the blocked products are used (``benchmarks/structured.py``, one BLAS thread, 2-core
-#: VM shared with other jobs; speed-up of blocked over dense NumPy products, float64 /
-#: float32): at least two blocks (L ≥ 256) and L ≥ N/2 — n = 1024, m = 1023, B = 64:
-#: 1.83× / 1.83×; n = 1024, m = 512, B = 64: 1.07× / 1.28×; n = 512, m = 511, B = 64:
-#: 3.8× (noisy) / 1.44× —, and for few right-hand sides (B < 16) only L ≥ 3N/4 with
-#: L ≥ 512: at B = 1, m = 1023: 1.81× / 1.20×, but m = n/2: 0.73–0.99×, m = 511: 1.02× /
-#: 0.94×. Below L = 256 (one block) or L < N/2 nothing is saved: n = 1024, m = 256: 0.73–1.0×
-#: at B = 1, 1.05× at B = 64 (float32); n = 256, m = 255: 0.70–0.97×.
-MIN_COLUMNS = 2 * BLOCK
-FEW_RHS = 16
 
 
 def use_structured(N: int, L: int, B: int) -> bool:

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from .._lib.linalg import inv_upper_triangular
+from .._lib.tuning import DASK_FAN_IN as FAN_IN
 
 __all__ = [
     "FAN_IN",
@@ -42,9 +43,6 @@ __all__ = [
     "tall_factors",
     "tsqr_retraction",
 ]
-
-#: How many partial Gram matrices / products one reduction task combines.
-FAN_IN = 8
 
 
 def check_tall(V: Any, name: str = "V") -> Any:

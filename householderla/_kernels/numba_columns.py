@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from .._lib.tuning import WIDE_MIN_C, WIDE_MIN_C_FORM
 from .numba_checks import unit_reflectors
 from .numba_loops import HAVE_NUMBA, njit
 
@@ -40,13 +41,6 @@ __all__ = ["WIDE_MIN_C", "WIDE_MIN_C_FORM", "apply_columns"]
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
 KERNEL_DEPS = "0255f3915560c1dd"
-
-#: Columns from which one sweep over all of them (:func:`_sweep_wide`, vectorised) beats the
-#: blocks of eight: applying to 32 columns took 0.5–0.8× the blocks' time at N = 16…96;
-#: forming (columns < k skipped) 1.5× at N = 16, 1.0 at N = 48, 0.8–0.9 at N = 64 (pinned
-#: to one core of the 2-core VM, one thread, float64, 1024–2048 matrices).
-WIDE_MIN_C = 32
-WIDE_MIN_C_FORM = 56
 
 
 def _sigs(kind: str) -> Any:

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from .._lib.tuning import FUSE_MIN_N, NT_MIN_BYTES
 from .numba_loops import HAVE_NUMBA, njit
 from .numba_simd import (
     LANES,
@@ -55,18 +56,6 @@ __all__ = ["LANES", "apply_lanes"]
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
 KERNEL_DEPS = "18e40681e2d27e2e"
-
-#: Output size from which the kernel's full 8 × 8 blocks are stored non-temporally
-#: (:func:`~householderla._kernels.numba_simd.transpose8_nt`; the output must be
-#: aligned to the vector, which :func:`~householderla._kernels.numba_batched.output`
-#: arranges).
-NT_MIN_BYTES = 8 << 20
-
-
-#: Smallest N for the column-pair-outer loop (:func:`_sweep2`, update and next dot fused);
-#: below, reflections outer: fewer, longer loops (forming 8192 matrices of 3 × 3: 0.26 →
-#: 0.22 ms, measured side by side).
-FUSE_MIN_N = 5
 
 
 def _sigs() -> Any:

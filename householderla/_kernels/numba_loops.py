@@ -46,6 +46,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._lib.tuning import FUSED_ROW_BYTES
+
 # imported lazily (householderla._kernels.load_numba): ``import householderla`` never imports numba
 try:
     import numba
@@ -76,17 +78,6 @@ def njit(sigs: Any = None, inline: str = "never") -> Any:
         return numba.njit(sigs, cache=True, nogil=True)(fn)
 
     return deco
-
-
-#: The longest row of Y (bytes) for which :func:`apply_block` fuses each reflection's update
-#: with the next one's dot products; longer rows get a dot pass and an update pass. A fused
-#: row touches that row of Y, of the partial sums and of the coefficients, and the three no
-#: longer sit in L1 (32 KiB here) side by side: at N = L = B = 1024, float64 (8 KiB rows) the
-#: fused pass took 1.28× the two passes' median time, with 4 KiB rows (B = 512 float64,
-#: B = 1024 float32) 0.82–0.83× (one thread on the 2-core EPYC VM). ``householder_product``
-#: at N = 1024 float64 forms Q through 8 KiB rows: fused, its time spread 214–447 ms over
-#: six headline runs, against a steady ≈ 345 ms with two passes.
-FUSED_ROW_BYTES = 4096
 
 
 # -- inner loops (inlined into the entry kernels) --------------------------------------------

@@ -30,17 +30,11 @@ import array_api_compat as aac
 from .._autodiff import call, route
 from .._lib.mixed import widen
 from .._lib.namespace import device_of, is_half
+from .._lib.tuning import CWY_BLOCK as BLOCK
+from .._lib.tuning import CWY_BLOCKS_MIN_L as MIN_L
+from .._lib.tuning import CWY_BLOCKS_MIN_L_GRAPH as MIN_L_GRAPH
 
 __all__ = ["BLOCK", "MIN_L", "MIN_L_GRAPH", "apply_blocks", "block_factors", "use_blocks"]
-
-#: Reflectors per block. N = L = 1024 with B = 64 (float64, NumPy, one thread, 2-core VM
-#: under load): nb = 32 / 64 / 128 / 256 took 20 / 21 / 26 / 30 ms, the single block's
-#: fresh product 92 ms.
-BLOCK = 64
-#: Fewest reflectors for which blocks are used (below, one block is at most 4 blocks' work).
-MIN_L = 256
-#: Fewest reflectors for which blocks are used when autodiff records the product (torch).
-MIN_L_GRAPH = 2 * BLOCK
 
 
 def use_blocks(L: int, B: int, graph: bool = False) -> bool:

@@ -33,15 +33,12 @@ from .._kernels import numba_enabled, numba_for, numba_for_torch
 from .._lib.checks import as_matrix_operand, broadcast_batch
 from .._lib.namespace import conj, device_of, is_complex, is_half, mH, mT, resolve
 from .._lib.tracing import is_eager, needs_graph
+from .._lib.tuning import SEQ_DETECT_FLOPS
 from .blocked import apply_blocks
 from .compose import compose, is_operator
 from .factors import SMALL_N, LazyFactors, lowrank
 from .linear_operator import LinearOperatorMixin
 from .sequential import apply_sequential, sequential_is_faster
-
-#: Flops a trapezoidal V saves a first sequential product (2·L²·B) from which "auto" looks
-#: for one (the check costs about as much as 2¹⁷ flops of the kernel).
-SEQ_DETECT_FLOPS = 1 << 17
 
 __all__ = ["CompactWYOperator"]
 

@@ -33,6 +33,7 @@ from .._lib.linalg import eye_like, row_major_copy
 from .._lib.mixed import widen
 from .._lib.namespace import device_of, mH
 from .._lib.tracing import is_eager, needs_graph
+from .._lib.tuning import SMALL_N
 from .blocked import block_factors, use_blocks
 
 __all__ = ["SMALL_N", "LazyFactors", "factors_of", "lowrank"]
@@ -68,10 +69,6 @@ def lowrank(
     if out is None or out == U.dtype:
         return call(r, "lowrank", xp, U, T, h, transpose, mode)
     return call(r, "lowrank", xp, U, T, h, transpose, mode, out)
-
-
-#: Largest N formed by sequential reflections in ``.matrix()`` (see ``_small_matrix``)
-SMALL_N = 64
 
 
 class LazyFactors:

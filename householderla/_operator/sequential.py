@@ -19,6 +19,7 @@ from .._kernels import numba_enabled, numba_for, numba_for_torch
 from .._lib.checks import as_matrix_operand, broadcast_batch, check_reflectors, finite_reflectors
 from .._lib.mixed import widen
 from .._lib.namespace import is_half, resolve
+from .._lib.tuning import SEQUENTIAL_MAX_B, SEQUENTIAL_MAX_LB_PRECOMPUTED, SEQUENTIAL_MAX_N
 
 __all__ = [
     "SEQUENTIAL_MAX_B",
@@ -125,38 +126,6 @@ def householder_apply_vjp(V: Any, h: Any, g: Any, xp: Any) -> tuple[Any, Any]:
     return _householder_apply_vjp(V, h, g, xp)
 
 
-#: Crossover of the Numba sequential kernel against CWY, from two full runs of
-#: ``benchmarks/sequential.py`` (results/sequential{,-run1}.md) on the 2-core EPYC VM while other
-#: jobs kept the load at 8–10: best-of-7 times, then the better of the two runs. Grid
-#: N ∈ {32, 64, 128, 256, 512}, L ∈ {4, 16, 64, N}, B ∈ {1, 4, 16, 64}, float32 and float64
-#: (144 cells). Re-run on a quiet machine before trusting the second decimal.
-#:
-#: * Against ``cwy(V) @ h`` with the factors still to build (N·L² + L³/3 flops and several
-#:   BLAS calls, ≈ 70 µs fixed): sequential was faster in all 144 cells, median ratio 0.23
-#:   (e.g. N=128, L=16, B=1: 16 µs vs 80 µs); each run alone had 1–2 cells where CWY was
-#:   up to 1.67× faster (N=128, L=64, B=16; N=L=128, B=4 and 16, float64), contradicted by
-#:   the other run. Caveat: the CWY times at L ≥ 64 include this VM's OpenBLAS stalls between
-#:   back-to-back calls (12–50 ms, see benchmarks/README.md); on a quiet machine the flop
-#:   model (4·N·L·B at ≈ 4 GFLOP/s against N·L² + 4·N·L·B at ≈ 30 GFLOP/s plus 70 µs)
-#:   predicts CWY wins at large L·B, e.g. N = L = 512, B = 64: ≈ 5 ms vs the kernel's
-#:   8.5 ms. Beyond the grid (N > 512 or B > 64) CWY is assumed to win.
-#: * Against a built operator's ``Q @ h`` (two GEMMs and an L×L product): CWY was faster by
-#:   more than 25% in 78 cells, sequential in 6, each with a stalled CWY time (0.5–44 ms,
-#:   2–1000× the same shape in the other dtype or at a neighbouring L, B); at L·B ≤ 64,
-#:   where argument resolution (~15 µs) dominates both, the median ratio is 1.15.
-#:   Hence 0: with built factors, never sequential.
-#: * Re-run after the other jobs ended (results/sequential.md, load 2.4 and falling): against
-#:   a fresh operator sequential was faster in 142 of 144 cells; the two others are
-#:   N = L = 512, B ∈ {4, 16}, float64, at 1.01–1.02× (a tie), so the rule stands.
-#: * Re-run 2026-11-27 on the idle VM with the fused block pass of the kernel
-#:   (results/sequential.md): sequential faster than a fresh operator in all 144 cells (median
-#:   0.48, at most 0.86), slower than a built one in all 144 (median 2.8×); the rule picks the
-#:   path more than 25% slower in 0 of 288 cells.
-SEQUENTIAL_MAX_N = 512
-SEQUENTIAL_MAX_B = 64
-SEQUENTIAL_MAX_LB_PRECOMPUTED = 0
-
-
 def sequential_is_faster(
     N: int, L: int, B: int, dtype: Any = None, *, precomputed: bool = False
 ) -> bool:
@@ -167,8 +136,8 @@ def sequential_is_faster(
     a built operator (4·N·L·B + L²·B). False whenever the kernels are unavailable (no numba,
     or ``HL_DISABLE_NUMBA`` set). ``dtype`` is accepted for the CWY hook's signature; the
     measured crossover is the same for float32 and float64 within the noise. The constants
-    and the figures behind them are ``SEQUENTIAL_MAX_N``, ``SEQUENTIAL_MAX_B`` and
-    ``SEQUENTIAL_MAX_LB_PRECOMPUTED`` in this module.
+    are ``SEQUENTIAL_MAX_N``, ``SEQUENTIAL_MAX_B`` and ``SEQUENTIAL_MAX_LB_PRECOMPUTED`` of
+    :mod:`householderla._lib.tuning` (figures in ``benchmarks/results/tuning.md``).
 
     Examples
     --------

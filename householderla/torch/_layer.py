@@ -28,31 +28,11 @@ import torch
 
 from .._autodiff.torch import CWYLinear
 from .._lib.tracing import is_transformed, needs_graph
+from .._lib.tuning import ONE_NODE, OPERATOR_MAX_ROWS, SINGLE_BLOCK_MAX_N
 from .._operator import blocked as _blocked
 from ._param import INITS, MAPS, STRUCTURES, Orthogonal
 
 __all__ = ["ONE_NODE", "OPERATOR_MAX_ROWS", "SINGLE_BLOCK_MAX_N", "OrthogonalLinear"]
-
-#: The operator path runs for a batch of at most this many rows per max(in, out) (forming W
-#: above it). Training step of a square CWY layer through the one node (float64, torch, one
-#: thread), operator / formed, in ms: N = B = 256: 7.3 / 9.3; N = B = 512: 47 / 60;
-#: N = B = 1024: 313 / 399; N = 256, B = 1024: 25 / 15; N = 512, B = 1024: 91 / 73
-#: (``benchmarks/training_step.py`` measures the layer).
-OPERATOR_MAX_ROWS = 1.0
-#: Whether a square CWY layer's training forward runs as one autograd node
-#: (``_autodiff.torch.CWYLinear``: unnormalised blocks, their Grams, triangular solves and
-#: GEMMs, with their backward) instead of the composed rule-table nodes (normalised blocks,
-#: ``_blocked``), which ``torch.func`` transforms and ``torch.compile`` take. Training step
-#: (forward + backward + SGD, torch, one thread, float64), one node / composed / torch's Cayley
-#: map, in ms: N = B = 256: 7.8 / 9.7 / 10.8; N = 256, B = 32: 2.6 / 5.0 / 9.2; N = 512,
-#: B = 256: 26.5 / 30.9 / 64.9; float32 N = B = 256: 4.3 / 5.6 / 6.3.
-ONE_NODE = True
-#: Largest N for which the one node forms W (B > N) from a single block (W = I − V Z,
-#: 3·N·L² flops) rather than from blocks of ``_blocked.BLOCK`` applied to the identity (fewer
-#: flops for trapezoidal V, smaller GEMMs). One node, float64, one thread, single block /
-#: blocks, in ms: N = 128, B = 1024: 3.5 / 3.7; N = 256, B = 1024: 15.6 / 14.8. The operator
-#: path always takes blocks (N = B = 128: 1.76 / 1.66; N = B = 192: 3.75 / 3.40).
-SINGLE_BLOCK_MAX_N = 192
 
 
 class OrthogonalLinear(torch.nn.Module):
