@@ -232,3 +232,8 @@ def tcwy(V: Any, *, theta: Any = None, structure: str = "auto", xp: Any = None) 
         return tall_operator(V, "embed")  # type: ignore[return-value]
     V, xp, structure, theta, lower = _prepare(V, structure, xp, theta, -1)
     return TCWY(V, xp, False, None, structure, theta=theta, trapezoidal=lower)
+
+
+def __dir__() -> list[str]:
+    """Only the public names: the imports above stay attributes but are not listed."""
+    return sorted(__all__)

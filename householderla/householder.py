@@ -167,3 +167,8 @@ def _inverse(A: Any, xp: Any, name: str, return_phases: bool) -> Any:
         theta = xp.zeros(A.shape[:-2] + (A.shape[-1],), dtype=rdtype, device=device_of(A))
     V = V if V.dtype == A.dtype else xp.astype(V, A.dtype)
     return (V, theta) if return_phases else V
+
+
+def __dir__() -> list[str]:
+    """Only the public names: the imports above stay attributes but are not listed."""
+    return sorted(__all__)

@@ -510,3 +510,8 @@ def from_lapack(a: Any, tau: Any, *, thin: bool = False, xp: Any = None) -> CWY 
     # (householderla._agnostic.lapack_panels); a constant, as sdiag
     tau = tau.detach() if hasattr(tau, "detach") else tau
     return (TCWY if thin else CWY)(V, xp, structure="trapezoidal", sdiag=sdiag, tau=tau)
+
+
+def __dir__() -> list[str]:
+    """Only the public names: the imports above stay attributes but are not listed."""
+    return sorted(__all__)

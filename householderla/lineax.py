@@ -310,3 +310,8 @@ class Orthogonal(lx.AbstractLinearSolver):
 
     def assume_full_rank(self) -> bool:
         return True
+
+
+def __dir__() -> list[str]:
+    """Only the public names: the imports above stay attributes but are not listed."""
+    return sorted(__all__)

@@ -446,3 +446,8 @@ def riemannian_gradient(X: Any, G: Any, *, metric: str = "canonical", xp: Any = 
     _, (Xw, Gw) = _work(xp, X, G)
     out = jit_for(xp, _riemannian_gradient, (0, 3))(xp, Xw, Gw, euclidean)
     return out if out.dtype == dtype else xp.astype(out, dtype)
+
+
+def __dir__() -> list[str]:
+    """Only the public names: the imports above stay attributes but are not listed."""
+    return sorted(__all__)

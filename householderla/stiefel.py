@@ -404,3 +404,8 @@ def adam(
         return X_next, AdamState(count, U_next, Z_next, p, q)
 
     return StiefelOptimizer(init, update)
+
+
+def __dir__() -> list[str]:
+    """Only the public names: the imports above stay attributes but are not listed."""
+    return sorted(__all__)

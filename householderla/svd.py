@@ -485,3 +485,8 @@ def _params_core(xp: Any, W: Any) -> tuple[Any, ...]:
     sq_vecs = sq_vecs[..., : r - 1]
     other_vecs = tcwy_vectors(other, xp=xp)
     return (sq_vecs, s, other_vecs) if m <= n else (other_vecs, s, sq_vecs)
+
+
+def __dir__() -> list[str]:
+    """Only the public names: the imports above stay attributes but are not listed."""
+    return sorted(__all__)

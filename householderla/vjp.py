@@ -411,3 +411,8 @@ def qr_retraction(X: Any, Z: Any, step: Any, Ybar: Any, *, xp: Any = None) -> tu
     Ybar_in = jit_for(xp, _qr_vjp)(xp, Xw + tw * Zw, Yb)
     sb = _step_bar(RK.inner(Ybar_in, Zw, xp), t, dtype, xp)
     return (*_as_inputs(real, xp, *_back(dtype, xp, Ybar_in, tw * Ybar_in)), sb)
+
+
+def __dir__() -> list[str]:
+    """Only the public names: the imports above stay attributes but are not listed."""
+    return sorted(__all__)

@@ -315,6 +315,26 @@ def test_the_tuning_rule_can_fail(tmp_path):
     assert numeric_constants({"m": mod}) == ["m.BLOCK", "m.MIN_L", "m.LANES"]
 
 
+def test_public_namespaces_list_only_public_names():
+    """Every public module (and adapter) has ``__all__`` and a ``__dir__`` that lists it, so
+    ``dir(hl.vjp)`` shows no ``np`` / ``K`` / ``P`` (read from the source: the adapters import
+    frameworks); the modules ``__init__`` imports are checked by ``dir`` too."""
+    import importlib
+
+    tops = {m for m in MODULES if m.count(".") == 1 and not m.split(".")[1].startswith("_")}
+    assert {"householderla.torch", "householderla.vjp", "householderla.lineax"} <= tops
+    for m in sorted(tops):
+        body = ast.parse(MODULES[m].read_text(encoding="utf-8")).body
+        names = {t.id for n in body if isinstance(n, ast.Assign) for t in n.targets} | {
+            n.name for n in body if isinstance(n, ast.FunctionDef)
+        }
+        assert {"__all__", "__dir__"} <= names, f"{m}: define __all__ and __dir__"
+        if m.split(".")[1] in PUBLIC:
+            mod = importlib.import_module(m)
+            assert dir(mod) == sorted(mod.__all__), m
+            assert all(hasattr(mod, n) for n in mod.__all__), m
+
+
 def test_adapters_are_not_imported_by_init():
     """torch/ and jax/ (and lineax) import a framework: ``__init__`` must not import them."""
     assert {"torch", "jax", "lineax"}.isdisjoint(PUBLIC)

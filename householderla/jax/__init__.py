@@ -132,3 +132,8 @@ def orthogonal_linear(V: Any, x: Any) -> Any:
     else:
         y = x2 @ op.matrix().T
     return jnp.reshape(y, (*x.shape[:-1], out))
+
+
+def __dir__() -> list[str]:
+    """Only the public names: the imports above stay attributes but are not listed."""
+    return sorted(__all__)

@@ -144,3 +144,8 @@ def householder_product(V: Any, *, kernel: str = "torch") -> torch.Tensor:
     (V,) = resolve([("V", V)])[3]
     N, _ = check_reflectors(V)
     return householder_apply(V, torch.eye(N, dtype=V.dtype, device=V.device), kernel=kernel)
+
+
+def __dir__() -> list[str]:
+    """Only the public names: the imports above stay attributes but are not listed."""
+    return sorted(__all__)
