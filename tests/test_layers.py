@@ -335,6 +335,36 @@ def test_public_namespaces_list_only_public_names():
             assert all(hasattr(mod, n) for n in mod.__all__), m
 
 
+#: Most lines a private module's docstring may have: the math and the rule in words; the
+#: figures and run histories live in ``benchmarks/results/`` (``tuning.md``).
+PRIVATE_DOC_LINES = 10
+
+
+def _is_private(module: str) -> bool:
+    return any(part.startswith("_") for part in module.split(".")[1:])
+
+
+def long_private_docstrings(modules: dict[str, Path]) -> dict[str, int]:
+    out = {}
+    for m, p in modules.items():
+        n = len(_docstring(p).splitlines())
+        if _is_private(m) and n > PRIVATE_DOC_LINES:
+            out[m] = n
+    return out
+
+
+def test_private_module_docstrings_are_short():
+    bad = long_private_docstrings(MODULES)
+    assert not bad, f"private module docstrings over {PRIVATE_DOC_LINES} lines: {bad}"
+
+
+def test_the_docstring_rule_can_fail(tmp_path):
+    mod = tmp_path / "m.py"
+    mod.write_text('"""' + "line\n" * 11 + '"""\n', encoding="utf-8")
+    assert long_private_docstrings({"householderla._lib.m": mod}) == {"householderla._lib.m": 11}
+    assert long_private_docstrings({"householderla.m": mod}) == {}  # public: the API's docs
+
+
 def test_adapters_are_not_imported_by_init():
     """torch/ and jax/ (and lineax) import a framework: ``__init__`` must not import them."""
     assert {"torch", "jax", "lineax"}.isdisjoint(PUBLIC)

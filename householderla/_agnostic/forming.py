@@ -1,15 +1,10 @@
 """Forming the dense matrix H(v₁)…H(v_L) (or its first columns) straight from V.
 
-Two routes without the normalised factors U, T of :mod:`.compact_wy`:
-
-* :func:`structured_matrix` for lower-trapezoidal V (LAPACK's and oRNN's layout), blocked like
-  LAPACK's orgqr on the trailing submatrices (4N³/3 flops for L = N);
-* :func:`dense_matrix` for any V, the one-shot I − V S⁻¹ Vᵀ (syrk, one triangular solve, one
-  GEMM) with S = striu(VᵀV) + ½ diag(VᵀV) (Mhammedi et al., ICML 2017, Proposition 1).
-
-Both need writeable arrays (NumPy, torch, CuPy) and run only where no autodiff follows. Complex
-V takes conjugate transposes (I − V S⁻¹ Vᴴ, S = striu(VᴴV) + ½ diag(VᴴV)), through the
-generic products (the SciPy BLAS shortcuts are for real matrices).
+Two routes without the normalised factors U, T of :mod:`.compact_wy`: :func:`structured_matrix`
+for lower-trapezoidal V, blocked like LAPACK's orgqr (4N³/3 flops for L = N), and
+:func:`dense_matrix` for any V, the one-shot I − V S⁻¹ Vᵀ with S = striu(VᵀV) + ½ diag(VᵀV)
+(Mhammedi et al., ICML 2017, Proposition 1). Both need writeable arrays and run only where no
+autodiff follows; complex V takes conjugate transposes.
 """
 
 from __future__ import annotations

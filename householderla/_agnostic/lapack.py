@@ -1,16 +1,10 @@
 """LAPACK's compact Householder storage ``(a, τ)`` as this library's reflection vectors.
 
-``?geqrf`` stores H(i) = I − τᵢ vᵢ vᵢᵀ with vᵢ = eᵢ + (a[i+1:, i] below the diagonal): a unit
-lower-trapezoidal V whose diagonal is implicit (``a``'s diagonal and upper part hold R), and
-τᵢ = 0 for H(i) = I (LAPACK Users' Guide, Anderson et al., SIAM 1999, §5.4). For every τᵢ ≠ 0
-that ``?larfg`` produces, τᵢ = 2/‖vᵢ‖², so H(i) is the reflection H(vᵢ) = I − 2vᵢvᵢᵀ/‖vᵢ‖² of
-this library, and Q = H(1)…H(k) is ``cwy(V)`` with the τ = 0 columns of V set to zero.
-
-Complex ``?geqrf`` (``zgeqrf``) makes τᵢ complex: H(i) = I − τᵢvᵢvᵢᴴ is unitary but not Hermitian.
-It fixes vᵢ⊥ and multiplies vᵢ by λᵢ = 1 − τᵢ‖vᵢ‖², so it is unitary exactly when |λᵢ| = 1 (a
-reflection when λᵢ = −1). In the compact WY form only the diagonal of S changes (LAPACK's
-``zlarft``: T⁻¹ = diag(1/τ) + striu(VᴴV)); with unit vectors S = diag(sᵢ) + striu(UᴴU),
-sᵢ = 1/(τᵢ‖vᵢ‖²) = 1/(1 − λᵢ) (:func:`normalized_sdiag`).
+``?geqrf`` stores H(i) = I − τᵢvᵢvᵢᴴ with vᵢ unit lower trapezoidal below the diagonal of ``a``
+and τᵢ = 0 for H(i) = I (LAPACK Users' Guide, Anderson et al., SIAM 1999, §5.4). Real τᵢ ≠ 0
+from ``?larfg`` is 2/‖vᵢ‖², so Q = H(1)…H(k) is ``cwy(V)`` with the τ = 0 columns zeroed.
+Complex τ gives unitary, non-Hermitian H(i) with eigenvalue λᵢ = 1 − τᵢ‖vᵢ‖²: in the compact
+WY form only the diagonal of S changes, sᵢ = 1/(1 − λᵢ) (:func:`normalized_sdiag`).
 """
 
 from __future__ import annotations

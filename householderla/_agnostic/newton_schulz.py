@@ -1,16 +1,10 @@
 """Polar factor by the coupled Newton–Schulz iteration with an a priori iteration count.
 
-Q = X (XᵀX)^{-1/2} for tall full-rank X (..., N, M). With A = s²XᵀX (s a scale chosen below)
-the coupled iteration of Higham (1997, eq. 2.6; Kong, Wang & Tao, ICLR 2023, Algorithm 3)
-
-    Y₀ = A,  Z₀ = I,  T_k = ½(3I − Z_k Y_k),  Y_{k+1} = Y_k T_k,  Z_{k+1} = T_k Z_k
-
-is run in *delta form* (F = Y − I, D = Z − I, S = T − I), so that Q = sX + (sX)D never adds a
-rounded identity, and stops after a count k fixed before the loop: on an eigenvalue λ of A
-the residual r = 1 − λz² obeys r_{k+1} = φ(r_k) = ¾r_k² + ¼r_k³, so cheap O(M²) bounds
-[a, b] ∋ spec(XᵀX) (Gershgorin ∩ [1 − δ, 1 + δ], δ = ‖XᵀX − I‖_F) certify the worst residual
-after k steps. The derivation is in ``docs/theory/retractions.rst``. Every function takes
-``xp`` explicitly; JAX compiles each stage once per shape (and static count).
+Q = X (XᵀX)^{-1/2} for tall full-rank X. With A = s²XᵀX the coupled iteration (Higham 1997,
+eq. 2.6; Kong, Wang & Tao, ICLR 2023, Algorithm 3) runs in delta form (F = Y − I, D = Z − I)
+so Q = sX + (sX)D never adds a rounded identity. On an eigenvalue of A the residual obeys
+r_{k+1} = ¾r_k² + ¼r_k³, so O(M²) spectral bounds fix the count k before the loop
+(``docs/theory/retractions.rst``). Every function takes ``xp``; JAX compiles each stage once.
 """
 
 from __future__ import annotations

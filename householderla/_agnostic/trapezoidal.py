@@ -1,30 +1,11 @@
 """Compact WY kernels for lower-trapezoidal reflectors (oRNN / LAPACK layout), by blocked GEMMs.
 
-When column j of U (..., N, L) is zero in rows < j (Mhammedi et al., ICML 2017 eq. 9), U = [U₁; U₂]
-with U₁ the L × L lower-triangular top block, and T = S⁻¹ is upper triangular. The apply y = R(h) −
-U_out M U_inᵀ h of :func:`householderla._agnostic.compact_wy.lowrank_apply` then needs
-
-    Uᵀh   2·(N·L − L²/2)·B,    M·a   L²·B,    U·b   2·(N·L − L²/2)·B,
-
-4·N·L·B − L²·B flops in all: Mhammedi et al., ICML 2017, Table 2's forward count (4n − m + 2)·m per
-vector, up to the 2m of its divisions by ‖u_k‖², against 4·N·L·B + 2·L²·B for the dense products.
-
-The zeros are skipped by splitting the L columns into k blocks [s, e) and running one GEMM
-per block on the rows where that block can be nonzero (columns) or on the columns that can
-be nonzero in a row segment (rows): k GEMMs instead of one, the pure Array API, batched and
-jit-friendly (all shapes static), on every namespace. Each product then wastes the
-triangle inside its diagonal blocks, (1/k) of the saving: 4·N·L·B − L²·B + 3·L²·B/k flops.
-
-Why blocked GEMMs and not BLAS ``trmm``: torch and JAX have no triangular product, the
-blocked products run on every namespace (and under jit), and on NumPy they were as fast as
-``scipy.linalg.blas.?trmm`` for the triangles where the structure pays off and much faster at
-B = 1 (``benchmarks/structured.py``, float64, one BLAS thread, 2-core VM under load;
-n = 1024, m = 1023: B = 64 dense 25.4 ms, blocked 13.9 ms, trmm 10.6 ms; B = 1 dense
-0.77 ms, blocked 0.43 ms, trmm 0.83 ms; float32 B = 64: 12.9 / 7.1 / 9.0 ms). With
-threaded BLAS, alternating NumPy's OpenBLAS (GEMMs) and SciPy's separate OpenBLAS (trmm)
-stalled for 20–80 ms per call on the shared 2-core machine.
-
-Every function takes ``xp`` explicitly; ``bounds`` are the (start, stop) column blocks.
+When column j of U is zero in rows < j (Mhammedi et al., ICML 2017, eq. 9) the apply of
+:func:`householderla._agnostic.compact_wy.lowrank_apply` needs 4·N·L·B − L²·B flops (their
+Table 2) instead of 4·N·L·B + 2·L²·B. The zeros are skipped by k column blocks, one GEMM each
+on the rows (or columns) the block can reach: pure Array API, batched, jit-friendly, wasting
+3·L²·B/k. Blocked GEMMs rather than BLAS ``trmm``: torch and JAX have none, and on NumPy they
+were as fast (``benchmarks/results/tuning.md``). ``bounds`` are the (start, stop) column blocks.
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
 """Zero-copy hand-over of torch / JAX / NumPy / CuPy buffers to kernels, by DLPack.
 
-NumPy-only kernels (Numba, SciPy's LAPACK wrappers) take a CPU tensor of any framework
-through :func:`to_numpy` and give their result back through :func:`from_numpy`; CUDA kernels
-(CuPy) use :func:`to_cupy` / :func:`from_cupy` on torch's current stream. The rules:
-
-* Only ``from_dlpack`` is used (never raw capsules), so the producer's ``__dlpack__`` decides
-  the stream synchronisation and read-only signalling (DLPack ≥ 1.0).
-* Export prepares the tensor the way DLPack needs it: ``detach()`` (a tensor that requires
-  grad cannot be exported), ``resolve_conj()`` / ``resolve_neg()`` (lazy sign bits are not
-  part of DLPack) and ``contiguous()`` (kernels index C-ordered memory). All three are no-ops,
-  and nothing is copied, for an ordinary contiguous tensor.
-* Read-only stays read-only. JAX arrays are immutable, so their NumPy view is read-only; a
-  read-only NumPy array is passed through unchanged; the view of a torch tensor is read-only
-  unless ``writable=True`` is asked for. Kernels never write into their inputs, and
-  ``writable=True`` refuses every case where a write would be lost (a contiguous copy) or
-  would corrupt something (a JAX buffer, a read-only array, a tensor autograd is tracking).
-* :func:`from_numpy` wraps a kernel's *fresh* output without a copy where the consumer
-  allows it (torch always; JAX when the buffer is 64-byte aligned, see :func:`aligned_empty`)
-  and copies otherwise (read-only input, misaligned buffer for JAX, a non-CPU ``like``). The
-  array is handed over: the caller must not write into it afterwards.
-
-Nothing here imports a framework the caller has not already imported.
+NumPy-only kernels take a CPU tensor through :func:`to_numpy` and return through
+:func:`from_numpy`; CuPy kernels use :func:`to_cupy` / :func:`from_cupy` on torch's current
+stream. Only ``from_dlpack`` is used; export detaches, resolves lazy conj/neg bits and makes
+contiguous (no-ops for an ordinary tensor). Read-only stays read-only, and ``writable=True``
+refuses every case where a write would be lost or corrupt something. :func:`from_numpy` wraps a
+fresh output without a copy where the consumer allows it (JAX: 64-byte aligned). Nothing here
+imports a framework the caller has not already imported.
 """
 
 from __future__ import annotations

@@ -1,27 +1,13 @@
 """Many small Householder products at once: eight columns per pass, sums in registers (NumPy, CPU).
 
-For a batch of P matrices of N ≲ 64 each with its own V, every matrix is handled alone: its
-output columns are swept in blocks of eight (then four, then a zero-padded rest), and each
-reflection H(v_k) = I − τ_k v_k v_kᵀ acts on a block row by row, γ_j = v_kᵀ y_j and
-y_j ← y_j − (τ_k γ_j) v_k (Mhammedi et al., ICML 2017, Algorithm 1, lines 7–10), with the
-update of reflection k and the dot products of the next one sharing one pass over the rows.
-The eight running sums and τγ stay in registers (Numba scalars, no SLP: it was slower
-here); V and Y are read and written in place. From [I; 0] with lower-trapezoidal V the rows
-< k (unchanged by H(v_k)) are skipped, and so are the reflections k > j for the block ending
-at column j: LAPACK orgqr's 4N³/3 flops for L = N (the reflections after the block's fourth
-column run on its last four only). With many columns (``WIDE_MIN_C``) one sweep over all
-of them, the column loops innermost, vectorises and wins (:func:`_sweep_wide`). One thread,
-float64: forming 1024 matrices 64 × 64 28 ms. The SIMD lanes (:mod:`~.numba_lanes`, same
-bits) are faster at every N ≤ 64 here; this kernel is their reference and the fallback.
-
-Numerics: everything in the input dtype; each dot product is one running sum over the rows
-in increasing order (no partial sums: the eight columns are the independent chains), and
-τ = 2/‖v‖² likewise, so a matrix's result does not depend on the batch or on the other
-columns of its block, and differs from the per-matrix kernel
-(:func:`householderla._kernels.numba.hprod`, four partial sums) by rounding only: a few ulps
-per reflection, ≤ c·eps·N·L·‖h‖∞ in all (γ_N per dot product, Higham, Accuracy and Stability
-of Numerical Algorithms, SIAM 2002, §3.1). Columns whose ‖v‖² leaves the safe range make the
-kernel return −1 (the caller rescales, exactly); non-finite columns give τ = NaN.
+For P matrices of N ≲ 64, each with its own V, every matrix's output columns are swept in blocks
+of eight: γ_j = v_kᵀy_j, y_j ← y_j − (τ_kγ_j)v_k (Mhammedi et al., ICML 2017, Algorithm 1), the
+update fused with the next dot products; rows and reflections that cannot touch a block are
+skipped (orgqr's 4N³/3 flops for L = N). From ``WIDE_MIN_C`` columns one vectorised sweep over all
+of them (:func:`_sweep_wide`). The SIMD lanes (:mod:`~.numba_lanes`) give the same bits faster;
+this is their reference and fallback. Numerics: input dtype, one running sum per dot product in
+row order, so results do not depend on the batch; ‖v‖² outside the safe range returns −1 (the
+caller rescales), non-finite columns give τ = NaN.
 """
 
 from __future__ import annotations

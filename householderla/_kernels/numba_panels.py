@@ -1,27 +1,12 @@
 """LAPACK's blocked loops ``?ormqr`` and ``?orgqr`` on one column-major ``(a, τ)``, compiled.
 
-The loops of :func:`householderla._agnostic.lapack_panels.apply_panels` and
-:func:`~householderla._agnostic.lapack_panels.form_panels` over
-:class:`~householderla._agnostic.lapack_panels.LapackPanels`, in one Numba call each: per panel
-[s, e) of w ≤ nb reflectors, the panel copied out of aᵀ (:func:`.numba_larft.panel_rows`), its
-Gram G = V_pᴴV_p by one ``?gemm`` (``?herk`` for complex), T_p by ``?larft``'s recurrence
-(:func:`.numba_larft.larft_one`), then the panel's two or three GEMMs, every BLAS call made
-through a function pointer to NumPy's own CBLAS (:func:`householderla._lib.blas.blas_pointers`:
-the library, thread pool and ILP64 interface that ``matmul`` and ``threadpoolctl`` use). The
-panels and products are the Python loop's (with ``?herk`` for complex Grams); what goes is the
-interpreter between the calls: about 9 µs a ``gemm_subtract``, 25 µs a panel's ``get`` and the
-loop's own slicing. At m = 1024, k = 256, B = 64 (float64, one thread, 2-core VM) the Python
-loop's eight panels spent ≈ 0.45 ms of 2.39 ms outside BLAS and the kernels (the GEMMs, Grams,
-copies and ``larft`` themselves: 1.92 ms).
-
-All matrices are row-major (C order) for CBLAS: aᵀ (n, m), so the panel buffer ``buf`` (nb, m)
-holds V_pᵀ in its rows and V_p = buf[:w, s:]ᵀ; ``cbuf`` its conjugate for complex dtypes (the
-same array for real ones), so that V_pᴴ X is a plain (NoTrans) GEMM on ``cbuf``. α and β go by
-value for float32/float64 and by address (of one-element arrays that live as long as the
-process) for complex64/complex128, as CBLAS takes them. The workspace comes from the caller, who
-holds it for the call: an array allocated inside the kernel is released after its last use in
-the code, and a BLAS call given its address after that point wrote into freed memory (a crash in
-``zgemm`` while this module was written).
+The loops of :func:`householderla._agnostic.lapack_panels.apply_panels` and ``form_panels``
+over ``LapackPanels`` in one Numba call each: per panel the copy out of aᵀ, its Gram by one
+``?gemm`` (``?herk`` for complex), T_p by ``?larft``'s recurrence, then two or three GEMMs, every
+BLAS call through a pointer to NumPy's own CBLAS (:func:`householderla._lib.blas.blas_pointers`).
+What goes is the interpreter between the calls. Matrices are row-major for CBLAS (aᵀ, panel
+buffer ``buf`` and its conjugate ``cbuf``); complex α, β go by address. The workspace comes
+from the caller: an array allocated inside the kernel may be freed before BLAS writes to it.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Linear algebra the Array API standard lacks, with one native route per backend.
 
-========================  ====================================================
-backend                   ``inv_upper_triangular`` route
-========================  ====================================================
-NumPy                     LAPACK ``trtri`` (one matrix), ``scipy.linalg.solve_triangular`` (batched)
-torch                     ``torch.linalg.solve_triangular(..., upper=True)``
-JAX                       ``jax.scipy.linalg.solve_triangular(..., lower=False)``
-CuPy                      ``cupyx.scipy.linalg.solve_triangular`` per matrix
-anything else             :func:`inv_upper_triangular_recursive` (pure Array API)
-========================  ====================================================
+``inv_upper_triangular``: NumPy by LAPACK ``trtri`` (one matrix) or
+``scipy.linalg.solve_triangular`` (batched); torch and JAX by their ``solve_triangular``; CuPy by
+``cupyx.scipy.linalg.solve_triangular`` per matrix; anything else by
+:func:`inv_upper_triangular_recursive` (pure Array API).
 """
 
 from __future__ import annotations

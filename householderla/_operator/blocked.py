@@ -1,24 +1,11 @@
 """Blocked compact WY: Q = H(v₁)…H(v_L) applied as a product of small CWY blocks.
 
-Splitting the L reflectors into blocks of ``nb`` columns, Q = Q₁ Q₂ ⋯ Q_m with
-Q_b = I − U_b T_b U_bᵀ the compact WY form (Likhosherstov et al., AISTATS 2021, Theorem 2) of
-the reflectors of block b — the blocking of LAPACK's ``?larft``/``?larfb`` and of FastH
-(Mathiasen et al., "What if Neural Networks had SVDs?", NeurIPS 2020). For Q h with h
-(..., N, B):
-
-=============  ===============================  ==================================
-               one block (L columns)            m = L/nb blocks
-=============  ===============================  ==================================
-factors        N·L² (Gram) + L³/3 (T)           N·L·nb + L·nb²/3
-apply          4·N·L·B + L²·B                   4·N·L·B + L·nb·B
-=============  ===============================  ==================================
-
-so when the factors are not built yet and B ≪ L — an orthogonal layer's forward, a fresh
-``hl.cwy(V) @ h`` — the blocks cost a fraction of the whole (N = L = 1024, B = 64, nb = 64:
-0.35 against 1.6 GFLOP), and applying built blocks costs fewer flops than the single block too.
-Each block runs through the rule tables (``cwy_factors`` and ``lowrank``), so autodiff needs
-no new rule: the backward of the chain is the explicit VJPs of the blocks in reverse order, each
-reusing its forward's factors, 8·N·L·B + 2·N·L·nb flops in all instead of 8·N·L·B + 2·N·L².
+Blocks of ``nb`` reflectors give Q = Q₁⋯Q_m, Q_b = I − U_b T_b U_bᵀ (Likhosherstov et al.,
+AISTATS 2021, Theorem 2; the blocking of LAPACK's ``?larft``/``?larfb`` and of FastH, Mathiasen
+et al., NeurIPS 2020): factors N·L·nb + L·nb²/3 flops instead of N·L² + L³/3, apply
+4·N·L·B + L·nb·B instead of 4·N·L·B + L²·B. So a first product with B ≪ L (a layer's forward, a
+fresh ``hl.cwy(V) @ h``) costs a fraction of the single block. Each block runs through the rule
+tables, so the backward is the blocks' VJPs in reverse order, each reusing its forward's factors.
 """
 
 from __future__ import annotations

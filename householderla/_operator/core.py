@@ -1,19 +1,11 @@
 """The compact WY operator machinery shared by :class:`~householderla.CWY`,
 :class:`~householderla.TCWY` and the sides of :class:`~householderla.SVDHouseholder`.
 
-An operator holds the resolved V, never copied or written, and a :class:`LazyFactors` that
-computes U and T = S⁻¹ on the first product (N·L² + L³/3 flops) and shares them with the
-transposed operator. Products go through the autodiff switch (:mod:`householderla._autodiff`):
-plain kernels without autodiff, the torch Functions when a graph will be recorded, the JAX
-rules always. Formulas: Likhosherstov et al., AISTATS 2021, Theorems 2 and 3.
-
-An operator is Q, Qᴴ (``transposed``), or, for complex V, the conjugate of either
-(``conjugated``): ``.H`` flips the first, ``.T`` (the plain transpose, Qᵀ = conj(Qᴴ)) both, and
-conj(A) h is computed as conj(A conj(h)). For real V ``.T`` and ``.H`` are the same operator.
-A unitary operator may carry a right phase factor, Q = H(v₁)…H(v_L) diag(e^{iθ}) (Ω = γ(V)
-diag(e^{iθ}) for T-CWY): ``Q h`` scales h's rows by e^{iθ} first, ``Qᴴ h`` the result's rows by
-e^{−iθ} last (:mod:`householderla._agnostic.phases`; differentiated natively, one elementwise
-product, as σ in :mod:`householderla.svd`).
+An operator holds the resolved V, never copied or written, and a :class:`LazyFactors` that builds
+U, T = S⁻¹ on the first product and shares them with its transpose; products go through the
+autodiff switch (Likhosherstov et al., AISTATS 2021, Theorems 2 and 3). An operator is Q, Qᴴ
+(``transposed``) or, for complex V, the conjugate of either (``conjugated``); a unitary operator
+may carry a right phase factor diag(e^{iθ}) (:mod:`householderla._agnostic.phases`).
 """
 
 from __future__ import annotations

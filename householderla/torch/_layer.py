@@ -1,22 +1,12 @@
 """``householderla.torch.OrthogonalLinear``: a linear layer with an orthogonal weight that is
 applied to the batch without being formed when that is cheaper.
 
-The weight W (out × in) is a map of trainable reflection vectors — CWY (square; Likhosherstov
-et al., AISTATS 2021, Theorem 2), T-CWY (rectangular; Theorem 3) or SVD-Householder (Zhang,
-Lei & Dhillon, ICML 2018 eq. 3) — exactly as :func:`householderla.torch.orthogonal` registers
-it, except that a square CWY weight reads its reflectors from the lower trapezoid of V by
-default (``structure="trapezoidal"``; Mhammedi et al., ICML 2017 eq. 9). What differs is the
-forward: for a batch of B rows, forming W costs ≈ 3·N³ flops for a square CWY weight
-(N = L) and the GEMM 2·N²·B more, while applying the reflectors costs N·L·nb + 4·N·L·B in
-blocks of nb reflectors (:mod:`householderla._operator.blocked`; 2·N²·B for trapezoidal V at L = N),
-so up to B = N the layer never forms W, and above it forms W by the same blocks applied to
-the identity. The backward is the explicit VJPs of the blocks, each reusing the factors and
-the products its forward built. A square CWY layer in a training step runs the same blocks
-as one autograd node instead (``_autodiff.torch.CWYLinear``: the unnormalised compact WY form
-of Mhammedi et al., ICML 2017, Proposition 1, block by block, with its VJP;
-``docs/theory/cwy.rst``, "One node for a layer"): its GEMMs, small triangular solves and
-in-place updates replace the composed nodes' ≈ 170 torch calls, normalisation passes and
-copies. ``torch.func`` transforms and ``torch.compile`` take the composed nodes.
+W is CWY, T-CWY or SVD-Householder of trainable reflectors, as ``hl.torch.orthogonal``
+registers it (square CWY from the lower trapezoid of V by default). Forming W costs ≈ 3·N³ + 2·N²·B
+flops, applying the reflectors in blocks N·L·nb + 4·N·L·B (:mod:`householderla._operator.blocked`),
+so up to B = N the layer never forms W. A square CWY layer's training step runs as one autograd
+node (``_autodiff.torch.CWYLinear``, ``docs/theory/cwy.rst``, "One node for a layer");
+``torch.func`` and ``torch.compile`` take the composed nodes.
 """
 
 from __future__ import annotations
