@@ -352,10 +352,8 @@ def _column_major_reflectors(a: Any, tau: Any, xp: Any) -> Any:
     """V (m, k) of one column-major NumPy float32/float64 ``a`` (m, n) — LAPACK's layout, as
     ``scipy.linalg.lapack.?geqrf`` and ``scipy.linalg.qr(mode="raw")`` return it — built and
     checked (NaN/Inf below the diagonal, τ against 2/‖v‖²) by one Numba pass over the
-    columns, in column-major order; None for other input or without Numba. ``from_lapack``
-    of 256 × 256 float64, one thread: 0.10 → 0.04 ms (in place of the NumPy passes: V's
-    copy and masks, ‖vᵢ‖², the finiteness and τ checks); 1024 × 1024: 0.60 → 0.40 ms;
-    1024 × 256: 0.148 → 0.139 ms (memory-bound: V no longer fits the caches)."""
+    columns, in column-major order, in place of the NumPy passes (V's copy and masks, ‖vᵢ‖²,
+    the finiteness and τ checks); None for other input or without Numba."""
     if type(a) is not np.ndarray or type(tau) is not np.ndarray or a.ndim != 2:
         return None
     if not a.flags.f_contiguous or a.dtype not in (np.float32, np.float64) or tau.dtype != a.dtype:
@@ -430,10 +428,9 @@ def from_lapack(a: Any, tau: Any, *, thin: bool = False, xp: Any = None) -> CWY 
     Stacks of P ≥ 16 small real NumPy ``(a, τ)`` (m ≤ ``SMALL_M`` = 64, k = n, C order) are
     checked by one read-only Numba pass (NaN/Inf below the diagonal, τ against 2/‖vᵢ‖²), and
     their ``.matrix()`` and first product read ``a`` in place in the batched Numba kernels
-    (:mod:`householderla._kernels.numba_lanes`, ``numba_columns``), with no V built: 8192
-    stacked 16 × 16 formed in ≈ 5 ms against ≈ 16.5 ms for
-    ``torch.linalg.householder_product`` (one thread; ``benchmarks/small.py``). V and the
-    CWY factors are built when anything else needs them, so such an operator, like
+    (:mod:`householderla._kernels.numba_lanes`, ``numba_columns``), with no V built (about
+    three times faster than ``torch.linalg.householder_product``: ``benchmarks/small.py``).
+    V and the CWY factors are built when anything else needs them, so such an operator, like
     :func:`cwy`'s with V, reads ``a`` when it is used: do not write into ``a`` while you use
     it. Other small stacks build V in the same one pass, and so does one column-major real
     ``a`` with m ≤ 64 (``?geqrf``'s own layout), reading each column as a contiguous row.
@@ -443,9 +440,8 @@ def from_lapack(a: Any, tau: Any, *, thin: bool = False, xp: Any = None) -> CWY 
     (``LapackColumns`` above): ``.matrix()`` and the first product run the
     panels on ``a`` itself, each panel copied into one buffer reused for all of them, and V
     is built when anything else needs it. A fresh V freed with the result made glibc return
-    the heap, so a plain loop faulted V's pages in again on every call: the thin 1024 × 256
-    float64 Q took 5.9–6.3 ms (1,375 page faults a call) and now 3.9–4.4 ms (``dorgqr``
-    5.1–5.4 ms, one thread).
+    the heap, so a plain loop faulted V's pages in again on every call
+    (``benchmarks/results/tuning.md``).
 
     Examples
     --------

@@ -23,6 +23,7 @@ imports no framework.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -363,6 +364,31 @@ def test_the_docstring_rule_can_fail(tmp_path):
     mod.write_text('"""' + "line\n" * 11 + '"""\n', encoding="utf-8")
     assert long_private_docstrings({"householderla._lib.m": mod}) == {"householderla._lib.m": 11}
     assert long_private_docstrings({"householderla.m": mod}) == {}  # public: the API's docs
+
+
+TIMING = re.compile(r"\d+(\.\d+)? ?(ms|µs|us)\b")
+
+
+def timings(modules: dict[str, Path]) -> list[str]:
+    """``module:line`` of every measured time (ms, µs, us) in the source of ``modules``."""
+    return [
+        f"{m}:{i}"
+        for m, p in modules.items()
+        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if TIMING.search(line)
+    ]
+
+
+def test_no_measured_timings_in_the_package():
+    """Figures live in ``benchmarks/results/`` (``tuning.md``), not in the code."""
+    bad = timings(MODULES)
+    assert not bad, f"measured timings in package source: {bad}"
+
+
+def test_the_timing_rule_can_fail(tmp_path):
+    mod = tmp_path / "m.py"
+    mod.write_text("# took 1.5 ms\n# 3 µs a call\nx = 2  # 4 ms\n# 9 mss, mus\n", encoding="utf-8")
+    assert timings({"m": mod}) == ["m:1", "m:2", "m:3"]
 
 
 def test_adapters_are_not_imported_by_init():

@@ -55,8 +55,7 @@ def _solve_upper_same_blas(S: Any, W: Any, xp: Any) -> Any:
     """S⁻¹ W for small upper-triangular S inside a loop of NumPy GEMMs: NumPy's own LAPACK
     (``inv``: LU of a triangular matrix pivots nothing, so it is the triangular inverse),
     never SciPy's. NumPy and SciPy ship separate OpenBLAS builds with separate thread pools;
-    alternating between them stalls 4–80 ms per switch on the 2-core CI machine (measured:
-    the blocked N=1024 loop took 316 ms with SciPy's syrk/trsm per block, 3× orgqr)."""
+    alternating between them stalls at every switch (``benchmarks/results/tuning.md``)."""
     if aac.is_numpy_namespace(xp):
         return xp.linalg.inv(xp.triu(S)) @ W
     return solve_upper_triangular(S, W, xp)
@@ -188,8 +187,7 @@ def _dense_matrix_scipy_blas(V: Any, S: Any, ncols: int) -> Any:
     """E − V S⁻¹ V[:ncols]ᵀ for one NumPy matrix with SciPy's LAPACK/BLAS only (syrk already
     done by the caller through :func:`gram_upper`, which is SciPy's too): trtrs, then one
     dgemm that writes into E. Staying in one BLAS library avoids the NumPy↔SciPy thread-pool
-    switch (N = L = 1024 float64: 69–77 ms all-SciPy vs 113–130 ms with NumPy's GEMM last;
-    Cayley ``solve`` of the same size 82–87 ms, same run). Returns a C-ordered (N, ncols)
+    switch (``benchmarks/results/tuning.md``). Returns a C-ordered (N, ncols)
     array: Qᵀ is computed in Fortran order."""
     import numpy as np
     import scipy.linalg

@@ -48,8 +48,8 @@ def _unit_lower_numpy(a: Any) -> Any:
     """tril(a, −1) + I for a NumPy ``a`` (..., m, k), k ≤ m: one copy in ``a``'s memory order,
     then per block of 32 columns the rows above it and its diagonal block's upper triangle
     zeroed.
-    LAPACK's ``a`` is Fortran-ordered, where ``np.tril`` (a masked ``where``) took 1.1 ms at
-    1024 × 256; column by column 0.16 ms, these blocks 0.12 ms (the copy alone 0.05 ms)."""
+    LAPACK's ``a`` is Fortran-ordered, where ``np.tril`` (a masked ``where``) is several times
+    slower than these blocks (``benchmarks/results/tuning.md``)."""
     V = np.array(a, order="K", copy=True)
     k = V.shape[-1]
     for s in range(0, k, 32):
@@ -94,9 +94,8 @@ def normalized_sdiag(V: Any, tau: Any, ss: Any = None) -> Any:
 def sq_norms(V: Any) -> Any:
     """‖vᵢ‖² (..., k), real-valued (in V's dtype): one pass over V. Complex NumPy V: NumPy's
     ``vecdot`` gufunc, which conjugates its first argument (Σ conj(v)·v, imaginary part
-    exactly 0; no temporary: V·conj(V) and conj(V) were two copies of V, 3.1 ms and 994
-    page faults for ``from_lapack`` at 1024 × 256 complex128; ``einsum`` over the real and
-    imaginary views 0.48 ms, ``vecdot`` 0.09 ms)."""
+    exactly 0; no temporary: V·conj(V) and conj(V) were two copies of V; ``vecdot`` is also
+    faster than ``einsum`` over the real and imaginary views, benchmarks/results/tuning.md)."""
     xp = aac.array_namespace(V)
     if not is_complex(V.dtype) or aac.is_numpy_array(V):
         return xp.linalg.vecdot(V, V, axis=-2)

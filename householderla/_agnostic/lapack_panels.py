@@ -159,9 +159,8 @@ class LapackPanels:
     reused buffer) by ``nk.larft_forward``. ``nk``: the Numba entry module
     (:mod:`householderla._kernels.numba`), given by the caller. The panel views are valid
     until the next ``get``. A fresh V (m × k) would be written once and read once, and
-    freeing it with the result made glibc hand the heap back: a thin 1024 × 256 Q from
-    ``from_lapack`` took 6.3 ms with 1,375 page faults a call in a plain loop, against
-    4.4 ms from this (float64, one thread; ``dorgqr`` 5.4 ms).
+    freeing it with the result made glibc hand the heap back, so a plain loop page-faulted it
+    in again on every call (``benchmarks/results/tuning.md``).
 
     Where NumPy's own CBLAS is reachable (:func:`householderla._lib.blas.blas_pointers`),
     :func:`apply_panels` and :func:`form_panels` run their whole loop in one compiled call

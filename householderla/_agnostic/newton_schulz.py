@@ -168,7 +168,7 @@ class _Split:
     on the Gram matrix, the residual check) in ``small``.
 
     On eager torch tensors ``small`` is NumPy on the host: the M × M work is some 60
-    operations on tiny arrays, ~5 µs each as torch kernels and ~1 µs in NumPy (a step of the
+    operations on tiny arrays, several times cheaper in NumPy than as torch kernels (a step of the
     Stiefel optimizers at N = 200, M = 10 spent most of its time there); the device then
     runs two N × M × M products and syncs once for the (already host-side) count. Elsewhere
     ``small`` is the arrays' namespace and each stage is compiled once per shape on JAX.

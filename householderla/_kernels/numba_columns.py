@@ -223,10 +223,10 @@ def _sweep_wide(
     V: Any, tau: Any, Y: Any, k: int, nref: int, step: int, trap: bool, skip: bool, acc: Any, c: Any
 ) -> None:
     """:func:`_sweep8` on all columns of Y at once, the column loops innermost (they vectorise;
-    sums in ``acc``, τγ in ``c``, each loaded and stored once per two rows): forming 1024
-    matrices of 64 × 64 41 (blocks) → 28 ms, applying to 32 columns 0.5–0.8× the blocks'
-    time. The blocks' operations in their order: the same bits. ``skip``: columns < k are
-    still e_j when reflection k comes (forming from [I; 0])."""
+    sums in ``acc``, τγ in ``c``, each loaded and stored once per two rows): faster than the
+    blocks from ``WIDE_MIN_C`` columns (``benchmarks/results/tuning.md``). The blocks'
+    operations in their order: the same bits. ``skip``: columns < k are still e_j when
+    reflection k comes (forming from [I; 0])."""
     N, C = Y.shape
     z = Y.dtype.type(0)
     s = k if trap else 0

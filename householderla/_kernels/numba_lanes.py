@@ -258,7 +258,7 @@ def _lane_tau(Vt: Any, k: int, w: int, lo_row: int, ss: Any, lo: float, hi: floa
     nonzero ‖v‖² outside [lo, hi]: rescale first, exact since H(cv) = H(v)); zero: τ = 0.
     The rule of :func:`householderla._kernels.numba_columns._taus`, written again on the lane
     layout: one helper shared by both, taking a column view, cost this kernel 10–15% at
-    N = 3…16 (forming 8192 matrices of 3 × 3: 0.22 → 0.26 ms, measured side by side)."""
+    N = 3…16 (measured side by side)."""
     if lo <= ss <= hi:
         tt[k, w] = Vt.dtype.type(2) / ss
         return 0
@@ -334,7 +334,7 @@ def apply_lanes(
     hi = math.ldexp(1.0, safe_exp)
     # rows of an odd number of 64-byte lanes: a walk down a column meets every L1 set (an
     # even count, e.g. 32 or 64 columns, maps a column to 2 or 1 of the 64 sets: forming
-    # 1024 matrices of 64 × 64 took 93 ms, not 20)
+    # 1024 matrices of 64 × 64 took over four times as long)
     Ls = L | 1
     Vt = np.zeros((N, Ls, LANES), dt)  # (trap: the entries above row k stay 0)
     Cs = C | 1

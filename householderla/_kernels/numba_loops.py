@@ -49,8 +49,8 @@ def njit(sigs: Any = None, inline: str = "never") -> Any:
 
 # -- inner loops (inlined into the entry kernels) --------------------------------------------
 # V is (N, L) C-contiguous and read in place, column k with stride L: at the sizes where the
-# sequential path wins, V stays in L1/L2 and this beat a transposed copy (N=128, L=16, one
-# vector: 1.5 µs vs 3.4 µs; N=512, L=64: 49 µs vs 242 µs, CPU time on the 2-core VM).
+# sequential path wins, V stays in L1/L2 and this beat a transposed copy
+# (``benchmarks/results/tuning.md``).
 
 
 @njit(inline="always")
@@ -271,7 +271,7 @@ def apply_vec(V: Any, tau: Any, y: Any, trap: bool, transpose: bool) -> None:
             for i in range(k, kn):
                 y[i] -= ct * V[i, k]
             d = _axpy_dot(V, k, ct, kn, y, max(k, kn), s0, s1, s2, s3)
-        else:  # literal start row 0: LLVM specialises the loops (1.4 vs 2.3 µs at N=128, L=16)
+        else:  # literal start row 0: LLVM specialises the loops (faster at N=128, L=16)
             d = _axpy_dot(V, k, ct, kn, y, 0, z, z, z, z)
         ct = tau[kn] * d
         k = kn

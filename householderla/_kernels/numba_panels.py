@@ -65,9 +65,8 @@ def _gram(
     buf: Any, cbuf: Any, s: int, w: int, r: int, m: int, G: Any,
 ) -> None:  # fmt: skip
     """G (w, w) ← V_pᴴ V_p for V_p = buf[:w, s:s + r]ᵀ: its upper triangle by ``?herk`` for
-    complex (half the flops; eight 32-column panels of a 1024 × 256 complex128 ``a``: the
-    fresh product 7.43 → 6.94 ms), all of it by ``?gemm`` for real, where ``?syrk`` was
-    slower (1.97 → 2.07 ms at float64). Only the strict upper triangle is read."""
+    complex (half the flops), all of it by ``?gemm`` for real, where ``?syrk`` was slower
+    (``benchmarks/results/tuning.md``). Only the strict upper triangle is read."""
     if cx:
         rk(_ROW, _UPPER, _NO, w, r, rone, _at(cbuf, s), m, rzero, _at(G, 0), w)
     else:

@@ -32,10 +32,7 @@ def use_blocks(L: int, B: int, graph: bool = False) -> bool:
     With a backward to follow (``graph``: torch autograd records the product) blocks win at
     every B once L ≥ MIN_L_GRAPH: the single pair's backward adds 2·N·L² (Ū's Gram term) and
     4·L³ (S̄ = −Tᵀ T̄ Tᵀ) to its forward's N·L² + L³/3, the blocks' 2·N·L·nb and 4·L·nb².
-    Forward + backward of ``cwy(V) @ h`` with V (N, N) float64, torch, one thread, single
-    pair / blocks: N = 128, B = 32…1024: 1.92/1.80 … 13.9/12.4 ms; N = 256, B = 32 / 1024:
-    8.4/4.6, 47/40 ms; N = 512, B = 32 / 1024: 53/15, 178/142 ms (lower-trapezoidal V, whose
-    blocks skip the zero rows: 13, 102 ms)."""
+    Measured forward + backward against the single pair: ``benchmarks/results/tuning.md``."""
     if graph:
         return L >= MIN_L_GRAPH
     return L >= MIN_L and 4 * B <= L
@@ -69,8 +66,8 @@ def _stacked_block_factors(
 ) -> list[tuple[int, Any, Any]]:
     """:func:`block_factors` by one call of the ``cwy_factors`` rule on the stack of all m
     blocks (..., m, N, nb) — one autograd node forward and backward instead of m, whose
-    Python and dispatch outweigh a small block's GEMMs (a training step of a 128 × 128
-    ``OrthogonalLinear``, B = 32, float32, torch, one thread: 1.61 → 1.52 ms). The last
+    Python and dispatch outweigh a small block's GEMMs (``benchmarks/results/tuning.md``).
+    The last
     block is padded with zero columns (H(0) = I: the leading w × w block of the padded
     T = S⁻¹ is the unpadded block's T, S being upper triangular), its sdiag with ½.
     Trapezoidal blocks are formed at full height (rows < s of tril(V)'s block b are zero, and

@@ -215,7 +215,7 @@ class CompactWYOperator(LinearOperatorMixin):
         # this h as they are: with few reflectors (``direct``) Q h = h − U (T (Uᴴ h)), Qᴴ h
         # with Tᴴ, or, once they pay, the dense Q or h − W (Uᴴ h)
         # (LazyFactors.product_factor), which is also served directly once built for more
-        # reflectors (the general path's checks cost ≈ 0.09 ms, 5% of a 1024 × 256 apply)
+        # reflectors (the general path's checks cost 5% of a 1024 × 256 apply)
         if (
             (direct is not None or (sc is not None and self._transposed in sc))
             and not self._conjugated
@@ -313,7 +313,7 @@ class CompactWYOperator(LinearOperatorMixin):
         f.sequential_used = True  # the next product builds the factors and reuses them
         V = self._V if self._V.dtype == h.dtype else self._xp.astype(self._V, h.dtype)
         # skipping the zeros of a trapezoidal V saves ~2L²B of the 4NLB flops per matrix;
-        # "auto" detects them (an N·L comparison per matrix and ~10 µs of torch calls) only
+        # "auto" detects them (an N·L comparison per matrix and a few torch calls) only
         # where that can pay off
         P = math.prod(self._V.shape[:-2])  # matrices in the batch
         worth = f.structure != "auto" or 2 * L * L * B * P >= SEQ_DETECT_FLOPS

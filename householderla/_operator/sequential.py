@@ -32,12 +32,11 @@ __all__ = [
 ]
 
 
-#: The Numba kernels' dtypes. Complex input runs the Array API loop instead: a quick check
-#: (2-core VM under load, best of 5) gave the complex loop 44 / 110 / 280 µs at (N, L, B) =
-#: (16, 4, 1), (64, 16, 1), (128, 32, 4) against 2 / 3 / 19 µs for the real Numba kernel, and
-#: ``cwy(V) @ h`` 60–80 µs at the first two. Complex kernel signatures would close that gap for
+#: The Numba kernels' dtypes. Complex input runs the Array API loop instead (an order of
+#: magnitude slower than the real kernel at tiny shapes: ``benchmarks/results/tuning.md``).
+#: Complex kernel signatures would close that gap for
 #: tiny products, but need conjugating variants of every loop of ``numba_loops`` and double the
-#: kernels' cold compile (≈ 26 s); sequential complex products stay the reference path, and the
+#: kernels' cold compile; sequential complex products stay the reference path, and the
 #: CWY operator (GEMMs, any dtype) is the fast complex route.
 _KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 

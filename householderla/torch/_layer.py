@@ -187,8 +187,8 @@ class OrthogonalLinear(torch.nn.Module):
     def _formed(self) -> torch.Tensor:
         """W for a forward that forms it: under autodiff, a square CWY weight as its operator
         applied to the identity (blocked compact WY, ``_operator.blocked.use_blocks``;
-        forward + backward of ``cwy(V) @ h`` at N = B = 512, float64, one thread: 60 ms by
-        the blocks of trapezoidal V, 118 ms by the single factor pair that ``weight`` uses);
+        forward + backward by the blocks of trapezoidal V take half the time of the single
+        factor pair that ``weight`` uses);
         ``weight`` otherwise."""
         N = self.in_features
         if self.map != "cwy" or N != self.out_features or not needs_graph(*self.vectors):
