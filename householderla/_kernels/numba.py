@@ -67,7 +67,7 @@ __all__ = [
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "c6cdd3ec3bd834f3"
+KERNEL_DEPS = "f80142b5a986e463"
 
 
 # -- entry kernels (explicit signatures: read-only C inputs accept writable arrays too) -------

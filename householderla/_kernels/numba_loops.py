@@ -33,6 +33,11 @@ __all__ = [
     "njit",
 ]
 
+#: A hash of ``_lib/tuning.py``, whose ``FUSED_ROW_BYTES`` the loops compile in: Numba's
+#: on-disk cache keys a compiled function on its own file only, so changing this line when
+#: the thresholds change makes the cache recompile (tests/test_numba_kernels.py checks it).
+KERNEL_DEPS = "a667ccd7976807b0"
+
 
 def njit(sigs: Any = None, inline: str = "never") -> Any:
     """``numba.njit(cache=True)`` (with ``sigs`` when given); identity without numba."""
