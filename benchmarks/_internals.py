@@ -41,7 +41,8 @@ def trapezoidal() -> ModuleType:
 
 
 def householder() -> ModuleType:
-    """The reflections module: ``apply_sequential``, ``sequential_is_faster``, ``SEQUENTIAL_*``."""
+    """The reflections module: ``apply_sequential``, ``sequential_is_faster`` (its constants
+    ``SEQUENTIAL_*`` are in ``householderla._lib.tuning``)."""
     return importlib.import_module("householderla.householder")
 
 

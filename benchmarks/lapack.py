@@ -19,7 +19,7 @@ Thin ``.matrix()``: 2·m·k² − 2k³/3 = 123 Mflop + the panel Grams, as ``dor
 (float64, one thread, 2-core VM with other work running, so ratios only): nb = 32 / 64 / 128
 took 2.65 / 2.82 / 3.65 ms for a fresh product (dormqr 2.3 ms), and the thin Q had
 ‖QᵀQ − I‖_F 1.00 / 1.06 / 1.17 × dorgqr's; the ``prebuilt`` row is the blocked CWY factors
-that the second product builds (``householderla._blocked``, blocks of 64).
+that the second product builds (``householderla._operator.blocked``, blocks of 64).
 
 ``python -m benchmarks.lapack [--quick] [--out DIR]``.
 """

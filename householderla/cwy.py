@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 
-from ._factors import scan_reflectors
 from ._interop.dask import is_dask_array
 from ._lib.checks import (
     broadcast_batch,
@@ -40,8 +39,9 @@ from ._lib.checks import (
 )
 from ._lib.namespace import complex_dtype, is_complex, real_dtype, resolve
 from ._lib.tracing import is_eager
-from ._operator import CompactWYOperator
-from ._tall import TallCWY, TallTCWY, tall_operator
+from ._operator.core import CompactWYOperator
+from ._operator.factors import scan_reflectors
+from ._operator.tall import TallCWY, TallTCWY, tall_operator
 
 __all__ = ["CWY", "TCWY", "TallCWY", "TallTCWY", "cwy", "tcwy"]
 
@@ -117,7 +117,7 @@ def cwy(V: Any, *, theta: Any = None, structure: str = "auto", xp: Any = None) -
     >>> bool(np.allclose(Q.T @ (Q @ h), h))
     True
     """
-    if is_dask_array(V):  # tall, row-chunked V: householderla._tall (docs/dask.rst)
+    if is_dask_array(V):  # tall, row-chunked V: householderla._operator.tall (docs/dask.rst)
         if theta is not None:
             raise TypeError("theta is not supported for a row-chunked Dask V")
         return tall_operator(V, "square")  # type: ignore[return-value]
@@ -131,7 +131,7 @@ def _prepare(
     """Resolved, validated V (tril(V) for "trapezoidal"), namespace, structure, phases θ
     (None, or real of V's precision with V complex and both broadcast to one batch shape;
     ``axis`` -2 for θ of length N, -1 for length L) and whether V is lower trapezoidal where
-    one pass of :func:`~householderla._factors.scan_reflectors` checked it (else None)."""
+    one pass of :func:`~householderla._operator.factors.scan_reflectors` checked it (else None)."""
     if theta is None:
         xp, _, _, (V,) = resolve([("V", V)], xp, complex_ok=True, half=True)
     else:
@@ -226,9 +226,14 @@ def tcwy(V: Any, *, theta: Any = None, structure: str = "auto", xp: Any = None) 
     >>> bool(np.allclose(Om.T @ Om, np.eye(2)))
     True
     """
-    if is_dask_array(V):  # tall, row-chunked V: householderla._tall (docs/dask.rst)
+    if is_dask_array(V):  # tall, row-chunked V: householderla._operator.tall (docs/dask.rst)
         if theta is not None:
             raise TypeError("theta is not supported for a row-chunked Dask V")
         return tall_operator(V, "embed")  # type: ignore[return-value]
     V, xp, structure, theta, lower = _prepare(V, structure, xp, theta, -1)
     return TCWY(V, xp, False, None, structure, theta=theta, trapezoidal=lower)
+
+
+def __dir__() -> list[str]:
+    """Only the public names: the imports above stay attributes but are not listed."""
+    return sorted(__all__)

@@ -12,28 +12,299 @@ unitary operator whose reflectors keep LAPACK's eigenvalues λᵢ = 1 − τᵢ�
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+import array_api_compat as aac
 import numpy as np
 
 from ._agnostic.lapack import lapack_reflectors, normalized_sdiag, sq_norms, tau_mismatch
+from ._agnostic.lapack_panels import (
+    PANEL,
+    LapackPanels,
+    apply_panels,
+    form_panel_width,
+    form_panels,
+)
 from ._interop.dlpack import numpy_dtype
-from ._kernels import numba_for
-from ._lapack_columns import lapack_columns
-from ._lapack_stack import lapack_stack
+from ._kernels import numba_enabled, numba_for
 from ._lib.checks import check_finite
-from ._lib.namespace import is_complex, resolve
+from ._lib.namespace import device_of, is_complex, mH, resolve
 from ._lib.tracing import is_eager
+from ._lib.tuning import LAPACK_SEQUENTIAL_MAX_M as SEQUENTIAL_MAX_M
+from ._lib.tuning import LAPACK_SMALL_M as SMALL_M
+from ._operator.factors import SMALL_N
 from .cwy import CWY, TCWY
+from .householder import sequential_is_faster
 
 __all__ = ["from_lapack"]
 
-#: Largest m for which a stack of NumPy ``(a, τ)`` is read by one Numba pass
-#: (:func:`householderla._kernels.numba_checks.lapack_unit_lower`): V in C order, its norms,
-#: the τ check and the NaN check together (8192 × 16 × 16: 7.7 → 1.6 ms, one thread). Larger
-#: ``a`` keeps its memory order for LAPACK's panels.
-SMALL_M = 64
+# pickles written before the in-place operators moved here name ``householderla._lapack_stack``
+sys.modules.setdefault(f"{__package__}._lapack_stack", sys.modules[__name__])
+
+
+# -- a stack of small NumPy (a, τ): the batched Numba kernels read ``a`` in place -----------
+#
+# For a stack of P ≥ ``BATCH_MIN`` real NumPy ``a`` (P…, m, k), m ≤ ``SMALL_M``, k = n, the
+# ``.matrix()`` and first ``@`` run the batched Numba kernels on ``a`` itself, with the unit
+# diagonal implied and τ = 0 columns the identity, as ``?orgqr`` / ``?ormqr`` read them. No V is
+# built (a fresh V, freed with its result, is page-faulted in again on every call). V =
+# tril(a, −1) + I and the CWY factors are built once, when anything else needs them; the
+# operator is then :class:`~householderla.cwy.CWY`'s in every respect.
+
+
+class LazyLapack:
+    """The part of an operator over LAPACK's ``(a, τ)`` that reads ``a`` in place until
+    anything needs V: ``_build()`` makes the :class:`~householderla.cwy.CWY` (or TCWY)
+    operator once, and V, the factors and everything but the in-place paths of the
+    subclasses are that operator's. Variants (``.T``, ``.H``, ``.conj()``) share one state:
+    ``a``, ``tau``, the operator once built, and whether the one in-place first product
+    happened. Mixed in before :class:`~householderla.cwy.CWY` or TCWY."""
+
+    _public_name = "CWY"
+
+    def __init__(self, state: dict[str, Any], transposed: bool = False, conjugated: bool = False):
+        self._state = state
+        self._xp = state["xp"]  # (what CompactWYOperator's methods read besides V)
+        self._transposed = transposed
+        self._conjugated = conjugated
+
+    def _build(self) -> Any:  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+    def _built(self) -> Any:
+        s = self._state
+        if "op" not in s:
+            s["op"] = self._build()
+        return s["op"]
+
+    @property
+    def _V(self) -> Any:
+        return self._built()._V
+
+    @property
+    def _factors(self) -> Any:
+        return self._built()._factors
+
+    # -- metadata without V --------------------------------------------------------------
+    @property
+    def _n_rows_cols(self) -> tuple[int, int]:
+        m, k = self._state["a"].shape[-2], self._state["tau"].shape[-1]
+        full = (m, m) if self._mode_forward == "square" else (m, k)  # type: ignore[attr-defined]
+        return (full[1], full[0]) if self._transposed else full
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self._state["a"].shape[:-2]) + self._n_rows_cols
+
+    @property
+    def dtype(self) -> Any:
+        return self._state["a"].dtype
+
+    @property
+    def device(self) -> Any:
+        return device_of(self._state["a"])
+
+    def _variant(self, transposed: bool, conjugated: bool) -> Any:
+        return type(self)(self._state, transposed, conjugated)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickled (and copied) as the operator it stands for
+        return (_as_built, (self._built(), self._transposed, self._conjugated))
+
+    def __repr__(self) -> str:
+        return super().__repr__().replace(type(self).__name__, self._public_name, 1)  # type: ignore[misc]
+
+
+class LapackStack(LazyLapack, CWY):
+    """Q = H(1)…H(k) of a NumPy stack ``a`` (..., m, k), τ (..., k), checked by the caller;
+    state ``nk``: the Numba entry module."""
+
+    def _build(self) -> CWY:
+        s = self._state
+        a, tau = s["a"], s["tau"]
+        V = np.empty(a.shape, a.dtype)
+        s["nk"].lapack_unit_lower(
+            a.reshape((-1, *a.shape[-2:])), tau.reshape((-1, tau.shape[-1])),
+            V.reshape((-1, *a.shape[-2:])),
+        )  # fmt: skip
+        op = CWY(V, s["xp"], structure="trapezoidal", tau=tau)
+        # the in-place product counts as the first one: later ones build and reuse U, T
+        op._factors.sequential_used = s.get("used", False)
+        return op
+
+    # -- the in-place paths --------------------------------------------------------------
+    def matrix(self) -> Any:
+        """Q: the batched kernels on ``a`` (``?orgqr``'s flops); Qᵀ as CWY does."""
+        if self._transposed:
+            return super().matrix()
+        s = self._state
+        return s["nk"].hform(s["a"], tau=s["tau"])
+
+    def __matmul__(self, h: Any) -> Any:
+        """The first product with a NumPy h of ``a``'s dtype and batch (or one shared h):
+        the reflections applied by the batched kernels on ``a``; anything else as CWY."""
+        s = self._state
+        a = s["a"]
+        m = a.shape[-2]
+        if (
+            "op" not in s
+            and not s.get("used")
+            and type(h) is np.ndarray
+            and h.dtype == a.dtype
+            and 1 <= h.ndim
+            and h.shape[0 if h.ndim == 1 else -2] == m
+            and (h.ndim <= 2 or h.shape[:-2] == a.shape[:-2])
+            and sequential_is_faster(m, a.shape[-1], 1 if h.ndim == 1 else h.shape[-1])
+        ):
+            s["used"] = True
+            return s["nk"].hprod(a, h, tau=s["tau"], transpose=self._transposed)
+        return super().__matmul__(h)
+
+
+def _as_built(op: CWY, transposed: bool, conjugated: bool = False) -> CWY:
+    return op._variant(transposed, conjugated) if transposed or conjugated else op
+
+
+def lapack_stack(a: Any, tau: Any, xp: Any, small_m: int) -> tuple[LapackStack, float] | None:
+    """The in-place operator for a NumPy stack (P ≥ ``BATCH_MIN``) of real ``(a, τ)`` with
+    m ≤ ``small_m`` and k = n, C-contiguous, after one read-only Numba pass has checked it
+    (NaN/Inf below the diagonal raise as ``from_lapack`` does), with the pass's largest
+    mismatch of τ against 2/‖vᵢ‖² for the caller's check; None for anything else."""
+    if type(a) is not np.ndarray or type(tau) is not np.ndarray or a.ndim < 3:
+        return None
+    nk = numba_for(xp, a, tau)
+    m, n = a.shape[-2:]
+    if (
+        nk is None
+        or a.dtype not in (np.float32, np.float64)
+        or tau.dtype != a.dtype
+        or not 0 < n == tau.shape[-1] <= m <= small_m
+        or a.size // (m * n) < nk.BATCH_MIN
+        or not a.flags.c_contiguous
+    ):
+        return None
+    t2 = np.ascontiguousarray(tau.reshape((-1, n)))
+    bad, nonfinite = nk.lapack_check(a.reshape((-1, m, n)), t2)
+    if nonfinite:
+        raise ValueError("a (below the diagonal) contains NaN or Inf")
+    return LapackStack({"a": a, "tau": t2.reshape(tau.shape), "nk": nk, "xp": xp}), bad
+
+
+# -- one column-major NumPy (a, τ) (``?geqrf``'s order): LAPACK's panels read ``a`` in place --
+#
+# For such an ``a`` (m > ``SMALL_M`` rows, real or complex) the reflectors are checked in one
+# read-only Numba pass and no V is built: ``.matrix()`` and the first ``@`` run LAPACK's panel
+# algorithms on ``a`` (:class:`householderla._agnostic.lapack_panels.LapackPanels`, each panel
+# copied into one reused buffer). V and the factors are built when anything else needs them.
+
+
+class _InPlacePanels:
+    """``.matrix()`` and the first ``@`` of :class:`LazyLapack` operators over one ``a``."""
+
+    _state: dict[str, Any]
+    _transposed: bool
+    _conjugated: bool
+    _mode: str
+    _n_rows_cols: tuple[int, int]
+
+    def _build(self) -> CWY:
+        s = self._state
+        V, sdiag = s["build"](s["a"], s["tau"])
+        kind = CWY if self._mode_forward == "square" else TCWY  # type: ignore[attr-defined]
+        op = kind(V, s["xp"], structure="trapezoidal", sdiag=sdiag, tau=s["tau"])
+        # the in-place product counts as the first one: later ones build and reuse factors
+        op._factors.panels_used = s.get("used", False)
+        return op
+
+    def _panels(self, nb: int) -> LapackPanels:
+        s = self._state
+        return LapackPanels(s["a"], s["tau"], nb, s["nk"])
+
+    def matrix(self) -> Any:
+        """Q (Qᴴ, Q[:, :k], …) formed as ``?orgqr`` from ``a`` (no V), until V is built."""
+        if "op" in self._state:
+            return super().matrix()  # type: ignore[misc]
+        a, k = self._state["a"], self._state["tau"].shape[0]
+        ncols = a.shape[0] if self._mode_forward == "square" else k  # type: ignore[attr-defined]
+        Q = form_panels(self._panels(form_panel_width(k)), ncols, np)
+        if self._transposed:
+            Q = mH(Q, np)
+        return np.conjugate(Q) if self._conjugated else Q
+
+    def __matmul__(self, h: Any) -> Any:
+        """The first product with a NumPy h of ``a``'s dtype, (K,) or (K, B): ``?ormqr``'s
+        panels on ``a`` (no V); anything else, or the sequential kernel's shapes, as CWY."""
+        s = self._state
+        a = s["a"]
+        m, k = a.shape[0], s["tau"].shape[0]
+        if not (
+            "op" not in s
+            and not s.get("used")
+            and type(h) is np.ndarray
+            and h.dtype == a.dtype
+            and h.ndim in (1, 2)
+            and h.shape[0] == self._n_rows_cols[1]
+        ):
+            return super().__matmul__(h)  # type: ignore[misc]
+        B = 1 if h.ndim == 1 else h.shape[1]
+        square = self._mode_forward == "square"  # type: ignore[attr-defined]
+        real = a.dtype.kind != "c"
+        if square and real and m <= SEQUENTIAL_MAX_M and sequential_is_faster(m, k, B, a.dtype):
+            return super().__matmul__(h)  # type: ignore[misc]
+        s["used"] = True
+        x = h[:, None] if h.ndim == 1 else h
+        if self._conjugated:  # conj(A) h = conj(A conj(h))
+            x = np.conjugate(x)
+        y = apply_panels(self._panels(PANEL), x, np, self._transposed, self._mode)
+        if self._conjugated:
+            y = np.conjugate(y, out=y) if y.flags.writeable else np.conjugate(y)
+        return y[:, 0] if h.ndim == 1 else y
+
+
+class LapackColumns(_InPlacePanels, LazyLapack, CWY):
+    """Q = H(1)…H(k) (m × m) of one column-major NumPy ``a``, read in place."""
+
+
+class LapackColumnsThin(_InPlacePanels, LazyLapack, TCWY):
+    """Q[:, :k] (m × k) of one column-major NumPy ``a``, read in place."""
+
+    _public_name = "TCWY"
+
+
+def lapack_columns(
+    a: Any, tau: Any, thin: bool, xp: Any, build: Callable[[Any, Any], tuple[Any, Any]]
+) -> tuple[CWY, float] | None:
+    """The in-place operator for one column-major NumPy ``a`` (m, n), m > ``SMALL_N``, of
+    float32/64 or complex64/128 and τ (k,), k ≥ 1, of the same dtype, after one read-only
+    Numba pass has checked it (NaN/Inf below the diagonal raise as ``from_lapack`` does),
+    with the pass's largest mismatch of τ for the caller's check; ``build(a, τ)`` gives
+    (V, the diagonal of S or None) when V is needed. None for anything else."""
+    if type(a) is not np.ndarray or type(tau) is not np.ndarray or a.ndim != 2:
+        return None
+    m, k = a.shape[0], tau.shape[0]
+    if (
+        not a.flags.f_contiguous
+        or a.dtype.char not in "fdFD"
+        or tau.dtype != a.dtype
+        or m <= SMALL_N
+        or k == 0
+        or not aac.is_numpy_namespace(xp)
+    ):
+        return None
+    nk = numba_enabled()
+    if nk is None:
+        return None
+    cx = a.dtype.kind == "c"
+    at = a.T.view(a.real.dtype)  # (n, m·f): column i of a as reals, C-contiguous
+    t = np.asarray(tau, np.complex128)
+    bad, nonfinite = nk.lapack_check_columns(at, t, 2 if cx else 1, cx)
+    if nonfinite:
+        raise ValueError("a (below the diagonal) contains NaN or Inf")
+    state = {"a": a, "tau": tau, "xp": xp, "build": build, "nk": nk}
+    return (LapackColumnsThin if thin else LapackColumns)(state), bad
 
 
 def _tau_error(bad: float, m: int, eps: float, complex_: bool) -> None:
@@ -92,10 +363,8 @@ def _column_major_reflectors(a: Any, tau: Any, xp: Any, eps: float | None = None
     """V (m, k) of one column-major NumPy float32/float64 ``a`` (m, n) — LAPACK's layout, as
     ``scipy.linalg.lapack.?geqrf`` and ``scipy.linalg.qr(mode="raw")`` return it — built and
     checked (NaN/Inf below the diagonal, τ against 2/‖v‖²) by one Numba pass over the
-    columns, in column-major order; None for other input or without Numba. ``from_lapack``
-    of 256 × 256 float64, one thread: 0.10 → 0.04 ms (in place of the NumPy passes: V's
-    copy and masks, ‖vᵢ‖², the finiteness and τ checks); 1024 × 1024: 0.60 → 0.40 ms;
-    1024 × 256: 0.148 → 0.139 ms (memory-bound: V no longer fits the caches)."""
+    columns, in column-major order, in place of the NumPy passes (V's copy and masks, ‖vᵢ‖²,
+    the finiteness and τ checks); None for other input or without Numba."""
     if type(a) is not np.ndarray or type(tau) is not np.ndarray or a.ndim != 2:
         return None
     if not a.flags.f_contiguous or a.dtype not in (np.float32, np.float64) or tau.dtype != a.dtype:
@@ -113,7 +382,7 @@ def _column_major_reflectors(a: Any, tau: Any, xp: Any, eps: float | None = None
 
 def _reflectors_of_columns(a: Any, tau: Any, eps: float | None = None) -> tuple[Any, Any]:
     """(V, the diagonal of S or None) of a checked column-major NumPy ``(a, τ)``: what the
-    in-place operator (:mod:`householderla._lapack_columns`) builds when V is needed."""
+    in-place operator (``LapackColumns`` above) builds when V is needed."""
     if not is_complex(a.dtype):
         return _column_major_reflectors(a, tau, np, eps), None
     V = lapack_reflectors(a, tau)
@@ -171,22 +440,20 @@ def from_lapack(a: Any, tau: Any, *, thin: bool = False, xp: Any = None) -> CWY 
     Stacks of P ≥ 16 small real NumPy ``(a, τ)`` (m ≤ ``SMALL_M`` = 64, k = n, C order) are
     checked by one read-only Numba pass (NaN/Inf below the diagonal, τ against 2/‖vᵢ‖²), and
     their ``.matrix()`` and first product read ``a`` in place in the batched Numba kernels
-    (:mod:`householderla._kernels.numba_lanes`, ``numba_columns``), with no V built: 8192
-    stacked 16 × 16 formed in ≈ 5 ms against ≈ 16.5 ms for
-    ``torch.linalg.householder_product`` (one thread; ``benchmarks/small.py``). V and the
-    CWY factors are built when anything else needs them, so such an operator, like
+    (:mod:`householderla._kernels.numba_lanes`, ``numba_columns``), with no V built (about
+    three times faster than ``torch.linalg.householder_product``: ``benchmarks/small.py``).
+    V and the CWY factors are built when anything else needs them, so such an operator, like
     :func:`cwy`'s with V, reads ``a`` when it is used: do not write into ``a`` while you use
     it. Other small stacks build V in the same one pass, and so does one column-major real
     ``a`` with m ≤ 64 (``?geqrf``'s own layout), reading each column as a contiguous row.
 
     One column-major NumPy ``a`` with m > 64 rows, real or complex, is checked by one
     read-only Numba pass and then read in place as well
-    (:mod:`householderla._lapack_columns`): ``.matrix()`` and the first product run the
+    (``LapackColumns`` above): ``.matrix()`` and the first product run the
     panels on ``a`` itself, each panel copied into one buffer reused for all of them, and V
     is built when anything else needs it. A fresh V freed with the result made glibc return
-    the heap, so a plain loop faulted V's pages in again on every call: the thin 1024 × 256
-    float64 Q took 5.9–6.3 ms (1,375 page faults a call) and now 3.9–4.4 ms (``dorgqr``
-    5.1–5.4 ms, one thread).
+    the heap, so a plain loop faulted V's pages in again on every call
+    (``benchmarks/results/tuning.md``).
 
     Examples
     --------
@@ -255,3 +522,8 @@ def from_lapack(a: Any, tau: Any, *, thin: bool = False, xp: Any = None) -> CWY 
     # (householderla._agnostic.lapack_panels); a constant, as sdiag
     tau = tau.detach() if hasattr(tau, "detach") else tau
     return (TCWY if thin else CWY)(V, xp, structure="trapezoidal", sdiag=sdiag, tau=tau)
+
+
+def __dir__() -> list[str]:
+    """Only the public names: the imports above stay attributes but are not listed."""
+    return sorted(__all__)

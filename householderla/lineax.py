@@ -32,7 +32,7 @@ import numpy as np
 from ._agnostic import compact_wy as K
 from ._agnostic.compact_wy_jvp import factors_jvp
 from ._autodiff.jax import PRECISION
-from ._compose import OperatorProduct
+from ._operator.compose import OperatorProduct
 from .cwy import CWY, TCWY
 from .svd import SVDHouseholder
 
@@ -310,3 +310,8 @@ class Orthogonal(lx.AbstractLinearSolver):
 
     def assume_full_rank(self) -> bool:
         return True
+
+
+def __dir__() -> list[str]:
+    """Only the public names: the imports above stay attributes but are not listed."""
+    return sorted(__all__)

@@ -368,3 +368,8 @@ def ornn_matrix_vjp(U: Any, sign: Any, G: Any, *, theta: Any = None, xp: Any = N
     Un, T, r = K.cwy_factors(V, xp)
     Ub, _, _, S_bar = K.lowrank_vjp(Un, T, None, G, xp, transpose=False, mode="square")
     return _masked(K.factors_vjp(Un, r, Ub, S_bar, xp), m, tuple(U.shape), xp)
+
+
+def __dir__() -> list[str]:
+    """Only the public names: the imports above stay attributes but are not listed."""
+    return sorted(__all__)

@@ -27,9 +27,9 @@ from typing import Any
 import array_api_compat as aac
 
 from ._agnostic import retraction as RK
+from ._agnostic.fixed_polar import fixed_step_polar
 from ._agnostic.newton_schulz import polar_qr_svd
 from ._autodiff import call, route
-from ._fixed_polar import fixed_step_polar
 from ._interop.dask import is_dask_array
 from ._interop.dask_tall import tsqr_retraction
 from ._lib.checks import (
@@ -446,3 +446,8 @@ def riemannian_gradient(X: Any, G: Any, *, metric: str = "canonical", xp: Any = 
     _, (Xw, Gw) = _work(xp, X, G)
     out = jit_for(xp, _riemannian_gradient, (0, 3))(xp, Xw, Gw, euclidean)
     return out if out.dtype == dtype else xp.astype(out, dtype)
+
+
+def __dir__() -> list[str]:
+    """Only the public names: the imports above stay attributes but are not listed."""
+    return sorted(__all__)

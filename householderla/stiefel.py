@@ -26,6 +26,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ._agnostic.euclidean import (
+    EuclideanAdamState,
+    EuclideanAMSGradState,
+    EuclideanMomentumState,
+    euclidean_adam,
+    euclidean_sgd,
+)
 from ._agnostic.stiefel_flow import (
     AdamState,
     AMSGradState,
@@ -41,13 +48,6 @@ from ._agnostic.stiefel_flow import (
     prepare,
 )
 from ._agnostic.stiefel_guards import check_powers, check_step, momentum_growth
-from ._euclidean import (
-    EuclideanAdamState,
-    EuclideanAMSGradState,
-    EuclideanMomentumState,
-    euclidean_adam,
-    euclidean_sgd,
-)
 from ._lib.checks import check_choice, check_real
 from ._lib.jit import select
 from ._lib.linalg import abs2
@@ -405,3 +405,8 @@ def adam(
         return X_next, AdamState(count, U_next, Z_next, p, q)
 
     return StiefelOptimizer(init, update)
+
+
+def __dir__() -> list[str]:
+    """Only the public names: the imports above stay attributes but are not listed."""
+    return sorted(__all__)

@@ -49,6 +49,9 @@ from . import retractions as R
 from ._agnostic import compact_wy as K
 from ._agnostic import phases as P
 from ._agnostic import retraction as RK
+from ._agnostic.svd_vjp import bounded_sigma_vjp as bounded_sigma
+from ._agnostic.svd_vjp import svd_householder_apply_vjp as svd_householder_apply
+from ._agnostic.svd_vjp import svd_householder_matrix_vjp as svd_householder_matrix
 from ._lib.checks import (
     as_matrix_operand,
     broadcast_batch,
@@ -69,9 +72,6 @@ from ._lib.namespace import (
     resolve,
 )
 from ._lib.tracing import is_eager
-from ._svd_vjp import bounded_sigma_vjp as bounded_sigma
-from ._svd_vjp import svd_householder_apply_vjp as svd_householder_apply
-from ._svd_vjp import svd_householder_matrix_vjp as svd_householder_matrix
 from .householder import householder_apply_vjp
 from .ornn import ornn_apply_vjp as ornn_apply
 from .ornn import ornn_matrix_vjp as ornn_matrix
@@ -411,3 +411,8 @@ def qr_retraction(X: Any, Z: Any, step: Any, Ybar: Any, *, xp: Any = None) -> tu
     Ybar_in = jit_for(xp, _qr_vjp)(xp, Xw + tw * Zw, Yb)
     sb = _step_bar(RK.inner(Ybar_in, Zw, xp), t, dtype, xp)
     return (*_as_inputs(real, xp, *_back(dtype, xp, Ybar_in, tw * Ybar_in)), sb)
+
+
+def __dir__() -> list[str]:
+    """Only the public names: the imports above stay attributes but are not listed."""
+    return sorted(__all__)

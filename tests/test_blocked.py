@@ -1,5 +1,5 @@
-"""Blocked compact WY (``householderla._blocked``): Q = Q₁ ⋯ Q_m with Q_b the CWY of the b-th
-block of reflectors, used by ``hl.cwy(V) @ h`` when L is large and h has few columns.
+"""Blocked compact WY (``householderla._operator.blocked``): Q = Q₁ ⋯ Q_m with Q_b the CWY of
+the b-th block of reflectors, used by ``hl.cwy(V) @ h`` when L is large and h has few columns.
 
 The oracle is the dense product of the definition H(v) = I − 2vvᵀ/‖v‖²
 (``product_of_reflections``) in float64 NumPy. Tolerance 20·eps·L·‖h‖: each of the L reflections
@@ -16,7 +16,7 @@ from conftest import require, to_numpy
 from helpers import EPS, product_of_reflections
 
 import householderla as hl
-from householderla import _blocked
+from householderla._operator import blocked as _blocked
 
 
 @pytest.fixture

@@ -285,7 +285,7 @@ def _panel_case(seed: int, m: int, n: int, k: int, dtype: type) -> tuple:
 @pytest.mark.parametrize(("m", "n", "k"), [(70, 45, 45), (66, 64, 64), (50, 40, 37), (9, 5, 0)])
 def test_panel_products_and_matrix_equal_ormqr_and_orgqr(bk, monkeypatch, dtype, m, n, k):
     # the first real NumPy product may otherwise run Numba's sequential reflections
-    monkeypatch.setattr("householderla._operator.sequential_is_faster", lambda *a: False)
+    monkeypatch.setattr("householderla._operator.core.sequential_is_faster", lambda *a: False)
     qr, tau, rng = _panel_case(stable_seed("panels", m, n, k), m, n, k, dtype)
     cx = dtype is np.complex128
     C, Cr = (rng.standard_normal(s).astype(dtype) for s in ((m, 5), (4, m)))
@@ -395,7 +395,7 @@ def test_fresh_product_and_matrix_build_no_whole_factor(monkeypatch, dtype):
     """The first product and .matrix() of a fresh operator run the panels only: building the
     whole (U, T) (m·k² + k³/3 flops) or the blocked factors there is a regression. The second
     product builds and reuses factors, as any operator's."""
-    import householderla._factors as fac
+    import householderla._operator.factors as fac
 
     qr, tau, rng = _panel_case(9, 1024, 256, 256, dtype)  # the shape of benchmarks/lapack.py
     C = rng.standard_normal((1024, 64)).astype(dtype)
@@ -501,7 +501,7 @@ def test_column_major_a_is_read_in_one_pass_as_the_numpy_route_reads_it(monkeypa
 def test_one_column_major_a_is_read_in_place_until_v_is_needed(monkeypatch, dtype, cblas):
     """One column-major NumPy ``a`` with m > 64 rows (``?geqrf``'s layout) is checked by one
     read-only Numba pass, and its ``.matrix()`` and first product run the panels on ``a``
-    itself (``householderla._lapack_columns``): V is built only when a later product needs
+    itself (``householderla.lapack.LapackColumns``): V is built only when a later product needs
     it. Every variant equals LAPACK's routine on the same (a, τ): Q, Qᴴ, Qᵀ, conj(Q), C Q,
     a vector, the thin Q's embed and project, and the formed Q (square, thin, transposed),
     with τ = 0 columns whose storage holds junk and NaN (never read), k < n and a narrower

@@ -29,8 +29,8 @@ from conftest import require
 from test_lowprec import EPS_HALF, HALF, as_half, f64, half_dtype, orth, round_like
 
 import householderla as hl
-from householderla import _blocked
 from householderla._agnostic import trapezoidal as TR
+from householderla._operator import blocked as _blocked
 
 pytestmark = pytest.mark.no_dask("operators are built from V; Dask V is the tall path")
 

@@ -16,7 +16,7 @@ from conftest import to_numpy
 from helpers import product_of_reflections
 
 import householderla as hl
-from householderla._compose import OperatorProduct
+from householderla._operator.compose import OperatorProduct
 
 N = 6
 TOL = 50 * np.finfo(np.float64).eps * N
@@ -85,6 +85,34 @@ def test_pickle_and_deepcopy_round_trip(bk_eager, build):
     for clone in (pickle.loads(pickle.dumps(op)), copy.deepcopy(op)):
         assert type(clone) is type(op) and clone.shape == op.shape
         np.testing.assert_allclose(to_numpy(clone.matrix()), ref, atol=TOL)
+
+
+@pytest.mark.parametrize(
+    ("now", "before"),
+    [
+        ("householderla._operator.factors", "householderla._factors"),
+        ("householderla._operator.compose", "householderla._compose"),
+        ("householderla.lapack", "householderla._lapack_stack"),
+    ],
+)
+def test_pickles_naming_the_old_module_paths_still_load(now, before):
+    """Pickles written before the operator machinery moved into ``_operator/`` (and the
+    in-place LAPACK operators into ``lapack``) name the old modules; they still load."""
+    from scipy.linalg import lapack
+
+    V = _vs(11, N, 3)
+    a, tau = lapack.dgeqrf(_vs(12, N, N))[:2]  # a stack of 16: the in-place operator
+    op = {
+        "householderla._operator.factors": lambda: hl.cwy(V),
+        "householderla._operator.compose": lambda: hl.cwy(V) @ hl.tcwy(V),
+        "householderla.lapack": lambda: hl.from_lapack(
+            np.ascontiguousarray(np.stack([a] * 16)), np.stack([tau] * 16)
+        ),
+    }[now]()
+    old = pickle.dumps(op, protocol=0)  # text: "c<module>\n<name>\n" opcodes
+    assert f"c{now}\n".encode() in old
+    old = old.replace(f"c{now}\n".encode(), f"c{before}\n".encode())
+    np.testing.assert_allclose(pickle.loads(old).matrix(), op.matrix(), atol=TOL)
 
 
 def test_mv_names_the_shape_the_caller_passed():

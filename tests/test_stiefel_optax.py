@@ -19,7 +19,7 @@ jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp  # noqa: E402
 
 import householderla as hl  # noqa: E402
-from householderla import _optax as O  # noqa: E402
+from householderla.jax import _optax as O  # noqa: E402
 
 EPS = {jnp.float32: float(np.finfo(np.float32).eps), jnp.float64: float(np.finfo(float).eps)}
 MAKE = {

@@ -19,7 +19,7 @@ from conftest import require
 torch = require("torch")
 
 import householderla as hl  # noqa: E402
-from householderla._torch_optim import StiefelAdam, StiefelSGD  # noqa: E402
+from householderla.torch._optim import StiefelAdam, StiefelSGD  # noqa: E402
 
 EPS = {torch.float32: float(np.finfo(np.float32).eps), torch.float64: float(np.finfo(float).eps)}
 OPTS = {
@@ -312,7 +312,7 @@ def test_torch_path_equals_numpy_path(algo, monkeypatch):
     """CPU tensors are stepped in NumPy (zero-copy views); GPU tensors and torch.compile take
     the torch path. Both run the same functional update, so they agree to rounding (forced
     here on the CPU), state tensors included, for every parameter shape."""
-    import householderla._torch_optim as TO
+    import householderla.torch._optim as TO
 
     runs = []
     for host in (True, False):

@@ -18,7 +18,8 @@ from helpers import EPS
 torch = require("torch")
 
 import householderla as hl  # noqa: E402
-from householderla import _blocked, _torch_layer  # noqa: E402
+from householderla._operator import blocked as _blocked  # noqa: E402
+from householderla.torch import _layer as _torch_layer  # noqa: E402
 
 TOL = 100 * EPS[np.float64]
 SHAPES = [(16, 16, "cwy"), (12, 8, "cwy"), (8, 12, "tcwy"), (12, 8, "tcwy"), (10, 6, "svd"),

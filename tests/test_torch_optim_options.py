@@ -19,7 +19,7 @@ from conftest import require
 
 torch = require("torch")
 import householderla as hl  # noqa: E402
-from householderla import _torch_optim  # noqa: E402
+from householderla.torch import _optim as _torch_optim  # noqa: E402
 
 pytestmark = pytest.mark.no_dask("optimizers take no Dask arrays")
 F64 = torch.float64

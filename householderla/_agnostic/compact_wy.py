@@ -1,23 +1,11 @@
 """Backend-neutral kernels of the compact WY representation and their backward passes.
 
-Forward (Likhosherstov et al., AISTATS 2021, Theorem 2, Theorem 3):
-
-    U = [v₁/‖v₁‖, …, v_L/‖v_L‖]         (0 ↦ 0, so H(0) = I, Zhang, Lei & Dhillon, ICML 2018 eq. 1)
-    S = ½ I + striu(UᵀU),   T = S⁻¹       (L × L, upper triangular) Q = H(v₁)…H(v_L) = I − U T Uᵀ
-    ("square") Ω = γ_{N,M}(V) = [I_M; 0] − U T U₁ᵀ   ("embed",  U₁ = U[:M], L = M) Ωᵀ = [I_M  0] −
-    U₁ Tᵀ Uᵀ               ("project")
-
-All three are ``y = R(h) − U_out · M · U_inᵀ h`` with M ∈ {T, Tᵀ} and (U_in, U_out, R) one of
-(U, U, id), (U₁, U, pad), (U, U₁, truncate). One kernel and one backward serve all six applies
-(three maps, each optionally transposed), and ``h = None`` stands for the identity, which
-gives ``.matrix()``. The derivation of the backward is in ``docs/theory/vjp.rst``.
-
-Complex V (complex64/complex128) runs the same formulas with every transpose a conjugate
-transpose (H(v) = I − 2vvᴴ/‖v‖², S = ½I + striu(UᴴU), Qᴴ = I − U Tᴴ Uᴴ; ``mH`` is ``mT`` for
-real arrays), and the backward passes are adjoint for the real inner product Re tr(AᴴB): a
-cotangent is ∂L/∂Re + i ∂L/∂Im, torch's convention (``docs/theory/complex.rst``).
-
-Every function takes ``xp`` explicitly and works on any Array API namespace.
+U = [v₁/‖v₁‖, …] (0 ↦ 0), S = ½I + striu(UᴴU), T = S⁻¹: Q = I − U T Uᴴ ("square"), its
+first M columns Ω ("embed") and Ωᴴ ("project") (Likhosherstov et al., AISTATS 2021, Theorems
+2 and 3). All three are y = R(h) − U_out M U_inᴴ h, M ∈ {T, Tᴴ}: one kernel and one backward
+serve the six applies, h = None gives ``.matrix()``. Complex V takes conjugate transposes;
+the backward passes are adjoint for Re tr(AᴴB) (``docs/theory/vjp.rst``,
+``docs/theory/complex.rst``). Every function takes ``xp`` explicitly.
 """
 
 from __future__ import annotations
@@ -45,6 +33,7 @@ from .._lib.namespace import (
     real_dtype,
 )
 from .._lib.tracing import is_eager
+from .._lib.tuning import FUSE_MAX_COLUMNS
 
 MODES = ("square", "embed", "project")
 
@@ -199,12 +188,6 @@ def _u_bar(Ubar_out: Any, Ubar_in: Any, m: int, mode: str, xp: Any) -> Any:
     if mode == "embed":
         return xp.concat([Ubar_out[..., :m, :] + Ubar_in, Ubar_out[..., m:, :]], axis=-2)
     return xp.concat([Ubar_in[..., :m, :] + Ubar_out, Ubar_in[..., m:, :]], axis=-2)
-
-
-#: Widest batch (columns of h) for which :func:`lowrank_vjp` concatenates h and g into one
-#: GEMM operand. Wider, the concatenation is a memory pass of 2·N·B numbers with no GEMM-rate
-#: gain: at N = 512, B = 1024 (float64, torch, one thread) it took 35% of a training step.
-FUSE_MAX_COLUMNS = 64
 
 
 def lowrank_vjp(

@@ -1,20 +1,10 @@
-"""Forward-mode derivative (JVP) of the compact WY factors V ↦ (U, T).
+"""Forward-mode derivative (JVP) of the compact WY factors V ↦ (U, T), for lineax.
 
-lineax differentiates a linear solve by the JVP of the operator (its ``TangentLinearOperator``)
-and gets reverse mode by transposing that JVP, so an operator handed to lineax needs a JVP
-rule, not the VJP rules of :mod:`householderla._autodiff.jax`. The factors are the only
-non-linear part of a CWY / T-CWY operator: once (U, T) are known, every product
-R(h) − U_out M U_inᵀ h (:func:`~householderla._agnostic.compact_wy.lowrank_apply`) is bilinear
-in (U, T) and h, and JAX differentiates it exactly. Derivation (``docs/jax_ecosystem.rst``),
-per column u = v/‖v‖ and with S = ½I + striu(UᵀU), T = S⁻¹ (Likhosherstov et al., AISTATS
-2021, Theorem 2):
-
-    du = (dv − u (uᵀdv)) / ‖v‖            (0 for a zero column, as H(0) = I has no derivative)
-    dS = striu(dUᵀU + UᵀdU)
-    dT = −T dS T                          (d(S⁻¹) = −S⁻¹ dS S⁻¹)
-
-The tangent (dU, dT) is linear in dV, so JAX transposes it for reverse mode. Cost on top of
-the factors: 2·N·L² (dUᵀU) + 2·L³ (two triangular-times-full products) flops.
+lineax differentiates a solve by the operator's JVP; the factors are the only non-linear part
+of a CWY / T-CWY operator (the products are bilinear in (U, T) and h). Per column u = v/‖v‖,
+S = ½I + striu(UᵀU), T = S⁻¹ (Likhosherstov et al., AISTATS 2021, Theorem 2):
+du = (dv − u(uᵀdv))/‖v‖ (0 for a zero column), dS = striu(dUᵀU + UᵀdU), dT = −T dS T.
+Linear in dV, so JAX transposes it for reverse mode (derivation: ``docs/jax_ecosystem.rst``).
 """
 
 from __future__ import annotations

@@ -1,48 +1,13 @@
 """A square orthogonal layer's product in rows, x ↦ x Qᵀ, and its VJP, by the compact WY form
 of unnormalised reflection vectors.
 
-For V (N, L) real with columns v_j, Q = H(v₁)…H(v_L) = I − V S⁻¹ Vᵀ with
-
-    S = ½ diag(δ) + striu(G),   G = VᵀV,   δ_j = ‖v_j‖²   (δ_j := 2 for v_j = 0, H(0) = I)
-
-(Mhammedi, Hellicar, Rahman & Bailey, "Efficient orthogonal parametrisation of recurrent
-neural networks using Householder reflections", ICML 2017, Proposition 1, eq. 12–13; the
-"UT transform" of Joffrain, Low, Quintana-Ortí, van de Geijn & Van Zee, "Accumulating
-Householder transformations, revisited", ACM TOMS 2006. Likhosherstov et al., AISTATS 2021,
-Theorem 2 write it for unit columns U = V D⁻¹: their S_U = D⁻¹ S D⁻¹, the same Q). Without
-the unit columns the map is a Gram matrix, two triangular solves and four GEMMs: nothing is
-normalised, and T = S⁻¹ is never formed. A zero column gives a zero row and column of
-striu(G), and a_j = v_jᵀh = 0, so b_j = 0 with the diagonal 1 set there: H(0) = I, and its
-cotangent is 0 (the convention of :func:`.compact_wy.normalize_columns_vjp`).
-
-Rows x (B, N), y = x Qᵀ (``householderla._torch_layer`` runs this as one autograd node):
-
-    operator (B ≤ N):  a = x V,  b = a S⁻ᵀ,  y = x − b Vᵀ          4·N·L·B + 2·L²·B flops
-    formed (B > N):    Z = S⁻¹ Vᵀ,  W = I − V Z,  y = x Wᵀ            3·N·L² + 2·N²·B flops
-
-plus the Gram, N·L²·2 (in float64 for float32 V on CPU, as :func:`.compact_wy.cwy_factors`).
-
-Backward, for the cotangent ḡ = ∂ℓ/∂y (B, N) — :func:`.compact_wy.lowrank_vjp` with M = S⁻¹,
-h = xᵀ (or I), then the Gram's backward (``docs/theory/cwy.rst``, "One node for a
-layer"):
-
-    c = ḡ V,  d = c S⁻¹           x̄ = ḡ − d Vᵀ
-    S̄ = dᵀ b,  E = triu(S̄) + striu(S̄)ᵀ     (Ḡ = striu(S̄) + ½ diag(S̄), G symmetric)
-    V̄ = V E − ḡᵀ b − xᵀ d
-
-(for a zero column, E's diagonal entry multiplies the zero column, so the δ_j := 2 branch
-needs no mask here; its b_j = d_j = 0 make the column's cotangent 0)
-
-and for the formed path (W̄ = ḡᵀ x, x̄ = ḡ W): C = S⁻ᵀ Vᵀ W̄ (L, N), S̄ = C Zᵀ,
-V̄ = V E − W̄ Zᵀ − Cᵀ.
-
-Blocks (:func:`blocks_product`, :func:`blocks_vjp`; a layer of any size): the single block's
-Gram costs 2·N·L² and its solves L²·B, so the layer splits the reflectors into column blocks
-of nb, Q = Q₁⋯Q_m with Q_b = I − V_b S_b⁻¹ V_bᵀ the formula above on block b's columns, and
-runs x Q_mᵀ⋯Q₁ᵀ block by block (for lower-trapezoidal V on the block's rows s… only), the
-backward in the opposite order with the same rule per block: Grams 2·N·L·nb, products
-4·N·L·B forward and 8·N·L·B backward (halved for trapezoidal V). Every function takes
-``xp``; real dtypes only.
+Q = I − V S⁻¹ Vᵀ, S = ½ diag(‖v_j‖²) + striu(VᵀV) (Mhammedi et al., ICML 2017, Proposition 1;
+Joffrain et al., "Accumulating Householder transformations, revisited", ACM TOMS 2006): a Gram,
+two triangular solves and four GEMMs, nothing normalised, T never formed; a zero column is
+H(0) = I with cotangent 0. The layer (``householderla.torch._layer``) runs it as one autograd
+node, applied (B ≤ N) or formed (B > N), in column blocks for any size; the backward is
+``lowrank_vjp`` with M = S⁻¹ then the Gram's (``docs/theory/cwy.rst``, "One node for a
+layer"). Every function takes ``xp``; real dtypes only.
 """
 
 from __future__ import annotations

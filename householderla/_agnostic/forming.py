@@ -1,15 +1,10 @@
 """Forming the dense matrix H(v₁)…H(v_L) (or its first columns) straight from V.
 
-Two routes without the normalised factors U, T of :mod:`.compact_wy`:
-
-* :func:`structured_matrix` for lower-trapezoidal V (LAPACK's and oRNN's layout), blocked like
-  LAPACK's orgqr on the trailing submatrices (4N³/3 flops for L = N);
-* :func:`dense_matrix` for any V, the one-shot I − V S⁻¹ Vᵀ (syrk, one triangular solve, one
-  GEMM) with S = striu(VᵀV) + ½ diag(VᵀV) (Mhammedi et al., ICML 2017, Proposition 1).
-
-Both need writeable arrays (NumPy, torch, CuPy) and run only where no autodiff follows. Complex
-V takes conjugate transposes (I − V S⁻¹ Vᴴ, S = striu(VᴴV) + ½ diag(VᴴV)), through the
-generic products (the SciPy BLAS shortcuts are for real matrices).
+Two routes without the normalised factors U, T of :mod:`.compact_wy`: :func:`structured_matrix`
+for lower-trapezoidal V, blocked like LAPACK's orgqr (4N³/3 flops for L = N), and
+:func:`dense_matrix` for any V, the one-shot I − V S⁻¹ Vᵀ with S = striu(VᵀV) + ½ diag(VᵀV)
+(Mhammedi et al., ICML 2017, Proposition 1). Both need writeable arrays and run only where no
+autodiff follows; complex V takes conjugate transposes.
 """
 
 from __future__ import annotations
@@ -27,6 +22,7 @@ from .._lib.linalg import (
     workspace,
 )
 from .._lib.namespace import accumulation_dtype_for, device_of, is_complex, mH, real_dtype
+from .._lib.tuning import STRUCTURED_BLOCK
 
 __all__ = ["STRUCTURED_BLOCK", "dense_matrix", "structured_matrix"]
 
@@ -59,8 +55,7 @@ def _solve_upper_same_blas(S: Any, W: Any, xp: Any) -> Any:
     """S⁻¹ W for small upper-triangular S inside a loop of NumPy GEMMs: NumPy's own LAPACK
     (``inv``: LU of a triangular matrix pivots nothing, so it is the triangular inverse),
     never SciPy's. NumPy and SciPy ship separate OpenBLAS builds with separate thread pools;
-    alternating between them stalls 4–80 ms per switch on the 2-core CI machine (measured:
-    the blocked N=1024 loop took 316 ms with SciPy's syrk/trsm per block, 3× orgqr)."""
+    alternating between them stalls at every switch (``benchmarks/results/tuning.md``)."""
     if aac.is_numpy_namespace(xp):
         return xp.linalg.inv(xp.triu(S)) @ W
     return solve_upper_triangular(S, W, xp)
@@ -86,7 +81,7 @@ def _unnormalized_s(V: Any, xp: Any, syrk: bool = True, sdiag: Any = None) -> tu
     only happens for such columns. Eager arrays only (the check is data dependent).
     ``syrk=False`` forms the Gram matrix with ``@`` (see :func:`structured_matrix`).
     ``sdiag`` (..., L) replaces the ½ of the diagonal (generalised reflectors,
-    :mod:`householderla._factors`): S_kk = sdiag_k ‖v_k‖², LAPACK's 1/τ_k.
+    :mod:`householderla._operator.factors`): S_kk = sdiag_k ‖v_k‖², LAPACK's 1/τ_k.
     """
     gram = gram_upper if syrk else _gram_matmul
     G = _quiet(gram, V, xp)
@@ -118,12 +113,6 @@ def _real_diagonal(G: Any, xp: Any) -> Any:
     """The diagonal ‖v_k‖² of a Gram matrix, real (the imaginary part of vᴴv is zero)."""
     d = xp.linalg.diagonal(G)
     return xp.real(d) if is_complex(d.dtype) else d
-
-
-#: Reflectors per block in :func:`structured_matrix`: N=1024 float64 LAPACK reflectors took
-#: 775 / 467 / 265 / 115 ms for blocks of 16 / 32 / 64 / 128 (2-core CPU, NumPy/OpenBLAS),
-#: with the same ‖QᵀQ − I‖_F ≈ 7.4e-14.
-STRUCTURED_BLOCK = 128
 
 
 def _identity(xp: Any, V: Any, ncols: int, dtype: Any) -> Any:
@@ -198,8 +187,7 @@ def _dense_matrix_scipy_blas(V: Any, S: Any, ncols: int) -> Any:
     """E − V S⁻¹ V[:ncols]ᵀ for one NumPy matrix with SciPy's LAPACK/BLAS only (syrk already
     done by the caller through :func:`gram_upper`, which is SciPy's too): trtrs, then one
     dgemm that writes into E. Staying in one BLAS library avoids the NumPy↔SciPy thread-pool
-    switch (N = L = 1024 float64: 69–77 ms all-SciPy vs 113–130 ms with NumPy's GEMM last;
-    Cayley ``solve`` of the same size 82–87 ms, same run). Returns a C-ordered (N, ncols)
+    switch (``benchmarks/results/tuning.md``). Returns a C-ordered (N, ncols)
     array: Qᵀ is computed in Fortran order."""
     import numpy as np
     import scipy.linalg

@@ -1,16 +1,10 @@
 """LAPACK's compact Householder storage ``(a, τ)`` as this library's reflection vectors.
 
-``?geqrf`` stores H(i) = I − τᵢ vᵢ vᵢᵀ with vᵢ = eᵢ + (a[i+1:, i] below the diagonal): a unit
-lower-trapezoidal V whose diagonal is implicit (``a``'s diagonal and upper part hold R), and
-τᵢ = 0 for H(i) = I (LAPACK Users' Guide, Anderson et al., SIAM 1999, §5.4). For every τᵢ ≠ 0
-that ``?larfg`` produces, τᵢ = 2/‖vᵢ‖², so H(i) is the reflection H(vᵢ) = I − 2vᵢvᵢᵀ/‖vᵢ‖² of
-this library, and Q = H(1)…H(k) is ``cwy(V)`` with the τ = 0 columns of V set to zero.
-
-Complex ``?geqrf`` (``zgeqrf``) makes τᵢ complex: H(i) = I − τᵢvᵢvᵢᴴ is unitary but not Hermitian.
-It fixes vᵢ⊥ and multiplies vᵢ by λᵢ = 1 − τᵢ‖vᵢ‖², so it is unitary exactly when |λᵢ| = 1 (a
-reflection when λᵢ = −1). In the compact WY form only the diagonal of S changes (LAPACK's
-``zlarft``: T⁻¹ = diag(1/τ) + striu(VᴴV)); with unit vectors S = diag(sᵢ) + striu(UᴴU),
-sᵢ = 1/(τᵢ‖vᵢ‖²) = 1/(1 − λᵢ) (:func:`normalized_sdiag`).
+``?geqrf`` stores H(i) = I − τᵢvᵢvᵢᴴ with vᵢ unit lower trapezoidal below the diagonal of ``a``
+and τᵢ = 0 for H(i) = I (LAPACK Users' Guide, Anderson et al., SIAM 1999, §5.4). Real τᵢ ≠ 0
+from ``?larfg`` is 2/‖vᵢ‖², so Q = H(1)…H(k) is ``cwy(V)`` with the τ = 0 columns zeroed.
+Complex τ gives unitary, non-Hermitian H(i) with eigenvalue λᵢ = 1 − τᵢ‖vᵢ‖²: in the compact
+WY form only the diagonal of S changes, sᵢ = 1/(1 − λᵢ) (:func:`normalized_sdiag`).
 """
 
 from __future__ import annotations
@@ -54,8 +48,8 @@ def _unit_lower_numpy(a: Any) -> Any:
     """tril(a, −1) + I for a NumPy ``a`` (..., m, k), k ≤ m: one copy in ``a``'s memory order,
     then per block of 32 columns the rows above it and its diagonal block's upper triangle
     zeroed.
-    LAPACK's ``a`` is Fortran-ordered, where ``np.tril`` (a masked ``where``) took 1.1 ms at
-    1024 × 256; column by column 0.16 ms, these blocks 0.12 ms (the copy alone 0.05 ms)."""
+    LAPACK's ``a`` is Fortran-ordered, where ``np.tril`` (a masked ``where``) is several times
+    slower than these blocks (``benchmarks/results/tuning.md``)."""
     V = np.array(a, order="K", copy=True)
     k = V.shape[-1]
     for s in range(0, k, 32):
@@ -100,9 +94,8 @@ def normalized_sdiag(V: Any, tau: Any, ss: Any = None) -> Any:
 def sq_norms(V: Any) -> Any:
     """‖vᵢ‖² (..., k), real-valued (in V's dtype): one pass over V. Complex NumPy V: NumPy's
     ``vecdot`` gufunc, which conjugates its first argument (Σ conj(v)·v, imaginary part
-    exactly 0; no temporary: V·conj(V) and conj(V) were two copies of V, 3.1 ms and 994
-    page faults for ``from_lapack`` at 1024 × 256 complex128; ``einsum`` over the real and
-    imaginary views 0.48 ms, ``vecdot`` 0.09 ms)."""
+    exactly 0; no temporary: V·conj(V) and conj(V) were two copies of V; ``vecdot`` is also
+    faster than ``einsum`` over the real and imaginary views, benchmarks/results/tuning.md)."""
     xp = aac.array_namespace(V)
     if not is_complex(V.dtype) or aac.is_numpy_array(V):
         return xp.linalg.vecdot(V, V, axis=-2)

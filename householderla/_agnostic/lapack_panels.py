@@ -1,35 +1,12 @@
 """LAPACK's own algorithms on LAPACK's ``(a, τ)``: panels of reflectors, each with its small T.
 
-Q = H(1)…H(k), H(i) = I − τᵢvᵢvᵢᴴ with V (..., m, k) unit lower trapezoidal (LAPACK Users'
-Guide, Anderson et al., SIAM 1999, §5.4). Split the k columns into panels [s, e) of nb = PANEL
-columns; the panel's product is I − V_p T_p V_pᴴ (Schreiber & Van Loan, "A storage-efficient
-WY representation for products of Householder transformations", SIAM J. Sci. Stat. Comput.
-1989), and V_p is zero above row s, so it acts on rows s:m only (the trapezoid). ``?larft``'s
-recurrence T(1:i−1, i) = −τᵢ T(1:i−1, 1:i−1) V(:, 1:i−1)ᴴ vᵢ, T(i, i) = τᵢ solves
-
-    T_p = (I + diag(τ_p) striu(V_pᴴV_p))⁻¹ diag(τ_p),
-
-a unit upper-triangular inverse (no pivoting, no division): τᵢ = 0 gives a zero row and column
-of T_p whatever column i of ``a`` holds, as in LAPACK, and complex τ (``zgeqrf``'s
-non-Hermitian H(i)) needs nothing else. T_p uses τ as given, so the products are LAPACK's own
-(not the normalised reflections 2vvᴴ/‖v‖² of :mod:`.compact_wy`, equal to rounding).
-
-* :func:`apply_panels`: Q C (last panel first) or Qᴴ C (first panel first, Tᴴ), as
-  ``?ormqr``/``?unmqr`` with ``?larfb``: 4·B·nb·Σ_p (m − s_p) ≈ 4·m·k·B − 2·k²·B flops for
-  C (..., m, B), after the factors' (m − s_p)·2nb² per panel (≈ 2·m·k·nb; matmul Grams).
-* :func:`form_panels`: the first ``ncols`` columns of Q as ``?orgqr``/``?ungqr`` do, backwards
-  from the identity, panel b updating only the trailing block its reflectors reach:
-  Q[s:, s:] −= V_p (T_p [V_p[:e−s]ᴴ, V_p[e−s:]ᴴ Q[e:, e:]]), Q[s:e, s:e] = I first:
-  orgqr's 4·m·n·k − 2·(m + n)·k² + 4k³/3 flops for n columns (2·m·k² − 2k³/3 for the thin
-  Q), against m·k² + k³/3 + 2·m·k·n for the whole T and I − U T U₁ᴴ.
-
-The whole T would cost m·k² (Gram) + k³/3 flops to build — at m = 1024, k = 256 as much as a
-product with B = 64 columns — against ≈ 2·m·k·nb for the panel T's (nb = 32: a quarter).
-Forming backwards from the identity keeps ‖QᴴQ − I‖ at orgqr's level (tests/test_lapack.py).
-The loops read the panels from :class:`ViewPanels` (views of a built V, any namespace, the
-T's made up front) or :class:`LapackPanels` (one column-major NumPy ``a`` read in place, one
-panel at a time). Every function takes ``xp``; NumPy, torch and CuPy update in place, other
-namespaces by concatenation; no autodiff (the callers use these only where none follows).
+Panels [s, e) of nb = PANEL columns: I − V_p T_p V_pᴴ (Schreiber & Van Loan, SIAM J. Sci. Stat.
+Comput. 1989) acts on rows s:m only, T_p = (I + diag(τ_p) striu(V_pᴴV_p))⁻¹ diag(τ_p) by
+``?larft``'s recurrence (τᵢ = 0 gives a zero row and column). :func:`apply_panels` is
+``?ormqr`` (≈ 4·m·k·B − 2·k²·B flops), :func:`form_panels` is ``?orgqr``, backwards from the
+identity, keeping ‖QᴴQ − I‖ at orgqr's level; the panel T's cost ≈ 2·m·k·nb against m·k² for
+the whole T. Panels come from :class:`ViewPanels` (views of a built V) or :class:`LapackPanels`
+(a column-major NumPy ``a`` read in place). Every function takes ``xp``; no autodiff.
 """
 
 from __future__ import annotations
@@ -43,6 +20,7 @@ from .._lib.blas import blas_pointers
 from .._lib.checks import broadcast_batch
 from .._lib.linalg import gram_upper, inv_upper_triangular, subtract_product, workspace
 from .._lib.namespace import device_of, is_complex, mH, mT
+from .._lib.tuning import PANEL
 
 __all__ = [
     "PANEL",
@@ -54,13 +32,6 @@ __all__ = [
     "panel_bounds",
     "panel_factors",
 ]
-
-#: Reflectors per panel: ``?ormqr``/``?orgqr``'s block size (reference ``ilaenv``). At
-#: m = 1024, k = 256, B = 64 (float64, one thread, NumPy): nb = 32 / 64 / 128 took about
-#: 2.65 / 2.82 / 3.65 ms for a fresh product (dormqr 2.3 ms), and forming the thin Q gave
-#: ‖QᵀQ − I‖_F 1.00 / 1.06 / 1.17 × dorgqr's (six seeds: 1.01–1.05× at 32, complex128
-#: 0.87–0.90×). Measured on the 2-core VM with other work running: ratios, not timings.
-PANEL = 32
 
 
 def form_panel_width(k: int) -> int:
@@ -188,9 +159,8 @@ class LapackPanels:
     reused buffer) by ``nk.larft_forward``. ``nk``: the Numba entry module
     (:mod:`householderla._kernels.numba`), given by the caller. The panel views are valid
     until the next ``get``. A fresh V (m × k) would be written once and read once, and
-    freeing it with the result made glibc hand the heap back: a thin 1024 × 256 Q from
-    ``from_lapack`` took 6.3 ms with 1,375 page faults a call in a plain loop, against
-    4.4 ms from this (float64, one thread; ``dorgqr`` 5.4 ms).
+    freeing it with the result made glibc hand the heap back, so a plain loop page-faulted it
+    in again on every call (``benchmarks/results/tuning.md``).
 
     Where NumPy's own CBLAS is reachable (:func:`householderla._lib.blas.blas_pointers`),
     :func:`apply_panels` and :func:`form_panels` run their whole loop in one compiled call

@@ -1,16 +1,10 @@
 """Polar factor by the coupled Newton–Schulz iteration with an a priori iteration count.
 
-Q = X (XᵀX)^{-1/2} for tall full-rank X (..., N, M). With A = s²XᵀX (s a scale chosen below)
-the coupled iteration of Higham (1997, eq. 2.6; Kong, Wang & Tao, ICLR 2023, Algorithm 3)
-
-    Y₀ = A,  Z₀ = I,  T_k = ½(3I − Z_k Y_k),  Y_{k+1} = Y_k T_k,  Z_{k+1} = T_k Z_k
-
-is run in *delta form* (F = Y − I, D = Z − I, S = T − I), so that Q = sX + (sX)D never adds a
-rounded identity, and stops after a count k fixed before the loop: on an eigenvalue λ of A
-the residual r = 1 − λz² obeys r_{k+1} = φ(r_k) = ¾r_k² + ¼r_k³, so cheap O(M²) bounds
-[a, b] ∋ spec(XᵀX) (Gershgorin ∩ [1 − δ, 1 + δ], δ = ‖XᵀX − I‖_F) certify the worst residual
-after k steps. The derivation is in ``docs/theory/retractions.rst``. Every function takes
-``xp`` explicitly; JAX compiles each stage once per shape (and static count).
+Q = X (XᵀX)^{-1/2} for tall full-rank X. With A = s²XᵀX the coupled iteration (Higham 1997,
+eq. 2.6; Kong, Wang & Tao, ICLR 2023, Algorithm 3) runs in delta form (F = Y − I, D = Z − I)
+so Q = sX + (sX)D never adds a rounded identity. On an eigenvalue of A the residual obeys
+r_{k+1} = ¾r_k² + ¼r_k³, so O(M²) spectral bounds fix the count k before the loop
+(``docs/theory/retractions.rst``). Every function takes ``xp``; JAX compiles each stage once.
 """
 
 from __future__ import annotations
@@ -27,6 +21,7 @@ from .._lib.linalg import eye_like
 from .._lib.mixed import has_wide_matmul, matmul_acc, matmul_split
 from .._lib.namespace import accumulation_dtype_for, device_of, is_half, mH, mT, real_dtype
 from .._lib.tracing import is_eager
+from .._lib.tuning import EIG_BOUNDS_MAX_M
 from .ns_bounds import (
     LAZY_ITERS,
     LAZY_RESTART_ITERS,
@@ -173,7 +168,7 @@ class _Split:
     on the Gram matrix, the residual check) in ``small``.
 
     On eager torch tensors ``small`` is NumPy on the host: the M × M work is some 60
-    operations on tiny arrays, ~5 µs each as torch kernels and ~1 µs in NumPy (a step of the
+    operations on tiny arrays, several times cheaper in NumPy than as torch kernels (a step of the
     Stiefel optimizers at N = 200, M = 10 spent most of its time there); the device then
     runs two N × M × M products and syncs once for the (already host-side) count. Elsewhere
     ``small`` is the arrays' namespace and each stage is compiled once per shape on JAX.
@@ -240,12 +235,6 @@ def _tolerances(work: Any, out: Any, restart: bool, xp: Any) -> tuple[float, flo
         return eps_o / 128.0, eps_w
     return eps_w, eps_w
 
-
-#: Largest M for which eager NumPy / host polar bounds the spectrum of XᵀX by its eigenvalues:
-#: ``eigvalsh`` of an M × M matrix took 7 / 12 / 34 / 118 µs at M = 10 / 16 / 32 / 64 against
-#: 36 / 38 / 42 / 52 µs for the O(M²) Gershgorin–Frobenius bounds (NumPy, one thread, this
-#: project's 2-core Intel VM), and exact bounds give the smallest certified count.
-EIG_BOUNDS_MAX_M = 32
 
 #: Restart by default when the first pass's correction can exceed 1 (λ_min·s² < 1/4, i.e.
 #: κ(XᵀX) ≳ 7 after centring): X' + X'D then carries ‖D‖ times the rounding of X'.

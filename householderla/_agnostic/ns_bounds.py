@@ -186,7 +186,8 @@ def _centre_scale_float(lo: float, hi: float) -> float:
 
 def plan_float(lo: float, hi: float, p: float, tol: float) -> tuple[float, float]:
     """:func:`_stage_plan` for one matrix in Python floats: the eager single-matrix call
-    (an optimizer step) plans in ~5 µs instead of ~60 µs of 0-d array operations."""
+    (an optimizer step) plans in Python floats, an order of magnitude faster than 0-d array
+    operations."""
     su, sc = 1.0 / p, _centre_scale_float(lo, hi)
     ku, kc = count_float(lo, hi, min(su * su, 4.0), tol), count_float(lo, hi, sc * sc, tol)
     return (su, ku) if ku <= kc else (sc, kc)

@@ -1,38 +1,13 @@
 """Fixed-step polar factors for update directions: odd-polynomial schedules and the interval
 their singular values land in.
 
-A schedule is a list of odd polynomials p_k(x) = a_k x + b_k x³ + c_k x⁵ applied to the
-normalised matrix X₀ = X / (s‖X‖_F) as X ← a X + (b A + c A²) X, A = X Xᵀ (the smaller Gram
-matrix: wide X as is, tall X through its transpose). On a singular value σ of X₀ the
-iteration is the scalar map σ ↦ p_k(σ), so the singular values of the result are the image of
-those of X₀ under the composition: for every σ(X) ≥ ℓ‖X‖_F they lie in the image of
-[ℓ/s, 1/s], computed here exactly (endpoints and the real critical points of each p_k).
-
-Schedules (``docs/theory/lowprec.rst``):
-
-* ``"newton_schulz"``: the classical cubic p(x) = (3x − x³)/2 (Higham 2008, eq. 8.20), s = 1.
-* ``"muon"``: Jordan et al.'s quintic (3.4445, −4.7750, 2.0315) every step, s = 1 (Muon;
-  ``torch.optim.Muon``'s default).
-* ``"polar_express"``: Amsel, Persson, Musco & Gower, *The Polar Express*, ICLR 2026 — per
-  step the odd quintic closest to 1 in the max norm on the current interval (greedy
-  minimax), computed on [max(ℓ, 0.02u), u] and re-centred (cushioning), arguments divided by
-  1.01 on every step but the last (safety factor), s = 1.01, ℓ₀ = 10⁻³.
-* ``"certified"`` (ours): greedy minimax steps designed for the rounding of the working
-  precision: after each step the upper end of the interval is widened by the rounding model
-  δ_k = γ(M)·u·(|a|h + |b|h³ + |c|h⁵) (h the bound before the step, :func:`rounding_gamma`)
-  before the next polynomial is chosen, with a cushion of 0.1 (smaller coefficients, less
-  rounding), from ℓ = max(ℓ, u). So no polynomial assumes σ ≤ 1 after a rounded step, and
-  the upper bound of every output singular value stays finite under the model (Muon's and
-  Polar Express's do not in bfloat16: their first steps' rounding can push σ past the
-  region where the next polynomial contracts).
-
-Certificates: the exact-arithmetic image of [ℓ/s, 1/s] (``exact``, rigorous), the same under
-the rounding model (``interval``), the bound on every output singular value (``upper``) and
-the smallest ℓ whose model interval starts at ½ or above (``certified_min_sv``): below it a
-singular value is at the level of the steps' rounding noise.
-
-Everything here is Python floats (computed once per schedule, steps, ℓ and precision), and the
-iteration itself (:func:`fixed_polar`) works over any namespace ``xp``.
+A schedule applies odd quintics p_k(x) = a_k x + b_k x³ + c_k x⁵ to X₀ = X / (s‖X‖_F) through
+the smaller Gram matrix; on singular values it is the scalar map σ ↦ p_k(σ), so the output
+interval is the exact image of [ℓ/s, 1/s]. Schedules: ``"newton_schulz"`` (Higham 2008,
+eq. 8.20), ``"muon"`` (Jordan et al.), ``"polar_express"`` (Amsel, Persson, Musco & Gower,
+ICLR 2026) and ``"certified"`` (ours: greedy minimax steps that widen each interval by a
+rounding model first). Certificates ``exact``, ``interval``, ``upper``, ``certified_min_sv``
+(``docs/theory/lowprec.rst``). Schedules are Python floats; :func:`fixed_polar` runs over ``xp``.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """Backend-neutral kernels of the Cayley (SMW), QR and polar retractions and their VJPs.
 
-Cayley (Likhosherstov et al., AISTATS 2021 App. B, Lemma 1): with G̃ = G (canonical) or G̃ = G −
-½X(XᴴG) (Euclidean), A = G̃Xᴴ − XG̃ᴴ = B Cᴴ with B = η[G̃, sX], C = [X, −G̃/s] (N × 2M, s > 0 a
-balancing power of two), and
-
-    Cayley(ηA) X = X − B K⁻¹ Cᴴ X,   K = I + ½ CᴴB  (2M × 2M).
-
-CᴴB and CᴴX need only P = XᴴX, W₀ = XᴴG and GᴴG: 10·N·M² flops, no N×N matrix. ᴴ is the
-conjugate transpose (ᵀ for real arrays): every formula here holds for complex X with A
-skew-Hermitian, and the VJPs are those of the real case with ᵀ → ᴴ (real inner product
-Re tr(AᴴB), ``docs/theory/complex.rst``). The derivations (both metrics, the VJPs) are in
-``docs/theory/retractions.rst``. Every function takes ``xp`` explicitly and works in the dtype
-it is given.
+Cayley (Likhosherstov et al., AISTATS 2021, App. B, Lemma 1): A = G̃Xᴴ − XG̃ᴴ = B Cᴴ with
+B = η[G̃, sX], C = [X, −G̃/s], so Cayley(ηA) X = X − B K⁻¹ CᴴX, K = I + ½CᴴB (2M × 2M), from
+XᴴX, XᴴG and GᴴG only: 10·N·M² flops, no N × N matrix. Canonical or Euclidean metric; complex
+X with ᵀ → ᴴ (``docs/theory/retractions.rst``, ``docs/theory/complex.rst``). Every function
+takes ``xp`` explicitly and works in the dtype it is given.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ class StiefelOptimizer(NamedTuple):
 
     ``init(X) -> state`` and ``update(X, G, state) -> (X_next, state_next)``; note that
     ``update`` returns the next *point*, not an increment (a retraction is not additive;
-    :func:`householderla._optax.stiefel_sgd` gives the optax convention).
+    :func:`householderla.jax.stiefel_sgd` gives the optax convention).
     """
 
     init: Any

@@ -1,30 +1,11 @@
 """Compact WY kernels for lower-trapezoidal reflectors (oRNN / LAPACK layout), by blocked GEMMs.
 
-When column j of U (..., N, L) is zero in rows < j (Mhammedi et al., ICML 2017 eq. 9), U = [U₁; U₂]
-with U₁ the L × L lower-triangular top block, and T = S⁻¹ is upper triangular. The apply y = R(h) −
-U_out M U_inᵀ h of :func:`householderla._agnostic.compact_wy.lowrank_apply` then needs
-
-    Uᵀh   2·(N·L − L²/2)·B,    M·a   L²·B,    U·b   2·(N·L − L²/2)·B,
-
-4·N·L·B − L²·B flops in all: Mhammedi et al., ICML 2017, Table 2's forward count (4n − m + 2)·m per
-vector, up to the 2m of its divisions by ‖u_k‖², against 4·N·L·B + 2·L²·B for the dense products.
-
-The zeros are skipped by splitting the L columns into k blocks [s, e) and running one GEMM
-per block on the rows where that block can be nonzero (columns) or on the columns that can
-be nonzero in a row segment (rows): k GEMMs instead of one, the pure Array API, batched and
-jit-friendly (all shapes static), on every namespace. Each product then wastes the
-triangle inside its diagonal blocks, (1/k) of the saving: 4·N·L·B − L²·B + 3·L²·B/k flops.
-
-Why blocked GEMMs and not BLAS ``trmm``: torch and JAX have no triangular product, the
-blocked products run on every namespace (and under jit), and on NumPy they were as fast as
-``scipy.linalg.blas.?trmm`` for the triangles where the structure pays off and much faster at
-B = 1 (``benchmarks/structured.py``, float64, one BLAS thread, 2-core VM under load;
-n = 1024, m = 1023: B = 64 dense 25.4 ms, blocked 13.9 ms, trmm 10.6 ms; B = 1 dense
-0.77 ms, blocked 0.43 ms, trmm 0.83 ms; float32 B = 64: 12.9 / 7.1 / 9.0 ms). With
-threaded BLAS, alternating NumPy's OpenBLAS (GEMMs) and SciPy's separate OpenBLAS (trmm)
-stalled for 20–80 ms per call on the shared 2-core machine.
-
-Every function takes ``xp`` explicitly; ``bounds`` are the (start, stop) column blocks.
+When column j of U is zero in rows < j (Mhammedi et al., ICML 2017, eq. 9) the apply of
+:func:`householderla._agnostic.compact_wy.lowrank_apply` needs 4·N·L·B − L²·B flops (their
+Table 2) instead of 4·N·L·B + 2·L²·B. The zeros are skipped by k column blocks, one GEMM each
+on the rows (or columns) the block can reach: pure Array API, batched, jit-friendly, wasting
+3·L²·B/k. Blocked GEMMs rather than BLAS ``trmm``: torch and JAX have none, and on NumPy they
+were as fast (``benchmarks/results/tuning.md``). ``bounds`` are the (start, stop) column blocks.
 """
 
 from __future__ import annotations
@@ -33,26 +14,11 @@ from typing import Any
 
 from .._lib.linalg import sum_to_shape
 from .._lib.namespace import device_of, mH
+from .._lib.tuning import TRAPEZOIDAL_BLOCK as BLOCK
+from .._lib.tuning import TRAPEZOIDAL_FEW_RHS as FEW_RHS
+from .._lib.tuning import TRAPEZOIDAL_MAX_BLOCKS as MAX_BLOCKS
+from .._lib.tuning import TRAPEZOIDAL_MIN_COLUMNS as MIN_COLUMNS
 from .compact_wy import normalize_columns_vjp
-
-#: Target column-block width of the blocked products and the most blocks used: the number of
-#: blocks is ⌊L / 128⌋ clipped to [1, 8]. At N = 1024, L = 1023, B = 64 (float64, one BLAS
-#: thread, 2-core CPU) 2 / 4 / 8 blocks took 11.0 / 9.8 / 9.4 ms (dense 17.1 ms); at
-#: N = L + 1 = 512, 4 and 8 blocks 1.36 / 1.29 ms (dense 2.13 ms). Narrower blocks lose GEMM
-#: efficiency and add per-call overhead that shows at B = 1.
-BLOCK = 128
-MAX_BLOCKS = 8
-
-#: When the blocked products are used (``benchmarks/structured.py``, one BLAS thread, 2-core
-#: VM shared with other jobs; speed-up of blocked over dense NumPy products, float64 /
-#: float32): at least two blocks (L ≥ 256) and L ≥ N/2 — n = 1024, m = 1023, B = 64:
-#: 1.83× / 1.83×; n = 1024, m = 512, B = 64: 1.07× / 1.28×; n = 512, m = 511, B = 64:
-#: 3.8× (noisy) / 1.44× —, and for few right-hand sides (B < 16) only L ≥ 3N/4 with
-#: L ≥ 512: at B = 1, m = 1023: 1.81× / 1.20×, but m = n/2: 0.73–0.99×, m = 511: 1.02× /
-#: 0.94×. Below L = 256 (one block) or L < N/2 nothing is saved: n = 1024, m = 256: 0.73–1.0×
-#: at B = 1, 1.05× at B = 64 (float32); n = 256, m = 255: 0.70–0.97×.
-MIN_COLUMNS = 2 * BLOCK
-FEW_RHS = 16
 
 
 def use_structured(N: int, L: int, B: int) -> bool:

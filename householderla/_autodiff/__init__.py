@@ -1,28 +1,12 @@
 """The one autodiff switch: which rule table a call runs through.
 
-Every differentiable primitive of the package has one rule per table, with one signature:
-
-=====================  =========================================  ==========================
-rule                   arguments                                  returns
-=====================  =========================================  ==========================
-``cwy_factors``        ``(xp, V, sdiag)``                         ``(U, T, r)``
-``lowrank``            ``(xp, U, T, h, transpose, mode, out)``    ``R(h) − U_out M U_inᵀ h``
-``householder_apply``  ``(xp, V, h)``                             ``H(v₁)…H(v_L) h``
-``polar``              ``(xp, X, num_iters, restart)``            ``(Q, info)``
-``cayley``             ``(xp, X, Z, step)``                       ``(Y, drift)``
-``qr_q``               ``(xp, Y)``                                ``qf(Y)``
-=====================  =========================================  ==========================
-
-``sdiag`` is None for reflections (diag S = ½) or the constant diagonal of S for LAPACK's
-complex reflectors (no cotangent). ``out`` (optional, ``h=None`` only) is the dtype the dense
-matrix is rounded to once: the half dtype of V, whose factors are float32. Tables:
-:mod:`.plain` (the backend-neutral forward, nothing recorded), :mod:`.torch`
-(``torch.autograd.Function``s whose backward calls our explicit VJPs; torch.func-ready) and
-:mod:`.jax` (``jax.custom_vjp`` rules, compiled once per shape). :func:`route` picks the
-table from the arrays of a call, :func:`call` runs a rule. Tables are imported on first use,
-so torch and JAX are imported only when their arrays arrive.
-This package imports the layers below it (``_lib``, ``_agnostic``, ``_kernels``,
-``_interop``), never a public module.
+Every differentiable primitive has one rule per table, with one signature: ``cwy_factors``
+``(xp, V, sdiag)``, ``lowrank`` ``(xp, U, T, h, transpose, mode, out)``, ``householder_apply``
+``(xp, V, h)``, ``polar`` ``(xp, X, num_iters, restart)``, ``cayley`` ``(xp, X, Z, step)``,
+``qr_q`` ``(xp, Y)``. Tables: :mod:`.plain` (nothing recorded), :mod:`.torch`
+(``autograd.Function``s calling our VJPs) and :mod:`.jax` (``custom_vjp`` rules), imported on
+first use. :func:`route` picks the table from a call's arrays, :func:`call` runs a rule. This
+package imports the layers below it, never a public module.
 """
 
 from __future__ import annotations

@@ -1,28 +1,12 @@
 """The JAX rule table: ``jax.custom_vjp`` rules wired to the explicit backward passes
 (imported only for JAX input; signatures in :mod:`householderla._autodiff`).
 
-The same primitives as the torch wiring (:mod:`householderla._autodiff.torch`):
-
-- ``cwy_factors``: V ↦ (U, T = S⁻¹, r); backward ``factors_vjp``.
-- ``lowrank_apply`` / ``lowrank_matrix``: (U, T, h) ↦ R(h) − U_out M U_inᵀ h (h = I for the
-  matrix); backward ``lowrank_vjp``.
-- ``householder_apply``: (V, h) ↦ H(v₁)…H(v_L) h; backward ``householder_apply_vjp``.
-- ``polar``: X ↦ X (XᵀX)^{-1/2} (Newton–Schulz); backward ``newton_schulz.polar_backward``.
-- ``cayley_smw``: (X, Z, t) ↦ Cayley(tW) X along Z (SMW); backward ``cayley_along_vjp``.
-- ``qr_q``: Y ↦ qf(Y), diag(R) ≥ 0; backward (Q̄ − QF) R⁻ᵀ.
-
-Static arguments (``transpose``, ``mode``, ``euclidean``, iteration counts, an info holder)
-are Python values in ``nondiff_argnums``; arrays never are. The backward rules are written in
-``jax.numpy``, so they are differentiable again (``jax.grad`` of ``jax.grad``, ``check_grads``
-of order 2). Every primal, forward and backward body runs under
-``jax.default_matmul_precision("highest")``: on GPU, JAX's default float32 matmul is
-TF32/bf16-pass, which would cost the orthogonality these maps exist for (no effect on CPU).
-
-Complex arrays: JAX's cotangent of a complex value is the *conjugate* of the one our VJPs take
-and return (JAX pairs a cotangent c with a tangent t as Re(c·t); ours, torch's, as
-Re(conj(c)·t): for a real loss, ours is ∂L/∂Re + i ∂L/∂Im and JAX's ∂L/∂Re − i ∂L/∂Im). So
-every backward rule here conjugates the incoming complex cotangents, calls the VJP, and
-conjugates what it returns (:func:`_jax_ct`; nothing happens for real arrays).
+The primitives of the torch table (``cwy_factors``, ``lowrank_apply`` / ``lowrank_matrix``,
+``householder_apply``, ``polar``, ``cayley_smw``, ``qr_q``), static arguments in
+``nondiff_argnums``, backward rules in ``jax.numpy`` (differentiable again). Everything runs
+under ``jax.default_matmul_precision("highest")`` (no TF32 on GPU). JAX's cotangent of a complex
+value is the conjugate of ours, so each backward conjugates complex cotangents in and out
+(:func:`_jax_ct`).
 """
 
 from __future__ import annotations

@@ -1,32 +1,12 @@
 """The torch rule table: ``torch.autograd.Function``s wired to the explicit backward passes
 (imported only for torch input; signatures in :mod:`householderla._autodiff`).
 
-One ``torch.autograd.Function`` per differentiable primitive, in the ``forward`` +
-``setup_context`` + ``backward`` style that ``torch.func`` requires:
-
-- ``CWYFactors``: V ↦ (U, T = S⁻¹, r); backward ``compact_wy.factors_vjp``.
-- ``LowRankApply``: (U, T, h) ↦ R(h) − U_out M U_inᵀ h; backward ``compact_wy.lowrank_vjp``
-  (``LowRankApplyKept`` where h has the factors' dtype: the same map, keeping Uᵀh and
-  M Uᵀh for the backward).
-- ``CWYLinear``: (V, x) ↦ x Qᵀ, a small orthogonal layer's Gram, product and backward in
-  one node (``cwy_rows``; not a rule: ``householderla._torch_layer`` calls it; old-style
-  ``forward(ctx, …)``, as the layer takes the composed rules under ``torch.func``).
-- ``HouseholderApply``: (V, h) ↦ H(v₁)…H(v_L) h; backward ``householder_apply_vjp``.
-- ``HouseholderApplyNumba``: the same map by the Numba kernels through DLPack (CPU);
-  backward ``_kernels.numba.hgrad``, ``once_differentiable``.
-- ``Polar``: X ↦ X (XᵀX)^{-1/2} (Newton–Schulz); backward: the Sylvester equation solved
-  in the eigenbasis of XᵀX (``newton_schulz.polar_backward``).
-- ``CayleySMW``: (X, Z, t) ↦ Cayley(tW) X along Z (SMW); backward ``cayley_along_vjp``.
-- ``QRPositive``: Y ↦ qf(Y), diag(R) ≥ 0; backward (Q̄ − QF) R⁻ᵀ.
-
-Every backward is written in torch operations on saved inputs (or on outputs whose graph
-leads back through the same Function), so double backward works (``gradgradcheck``) and
-``torch.func.grad`` / ``jacrev`` / ``vmap`` compose with them. ``vmap`` is supported by
-``generate_vmap_rule = True`` where the forward is plain tensor algebra, and by an explicit
-``vmap`` staticmethod for ``Polar``, whose forward inspects values (it chooses its iteration
-count from spectral bounds): the rule moves the vmapped axis to the front and runs the batched
-forward on the real tensor. Only ``HouseholderApplyNumba``, whose backward is an opaque
-Numba kernel, is ``once_differentiable`` (first derivatives only, no ``torch.func``).
+One Function per primitive (``forward`` + ``setup_context`` + ``backward``, as ``torch.func``
+needs): ``CWYFactors``, ``LowRankApply`` (``LowRankApplyKept``), ``HouseholderApply``,
+``HouseholderApplyNumba``, ``Polar``, ``CayleySMW``, ``QRPositive``, and ``CWYLinear`` (the one
+node of ``householderla.torch._layer``, not a rule). Every backward is torch operations, so
+double backward and ``torch.func`` compose; ``vmap`` by ``generate_vmap_rule`` or, for
+``Polar``, an explicit rule. Only ``HouseholderApplyNumba`` is ``once_differentiable``.
 """
 
 from __future__ import annotations
@@ -183,7 +163,7 @@ class CWYLinear(torch.autograd.Function):
     square CWY map of V (N, N) (of its lower trapezoid with ``trapezoidal``), by the
     unnormalised form of :mod:`householderla._agnostic.cwy_rows` in column blocks of
     ``block`` reflectors (one block when ``block`` ≥ N): an orthogonal layer's Grams,
-    products and their backward as one autograd node (``householderla._torch_layer``),
+    products and their backward as one autograd node (``householderla.torch._layer``),
     where composed nodes' Python, dispatch, normalisation passes and copies outweigh the
     GEMMs. ``formed``: W is formed and x Wᵀ taken. The products update one copy of x inside
     the GEMMs (``addmm_``); the backward reads the S_b and the kept products

@@ -1,20 +1,10 @@
 """Dask arrays as right (or left) operands of the operators: ``hl.cwy(V) @ H`` beyond memory.
 
-A batch of right-hand sides ``H`` of shape (..., K, B) that does not fit in memory is a Dask
-array chunked along the batch columns B (and/or the leading batch axes). Every operator of this
-library (CWY, T-CWY, SVD-Householder, …) maps each column independently, so
-
-    op @ H = [op @ H₁, op @ H₂, …]   (blocks of columns)
-
-is embarrassingly parallel: the result is a lazy Dask array with one task per chunk of ``H``;
-nothing runs before ``.compute()``. The operator's small factors (U ∈ ℝ^{N×L}, T ∈ ℝ^{L×L}) are
-computed once, eagerly, when the product is built (O(N·L²) flops, the same work the first
-eager apply does) and enter the task graph as ONE shared node (a ``dask.delayed`` of the
-operator), not once per chunk: a distributed scheduler ships them to each worker once.
-
-Cost: the same 4·N·L·B + L²·B flops as the eager apply, split over chunks; peak memory per task
-is one chunk of H and of the result plus the factors, O(N·L + N·b) for a chunk of b columns.
-The contracted axis (K, rows of H) must be one chunk; it is rechunked if it is not.
+Every operator maps columns independently, so op @ H = [op @ H₁, op @ H₂, …] over the chunks
+of H's batch columns: a lazy Dask array, one task per chunk, nothing run before
+``.compute()``. The small factors are computed once, eagerly, and enter the graph as one
+shared node (a ``dask.delayed`` of the operator). Same 4·N·L·B + L²·B flops as the eager apply;
+O(N·L + N·b) memory per task; the contracted axis is rechunked into one chunk if needed.
 """
 
 from __future__ import annotations

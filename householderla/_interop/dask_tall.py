@@ -1,25 +1,11 @@
 """Tall CWY / T-CWY factors, products and retractions over row-chunked Dask arrays.
 
-For V ∈ ℝ^{N×M} with N beyond one machine's memory (many millions of rows) and M up to a few
-hundred, V is a Dask array chunked along its rows (one chunk across the M columns). Only
-M-sized objects ever come to the client:
-
-* **Factors, one pass.** Each row chunk V_k gives its column scales m_k = max|V_k| and scaled
-  Gram G_k = (V_k/m_k)ᵀ(V_k/m_k); pairs combine up a tree (fan-in ``FAN_IN``) as
-  m = max(m_a, m_b), G = D_a G_a D_a + D_b G_b D_b with D = diag(m_·/m) — the column norms
-  ‖v_j‖ = m_j √G_jj and the Gram UᵀU = D⁻¹ G D⁻¹ (D = diag √G_jj) in one pass, overflow-safe
-  for any finite V, accumulated in float64 for float32 input. Then, on the client,
-  S = ½I + striu(UᵀU) and T = S⁻¹ (M³/3 flops; Likhosherstov et al., AISTATS 2021, Theorem 2).
-* **Products, chunkwise and lazy.** With U_k = V_k / ‖v‖ recomputed per chunk (never stored):
-  Ω x = [x; 0] − U (T (U₁ᵀ x)) is one pass (x has M rows; U₁ = the top M rows of U, brought to
-  the client with the factors); Ωᵀ y = y₁ − U₁ Tᵀ (Uᵀ y) and Q h = h − U T (Uᵀ h) reduce Uᵀy
-  up a tree. Q h needs V and h twice: the second pass reads clones of them
-  (``dask.graph_manipulation.clone``, see :func:`fresh`), so no chunk is kept between the
-  passes and each task holds O(chunk·(M + B)) memory.
-* **Retractions.** qf(Y) and polar(Y) = Q·polar(R) for Y = X + tZ by direct TSQR (Benson,
-  Gleich & Demmel, "Direct QR factorizations for tall-and-skinny matrices in MapReduce
-  architectures", IEEE BigData 2013), Dask's ``tsqr`` with the local Q factors recomputed in
-  the second pass instead of kept; polar(R) (or the signs of diag R) is an M×M task.
+For V (N, M) chunked along its N rows, only M-sized objects reach the client. Factors in one
+pass: per chunk column scales and a scaled Gram, combined up a tree (``FAN_IN``) overflow-safe,
+then S = ½I + striu(UᵀU), T = S⁻¹ on the client (Likhosherstov et al., AISTATS 2021, Theorem
+2). Products chunkwise and lazy, U recomputed per chunk; Q h reads clones of V and h in its
+second pass (:func:`fresh`). Retractions qf(Y) and polar(Y) = Q·polar(R) by direct TSQR
+(Benson, Gleich & Demmel, IEEE BigData 2013).
 """
 
 from __future__ import annotations
@@ -30,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from .._lib.linalg import inv_upper_triangular
+from .._lib.tuning import DASK_FAN_IN as FAN_IN
 
 __all__ = [
     "FAN_IN",
@@ -42,9 +29,6 @@ __all__ = [
     "tall_factors",
     "tsqr_retraction",
 ]
-
-#: How many partial Gram matrices / products one reduction task combines.
-FAN_IN = 8
 
 
 def check_tall(V: Any, name: str = "V") -> Any:

@@ -1,26 +1,12 @@
 """Zero-copy hand-over of torch / JAX / NumPy / CuPy buffers to kernels, by DLPack.
 
-NumPy-only kernels (Numba, SciPy's LAPACK wrappers) take a CPU tensor of any framework
-through :func:`to_numpy` and give their result back through :func:`from_numpy`; CUDA kernels
-(CuPy) use :func:`to_cupy` / :func:`from_cupy` on torch's current stream. The rules:
-
-* Only ``from_dlpack`` is used (never raw capsules), so the producer's ``__dlpack__`` decides
-  the stream synchronisation and read-only signalling (DLPack ≥ 1.0).
-* Export prepares the tensor the way DLPack needs it: ``detach()`` (a tensor that requires
-  grad cannot be exported), ``resolve_conj()`` / ``resolve_neg()`` (lazy sign bits are not
-  part of DLPack) and ``contiguous()`` (kernels index C-ordered memory). All three are no-ops,
-  and nothing is copied, for an ordinary contiguous tensor.
-* Read-only stays read-only. JAX arrays are immutable, so their NumPy view is read-only; a
-  read-only NumPy array is passed through unchanged; the view of a torch tensor is read-only
-  unless ``writable=True`` is asked for. Kernels never write into their inputs, and
-  ``writable=True`` refuses every case where a write would be lost (a contiguous copy) or
-  would corrupt something (a JAX buffer, a read-only array, a tensor autograd is tracking).
-* :func:`from_numpy` wraps a kernel's *fresh* output without a copy where the consumer
-  allows it (torch always; JAX when the buffer is 64-byte aligned, see :func:`aligned_empty`)
-  and copies otherwise (read-only input, misaligned buffer for JAX, a non-CPU ``like``). The
-  array is handed over: the caller must not write into it afterwards.
-
-Nothing here imports a framework the caller has not already imported.
+NumPy-only kernels take a CPU tensor through :func:`to_numpy` and return through
+:func:`from_numpy`; CuPy kernels use :func:`to_cupy` / :func:`from_cupy` on torch's current
+stream. Only ``from_dlpack`` is used; export detaches, resolves lazy conj/neg bits and makes
+contiguous (no-ops for an ordinary tensor). Read-only stays read-only, and ``writable=True``
+refuses every case where a write would be lost or corrupt something. :func:`from_numpy` wraps a
+fresh output without a copy where the consumer allows it (JAX: 64-byte aligned). Nothing here
+imports a framework the caller has not already imported.
 """
 
 from __future__ import annotations
@@ -110,7 +96,7 @@ def to_numpy(x: Any, *, writable: bool = False, name: str = "x") -> np.ndarray:
             )
         t = x.detach()
         if not writable and t.is_contiguous() and not (t.is_conj() or t.is_neg()):
-            out = t.numpy()  # the common call: a zero-copy view in ~1 µs (DLPack: ~5 µs)
+            out = t.numpy()  # the common call: a zero-copy view, cheaper than DLPack's
             out.flags.writeable = False
             return out
         t = _torch_export(x)
@@ -160,7 +146,7 @@ def numpy_dtype(dtype: Any) -> np.dtype:
 def plain_cpu_views(*tensors: Any) -> list[np.ndarray] | None:
     """NumPy views of plain CPU torch tensors for a Numba kernel, or None.
 
-    The fast way of an eager torch call into a kernel (~1 µs a tensor): every argument an
+    The fast way of an eager torch call into a kernel: every argument an
     exact ``torch.Tensor`` (no subclass, no Parameter) on the CPU that does not require grad,
     without lazy conj/neg bits (``Tensor.numpy`` refuses all the others, which then get
     None); no ``torch.func`` transform active and ``torch.compile`` not tracing. Dtype and

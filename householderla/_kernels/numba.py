@@ -1,22 +1,12 @@
 """NumPy entry points of the Numba kernels for sequential Householder products.
 
-``hprod`` (forward) and ``hgrad`` (backward) validate and lay out NumPy operands (batch axes
-broadcast, dtypes float32/float64, C order, read-only inputs accepted, never written) and
-call the compiled loops of :mod:`householderla._kernels.numba_loops`, whose docstring has the
-algorithms (Mhammedi et al., ICML 2017, Algorithm 1; Zhang, Lei & Dhillon, ICML 2018,
-Algorithms 2–3 and eq. 15) and the numerics.
-
-V is read in place (C order, column k with stride L); batch axes are looped inside the
-kernels (V and h may each be shared across the batch); outputs are allocated by the NumPy
-wrappers and never alias the inputs. The entry kernels have explicit signatures with
-read-only C-contiguous inputs, so writable and read-only arrays share one compiled version
-(float32 and float64 each), compiled when this module is first imported (≈ 46 s of CPU
-on one core of the 2-core VM for all of them with the batched kernels and checks, measured
-cold; the column-block kernel ≈ 17 s of it) and then loaded from Numba's on-disk cache
-(``cache=True``, ≈ 1 s). That cache keys a function on its own file only, so each kernel
-module records a hash of the sibling kernel modules it compiles from (``KERNEL_DEPS``,
-checked by tests/test_numba_kernels.py): a change there then recompiles it too. Without
-Numba the module still imports (``HAVE_NUMBA = False``) and callers use the NumPy path.
+``hprod`` (forward) and ``hgrad`` (backward) validate and lay out NumPy operands (broadcast
+batch axes, float32/float64, C order, inputs never written) and call the compiled loops of
+:mod:`householderla._kernels.numba_loops` (algorithms and numerics there). The entry kernels
+have explicit read-only signatures, compiled on first import and then loaded from Numba's disk
+cache; each kernel module records a hash of the sibling modules it compiles from
+(``KERNEL_DEPS``) so a change there recompiles it. Without Numba the module still imports
+(``HAVE_NUMBA = False``) and callers take the NumPy path.
 """
 
 from __future__ import annotations
@@ -77,7 +67,7 @@ __all__ = [
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "c6cdd3ec3bd834f3"
+KERNEL_DEPS = "f80142b5a986e463"
 
 
 # -- entry kernels (explicit signatures: read-only C inputs accept writable arrays too) -------

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from .._lib.tuning import BATCH_MIN, LANES_MAX_N, TILE_MAX_N
 from .numba_checks import lapack_unit_lower
 from .numba_columns import apply_columns
 from .numba_lanes import NT_MIN_BYTES, apply_lanes
@@ -37,24 +38,7 @@ __all__ = [
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "ec69e3fb5262b9ba"
-
-#: Largest N for the batched kernels (lanes or column blocks); above, the per-matrix kernel:
-#: at N = 64 (1024 matrices) a batched kernel took 55 against 86 µs a matrix for the
-#: per-matrix one, and at N = 128 the two tie (measured, one thread).
-TILE_MAX_N = 64
-
-#: Fewest matrices (each with its own V) for the batched kernels; fewer go one by one.
-BATCH_MIN = 16
-
-#: Largest N the SIMD lanes (:mod:`~householderla._kernels.numba_lanes`) take, forming and
-#: applying; above, the column-block kernel (:mod:`~householderla._kernels.numba_columns`,
-#: the lanes' bit-for-bit reference). Kernel alone, float64, trapezoidal V, one thread,
-#: 2-core AMD EPYC VM (Zen 4), lanes / columns in ms, forming then applying to 8 columns:
-#: 8192 matrices N = 3 0.13 / 0.87, 0.26 / 1.00; N = 8 0.95 / 2.18, 1.21 / 2.37; N = 16
-#: 3.94 / 8.57, 4.16 / 6.04; 2048 matrices N = 24 2.43 / 5.46, 1.32 / 2.80; 1024 matrices
-#: N = 64 19.0 / 29.4, 4.25 / 9.79. The lanes win at every N the batched kernels take.
-LANES_MAX_N = 64
+KERNEL_DEPS = "b4ccbf679744c584"
 
 
 def _sigs() -> Any:

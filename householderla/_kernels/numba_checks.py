@@ -3,9 +3,7 @@
 For batches of small matrices (8192 of 16 × 16 is 16 MB) the value checks around a kernel
 cost as much as the kernel itself when done with NumPy expressions: ``np.triu(V) == 0``
 allocates two copies of V, and building LAPACK's unit lower trapezoid, its column norms and
-the τ check took five passes. Measured (pinned to one core of the 2-core VM, one thread,
-float64): the structure check of 1024 stacked 64 × 64 V 9 ms → 2 ms; ``from_lapack`` of
-8192 stacked 16 × 16 ``(a, τ)`` 7.7 ms → 1.6 ms, of 1024 stacked 64 × 64 17 → 4–6 ms.
+the τ check took five passes (figures: ``benchmarks/results/tuning.md``).
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ __all__ = [
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "54be3adc66583f54"
+KERNEL_DEPS = "7eaeaffe7d74b746"
 
 
 def _sigs(kind: str) -> Any:
@@ -81,8 +79,8 @@ def finite_lower(V: Any) -> Any:
     """(every entry of V finite, every V[p, i, k] with k > i zero (NaN counts as nonzero))
     for V (P, N, L) C-contiguous: the value check and the structure check of a reflector
     stack in one read of V, branch-free, so both ORs vectorise over each flattened matrix.
-    One thread: 8192 stacked 16 × 16 0.40 ms, 1024 stacked 64 × 64 1.4 ms, against 1.1 and
-    3–5 ms for ``np.isfinite(V).all()`` and :func:`upper_is_zero` in turn."""
+    About three times faster than ``np.isfinite(V).all()`` and :func:`upper_is_zero` in turn
+    (``benchmarks/results/tuning.md``)."""
     P, N, L = V.shape
     n = N * L
     upper = np.zeros(n, np.bool_)  # the positions k > i of a row-major N × L matrix
@@ -180,7 +178,7 @@ def lapack_check(a: Any, tau: Any) -> Any:
     none = np.empty((m, 0), a.dtype)
     worst = 0.0
     nonfinite = 0
-    if k <= 4:  # few columns: each ‖v_i‖² and its check in registers (N = 3: 0.09 → 0.06 ms)
+    if k <= 4:  # few columns: each ‖v_i‖² and its check in registers (faster at N = 3)
         for p in range(P):
             for i in range(k):
                 t = np.float64(tau[p, i])
@@ -281,7 +279,7 @@ def lapack_unit_lower_columns(at: Any, tau: Any, Vt: Any) -> Any:
     row here: zeros, the unit diagonal, a copy of the entries below it, and their squares
     summed in float64 in four independent partial sums (one sum's add latency would bound
     the loop). No copy of ``a`` to C order, which the batched kernel needs. Memory-bound
-    once V leaves the caches: 1024 × 256 float64 in 0.12 ms (a plain copy of ``a``: 0.05).
+    once V leaves the caches (about twice a plain copy of ``a``).
 
     Returns (max over τ_i ≠ 0 of |τ_i ‖v_i‖²/2 − 1|, inf where ‖v_i‖² overflows; the number
     of non-finite entries below the diagonal of those columns)."""
@@ -313,9 +311,9 @@ def lapack_check_columns(at: Any, tau: Any, f: int, cx: bool) -> Any:
     complex ``a``: row i holds column i's real and imaginary parts interleaved), τ (k,) as
     complex128. Column i with τᵢ ≠ 0: ‖vᵢ‖² = 1 + Σ of the squares past its diagonal (four
     float64 partial sums), against τ: |τᵢ‖vᵢ‖²/2 − 1| (real) or ||1 − τᵢ‖vᵢ‖²| − 1| (complex,
-    ``cx``: H(i) unitary). One read of the lower trapezoid, nothing written (1024 × 256
-    float64: 0.05 ms). Returns (the worst mismatch, inf where ‖vᵢ‖² is not finite; the
-    number of non-finite reals below the diagonal of those columns)."""
+    ``cx``: H(i) unitary). One read of the lower trapezoid, nothing written. Returns (the
+    worst mismatch, inf where ‖vᵢ‖² is not finite; the number of non-finite reals below the
+    diagonal of those columns)."""
     k = tau.shape[0]
     worst = 0.0
     nonfinite = 0

@@ -1,27 +1,13 @@
 """Many small Householder products at once: eight columns per pass, sums in registers (NumPy, CPU).
 
-For a batch of P matrices of N ≲ 64 each with its own V, every matrix is handled alone: its
-output columns are swept in blocks of eight (then four, then a zero-padded rest), and each
-reflection H(v_k) = I − τ_k v_k v_kᵀ acts on a block row by row, γ_j = v_kᵀ y_j and
-y_j ← y_j − (τ_k γ_j) v_k (Mhammedi et al., ICML 2017, Algorithm 1, lines 7–10), with the
-update of reflection k and the dot products of the next one sharing one pass over the rows.
-The eight running sums and τγ stay in registers (Numba scalars, no SLP: it was slower
-here); V and Y are read and written in place. From [I; 0] with lower-trapezoidal V the rows
-< k (unchanged by H(v_k)) are skipped, and so are the reflections k > j for the block ending
-at column j: LAPACK orgqr's 4N³/3 flops for L = N (the reflections after the block's fourth
-column run on its last four only). With many columns (``WIDE_MIN_C``) one sweep over all
-of them, the column loops innermost, vectorises and wins (:func:`_sweep_wide`). One thread,
-float64: forming 1024 matrices 64 × 64 28 ms. The SIMD lanes (:mod:`~.numba_lanes`, same
-bits) are faster at every N ≤ 64 here; this kernel is their reference and the fallback.
-
-Numerics: everything in the input dtype; each dot product is one running sum over the rows
-in increasing order (no partial sums: the eight columns are the independent chains), and
-τ = 2/‖v‖² likewise, so a matrix's result does not depend on the batch or on the other
-columns of its block, and differs from the per-matrix kernel
-(:func:`householderla._kernels.numba.hprod`, four partial sums) by rounding only: a few ulps
-per reflection, ≤ c·eps·N·L·‖h‖∞ in all (γ_N per dot product, Higham, Accuracy and Stability
-of Numerical Algorithms, SIAM 2002, §3.1). Columns whose ‖v‖² leaves the safe range make the
-kernel return −1 (the caller rescales, exactly); non-finite columns give τ = NaN.
+For P matrices of N ≲ 64, each with its own V, every matrix's output columns are swept in blocks
+of eight: γ_j = v_kᵀy_j, y_j ← y_j − (τ_kγ_j)v_k (Mhammedi et al., ICML 2017, Algorithm 1), the
+update fused with the next dot products; rows and reflections that cannot touch a block are
+skipped (orgqr's 4N³/3 flops for L = N). From ``WIDE_MIN_C`` columns one vectorised sweep over all
+of them (:func:`_sweep_wide`). The SIMD lanes (:mod:`~.numba_lanes`) give the same bits faster;
+this is their reference and fallback. Numerics: input dtype, one running sum per dot product in
+row order, so results do not depend on the batch; ‖v‖² outside the safe range returns −1 (the
+caller rescales), non-finite columns give τ = NaN.
 """
 
 from __future__ import annotations
@@ -31,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from .._lib.tuning import WIDE_MIN_C, WIDE_MIN_C_FORM
 from .numba_checks import unit_reflectors
 from .numba_loops import HAVE_NUMBA, njit
 
@@ -39,14 +26,7 @@ __all__ = ["WIDE_MIN_C", "WIDE_MIN_C_FORM", "apply_columns"]
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "0255f3915560c1dd"
-
-#: Columns from which one sweep over all of them (:func:`_sweep_wide`, vectorised) beats the
-#: blocks of eight: applying to 32 columns took 0.5–0.8× the blocks' time at N = 16…96;
-#: forming (columns < k skipped) 1.5× at N = 16, 1.0 at N = 48, 0.8–0.9 at N = 64 (pinned
-#: to one core of the 2-core VM, one thread, float64, 1024–2048 matrices).
-WIDE_MIN_C = 32
-WIDE_MIN_C_FORM = 56
+KERNEL_DEPS = "f9dbc9d406f67357"
 
 
 def _sigs(kind: str) -> Any:
@@ -243,10 +223,10 @@ def _sweep_wide(
     V: Any, tau: Any, Y: Any, k: int, nref: int, step: int, trap: bool, skip: bool, acc: Any, c: Any
 ) -> None:
     """:func:`_sweep8` on all columns of Y at once, the column loops innermost (they vectorise;
-    sums in ``acc``, τγ in ``c``, each loaded and stored once per two rows): forming 1024
-    matrices of 64 × 64 41 (blocks) → 28 ms, applying to 32 columns 0.5–0.8× the blocks'
-    time. The blocks' operations in their order: the same bits. ``skip``: columns < k are
-    still e_j when reflection k comes (forming from [I; 0])."""
+    sums in ``acc``, τγ in ``c``, each loaded and stored once per two rows): faster than the
+    blocks from ``WIDE_MIN_C`` columns (``benchmarks/results/tuning.md``). The blocks'
+    operations in their order: the same bits. ``skip``: columns < k are still e_j when
+    reflection k comes (forming from [I; 0])."""
     N, C = Y.shape
     z = Y.dtype.type(0)
     s = k if trap else 0

@@ -1,34 +1,12 @@
 """Many tiny Householder products at once: eight matrices in the SIMD lanes (NumPy, CPU).
 
-For a batch of P matrices of N ≲ 16, a tile of ``LANES`` = 8 matrices is transposed into
-(N, ·, 8) scratch, so that matrix l of the tile is lane l of every number: each reflection
-H(v_k) = I − τ_k v_k v_kᵀ acts on two columns of all eight matrices at once,
-γ_j = v_kᵀ y_j and y_j ← y_j − (τ_k γ_j) v_k (Mhammedi et al., ICML 2017, Algorithm 1,
-lines 7–10), each update fused with the next reflection's dot product (Y read once per
-reflection). The sums are tuples of eight scalars that stay in registers, and the kernel is
-compiled with LLVM's SLP vectoriser on
-(:func:`~householderla._kernels.numba_simd.slp_njit`; Numba leaves it off), which packs the
-eight lanes into one 512-bit (float64) or 256-bit (float32) instruction. The tile goes out
-by 8 × 8 blocks transposed in registers, past the caches for outputs of ``NT_MIN_BYTES`` or
-more (:mod:`~householderla._kernels.numba_simd`).
-
-Forming 8192 matrices from N reflectors, float64, one thread, the 2-core AMD EPYC VM
-(Zen 4, AVX-512, 32 MB L3): N = 3 0.13 ms, N = 8 0.95 ms, N = 16 3.9 ms (5.7 ms with
-cached stores and scalar transposes: V and Y together, 33 MB, leave the L3, and each line
-of Y was read before being written); the column-block kernel
-(:mod:`householderla._kernels.numba_columns`) takes 0.87, 2.2 and 8.6 ms. The scratch
-rows hold an odd number of 64-byte lanes, so that a walk down a column meets every L1
-set: the lanes then win up to N = 64 too (forming 1024 matrices of 64 × 64: 19 ms; 93 ms
-with 64-lane rows; the column blocks 29 ms; the dispatch:
-:func:`householderla._kernels.numba_batched.forward`).
-
-Numerics: those of the column-block kernel, so its results and these agree bit for bit
-(tests/test_small_batches.py): everything in the input dtype; τ = 2/‖v‖² and every dot
-product are one running sum over the rows in increasing order; c = τ·γ, y ← y − c·v; no
-``fastmath`` (no reassociation, no FMA contraction). The lanes are independent matrices, so
-vectorising them changes no rounding, and a matrix's result does not depend on the batch.
-Columns whose ‖v‖² leaves the safe range make the kernel return −1 (the caller rescales,
-exactly); non-finite columns give τ = NaN and are counted.
+A tile of ``LANES`` = 8 matrices is transposed into (N, ·, 8) scratch so that matrix l is lane l
+of every number; each reflection acts on two columns of all eight at once, fused with the next
+dot product, sums in registers, compiled with LLVM's SLP vectoriser
+(:func:`~householderla._kernels.numba_simd.slp_njit`). Tiles go out by 8 × 8 register transposes,
+non-temporally from ``NT_MIN_BYTES``; scratch rows hold an odd number of 64-byte lanes. Numerics
+are the column-block kernel's, bit for bit (input dtype, running sums in row order, no
+``fastmath``); ‖v‖² outside the safe range returns −1, non-finite columns give τ = NaN.
 """
 
 from __future__ import annotations
@@ -38,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .._lib.tuning import FUSE_MIN_N, NT_MIN_BYTES
 from .numba_loops import HAVE_NUMBA, njit
 from .numba_simd import (
     LANES,
@@ -54,19 +33,7 @@ __all__ = ["LANES", "apply_lanes"]
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "18e40681e2d27e2e"
-
-#: Output size from which the kernel's full 8 × 8 blocks are stored non-temporally
-#: (:func:`~householderla._kernels.numba_simd.transpose8_nt`; the output must be
-#: aligned to the vector, which :func:`~householderla._kernels.numba_batched.output`
-#: arranges).
-NT_MIN_BYTES = 8 << 20
-
-
-#: Smallest N for the column-pair-outer loop (:func:`_sweep2`, update and next dot fused);
-#: below, reflections outer: fewer, longer loops (forming 8192 matrices of 3 × 3: 0.26 →
-#: 0.22 ms, measured side by side).
-FUSE_MIN_N = 5
+KERNEL_DEPS = "7f21d8701580eb3c"
 
 
 def _sigs() -> Any:
@@ -291,7 +258,7 @@ def _lane_tau(Vt: Any, k: int, w: int, lo_row: int, ss: Any, lo: float, hi: floa
     nonzero ‖v‖² outside [lo, hi]: rescale first, exact since H(cv) = H(v)); zero: τ = 0.
     The rule of :func:`householderla._kernels.numba_columns._taus`, written again on the lane
     layout: one helper shared by both, taking a column view, cost this kernel 10–15% at
-    N = 3…16 (forming 8192 matrices of 3 × 3: 0.22 → 0.26 ms, measured side by side)."""
+    N = 3…16 (measured side by side)."""
     if lo <= ss <= hi:
         tt[k, w] = Vt.dtype.type(2) / ss
         return 0
@@ -367,7 +334,7 @@ def apply_lanes(
     hi = math.ldexp(1.0, safe_exp)
     # rows of an odd number of 64-byte lanes: a walk down a column meets every L1 set (an
     # even count, e.g. 32 or 64 columns, maps a column to 2 or 1 of the 64 sets: forming
-    # 1024 matrices of 64 × 64 took 93 ms, not 20)
+    # 1024 matrices of 64 × 64 took over four times as long)
     Ls = L | 1
     Vt = np.zeros((N, Ls, LANES), dt)  # (trap: the entries above row k stay 0)
     Cs = C | 1

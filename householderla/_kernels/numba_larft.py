@@ -1,18 +1,11 @@
 """The triangular factor of a panel of reflectors from its Gram matrix, by ``?larft``'s recurrence.
 
-For a panel V_p (m × nb) with scalar factors τ (LAPACK's H(i) = I − τᵢ vᵢ vᵢᴴ), the product
-H(1)…H(nb) is I − V_p T V_pᴴ with T upper triangular (Schreiber & Van Loan, "A
-storage-efficient WY representation for products of Householder transformations", SIAM J.
-Sci. Stat. Comput. 1989; LAPACK's ``?larft``, direct = "F", storev = "C"):
-
-    T[i, i] = τᵢ,    T[:i, i] = −τᵢ · T[:i, :i] · G[:i, i],    G = V_pᴴ V_p,
-
-which is the closed form T = (I + diag(τ) striu(G))⁻¹ diag(τ) of
+For a panel V_p with LAPACK's τ, H(1)…H(nb) = I − V_p T V_pᴴ with T upper triangular
+(Schreiber & Van Loan, SIAM J. Sci. Stat. Comput. 1989; ``?larft``, direct = "F", storev = "C"):
+T[i, i] = τᵢ, T[:i, i] = −τᵢ T[:i, :i] G[:i, i], G = V_pᴴV_p — the closed form
+(I + diag(τ) striu(G))⁻¹ diag(τ) of
 :func:`householderla._agnostic.lapack_panels.panel_factors` column by column: nb³/6
-multiply-adds per panel and no inverse. NumPy's batched ``inv`` of the unit upper-triangular
-matrix (an LU with pivoting) and the elementwise passes around it took 0.16–0.3 ms for the
-eight 32 × 32 panels of a 1024 × 256 ``(a, τ)`` (float64, one thread, 2-core VM); this kernel
-takes ≈ 10 µs.
+multiply-adds per panel and no inverse.
 """
 
 from __future__ import annotations
@@ -28,7 +21,7 @@ __all__ = ["lapack_panel", "larft_forward", "larft_one", "panel_rows"]
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "54be3adc66583f54"
+KERNEL_DEPS = "7eaeaffe7d74b746"
 
 
 def _sigs(kind: str = "larft") -> Any:

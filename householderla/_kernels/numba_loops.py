@@ -1,50 +1,19 @@
 """Compiled Numba loops of the sequential Householder paths (NumPy, CPU, float32/float64).
 
-``hprod``: y = H(v₁)(H(v₂)(…H(v_L) h)) one reflection at a time, with H(v) = I − τ v vᵀ,
-τ = 2/‖v‖² computed here from the *unnormalised* columns (τ = 0 for v = 0: H(0) = I). This is
-the forward loop of Mhammedi et al., ICML 2017, Algorithm 1 (lines 7–10) and Zhang, Lei & Dhillon,
-ICML 2018, Algorithm 2 (Hprod):
-per reflection and vector γ = vᵀy (2n flops) and y ← y − (τγ) v (2n flops). The update of
-reflection k and the dot products of the next share one pass over y (or over the block Y).
-
-``hgrad``: the backward of Zhang, Lei & Dhillon, ICML 2018, Algorithm 3 (Hgrad) / Mhammedi et al.,
-ICML 2017, Algorithm 1 (lines 11–15), with the full gradient with respect to the unnormalised v
-(Zhang, Lei & Dhillon, ICML 2018 eq. 15, the term oRNN omits included). It sweeps the reflections in
-the order opposite to the forward and recovers each reflection's input from its output (x = H(v) y,
-H an involution), so memory is O(N) per vector rather than the O(N·L) tape of Mhammedi et al., ICML
-2017, Table 2. For y = H(v) x and cotangent g of y, with γ = vᵀy and β = vᵀg, Zhang, Lei & Dhillon,
-ICML 2018 eq. 15 (ū = −αg − βx + αβu, α = τ vᵀx, β'
-= τβ) reduces,
-using vᵀx = −vᵀy and x = y − τγ v, to
-
-    v̄ = τ (γ g − β y),        x̄ = H(v) g = g − (τβ) v,        x = y − (τγ) v,
-
-7n flops for (v̄, x̄) plus 4n to recover x: 11n per reflection and vector (Zhang, Lei & Dhillon,
-ICML 2018, Table 1 counts Hgrad + the recomputation as 3n + 10k).
-
-``trapezoidal=True`` is oRNN's layout (Mhammedi et al., ICML 2017 eq. 9): column k is taken to be
-zero above row k, and only rows k…N−1 are read or written, which gives Mhammedi et al., ICML 2017,
-Table 2's (4n − m + 2)m forward flops; the entries above the diagonal are never read (LAPACK-style
-packed storage works) and get no gradient (they are not parameters).
-
-Numerics, chosen to stay within a few ulps of the Array API path
-(:func:`householderla.householder.householder_apply`):
-
-* everything is in the input dtype (float32 stays float32, like the NumPy path);
-* every dot product uses four partial sums by row index mod 4 — a fixed order that does not
-  depend on the batch width, the start row or the machine, so the result for one column of a
-  block equals the result for that column alone, and trapezoidal mode equals dense mode on a
-  lower-trapezoidal V, bit for bit; no ``fastmath`` (no reassociation, no FMA contraction);
-* columns whose ‖v‖² leaves [2^−e, 2^e] (e = 500 for float64, 60 for float32;
-  :mod:`~householderla._kernels.numba_taus` computes τ and says which) are rescaled
-  by a power of two in a copy first (exact; H(cv) = H(v)); the gradient is scaled back
-  (v̄ = c·v̄' since H is homogeneous of degree 0). Non-finite columns either raise
-  (``check=True``, the forward's rule) or give τ = NaN, which propagates like the NumPy path.
+``hprod``: y = H(v₁)(…H(v_L) h), τ = 2/‖v‖² from the unnormalised columns, γ = vᵀy and
+y ← y − (τγ)v fused with the next dot products (Mhammedi et al., ICML 2017, Algorithm 1; Zhang,
+Lei & Dhillon, ICML 2018, Algorithm 2). ``hgrad``: their Algorithm 3 with the full gradient
+(eq. 15), sweeping backwards and recovering each input as x = y − (τγ)v (O(N) memory):
+v̄ = τ(γg − βy), x̄ = g − (τβ)v. ``trapezoidal=True`` reads rows k… only (oRNN's eq. 9).
+Numerics: input dtype, four partial sums by row mod 4 (independent of batch width and start
+row), no ``fastmath``; out-of-range ‖v‖² rescaled exactly by a power of two in a copy.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from .._lib.tuning import FUSED_ROW_BYTES
 
 # imported lazily (householderla._kernels.load_numba): ``import householderla`` never imports numba
 try:
@@ -64,6 +33,11 @@ __all__ = [
     "njit",
 ]
 
+#: A hash of ``_lib/tuning.py``, whose ``FUSED_ROW_BYTES`` the loops compile in: Numba's
+#: on-disk cache keys a compiled function on its own file only, so changing this line when
+#: the thresholds change makes the cache recompile (tests/test_numba_kernels.py checks it).
+KERNEL_DEPS = "a667ccd7976807b0"
+
 
 def njit(sigs: Any = None, inline: str = "never") -> Any:
     """``numba.njit(cache=True)`` (with ``sigs`` when given); identity without numba."""
@@ -78,21 +52,10 @@ def njit(sigs: Any = None, inline: str = "never") -> Any:
     return deco
 
 
-#: The longest row of Y (bytes) for which :func:`apply_block` fuses each reflection's update
-#: with the next one's dot products; longer rows get a dot pass and an update pass. A fused
-#: row touches that row of Y, of the partial sums and of the coefficients, and the three no
-#: longer sit in L1 (32 KiB here) side by side: at N = L = B = 1024, float64 (8 KiB rows) the
-#: fused pass took 1.28× the two passes' median time, with 4 KiB rows (B = 512 float64,
-#: B = 1024 float32) 0.82–0.83× (one thread on the 2-core EPYC VM). ``householder_product``
-#: at N = 1024 float64 forms Q through 8 KiB rows: fused, its time spread 214–447 ms over
-#: six headline runs, against a steady ≈ 345 ms with two passes.
-FUSED_ROW_BYTES = 4096
-
-
 # -- inner loops (inlined into the entry kernels) --------------------------------------------
 # V is (N, L) C-contiguous and read in place, column k with stride L: at the sizes where the
-# sequential path wins, V stays in L1/L2 and this beat a transposed copy (N=128, L=16, one
-# vector: 1.5 µs vs 3.4 µs; N=512, L=64: 49 µs vs 242 µs, CPU time on the 2-core VM).
+# sequential path wins, V stays in L1/L2 and this beat a transposed copy
+# (``benchmarks/results/tuning.md``).
 
 
 @njit(inline="always")
@@ -313,7 +276,7 @@ def apply_vec(V: Any, tau: Any, y: Any, trap: bool, transpose: bool) -> None:
             for i in range(k, kn):
                 y[i] -= ct * V[i, k]
             d = _axpy_dot(V, k, ct, kn, y, max(k, kn), s0, s1, s2, s3)
-        else:  # literal start row 0: LLVM specialises the loops (1.4 vs 2.3 µs at N=128, L=16)
+        else:  # literal start row 0: LLVM specialises the loops (faster at N=128, L=16)
             d = _axpy_dot(V, k, ct, kn, y, 0, z, z, z, z)
         ct = tau[kn] * d
         k = kn

@@ -1,27 +1,12 @@
 """LAPACK's blocked loops ``?ormqr`` and ``?orgqr`` on one column-major ``(a, τ)``, compiled.
 
-The loops of :func:`householderla._agnostic.lapack_panels.apply_panels` and
-:func:`~householderla._agnostic.lapack_panels.form_panels` over
-:class:`~householderla._agnostic.lapack_panels.LapackPanels`, in one Numba call each: per panel
-[s, e) of w ≤ nb reflectors, the panel copied out of aᵀ (:func:`.numba_larft.panel_rows`), its
-Gram G = V_pᴴV_p by one ``?gemm`` (``?herk`` for complex), T_p by ``?larft``'s recurrence
-(:func:`.numba_larft.larft_one`), then the panel's two or three GEMMs, every BLAS call made
-through a function pointer to NumPy's own CBLAS (:func:`householderla._lib.blas.blas_pointers`:
-the library, thread pool and ILP64 interface that ``matmul`` and ``threadpoolctl`` use). The
-panels and products are the Python loop's (with ``?herk`` for complex Grams); what goes is the
-interpreter between the calls: about 9 µs a ``gemm_subtract``, 25 µs a panel's ``get`` and the
-loop's own slicing. At m = 1024, k = 256, B = 64 (float64, one thread, 2-core VM) the Python
-loop's eight panels spent ≈ 0.45 ms of 2.39 ms outside BLAS and the kernels (the GEMMs, Grams,
-copies and ``larft`` themselves: 1.92 ms).
-
-All matrices are row-major (C order) for CBLAS: aᵀ (n, m), so the panel buffer ``buf`` (nb, m)
-holds V_pᵀ in its rows and V_p = buf[:w, s:]ᵀ; ``cbuf`` its conjugate for complex dtypes (the
-same array for real ones), so that V_pᴴ X is a plain (NoTrans) GEMM on ``cbuf``. α and β go by
-value for float32/float64 and by address (of one-element arrays that live as long as the
-process) for complex64/complex128, as CBLAS takes them. The workspace comes from the caller, who
-holds it for the call: an array allocated inside the kernel is released after its last use in
-the code, and a BLAS call given its address after that point wrote into freed memory (a crash in
-``zgemm`` while this module was written).
+The loops of :func:`householderla._agnostic.lapack_panels.apply_panels` and ``form_panels``
+over ``LapackPanels`` in one Numba call each: per panel the copy out of aᵀ, its Gram by one
+``?gemm`` (``?herk`` for complex), T_p by ``?larft``'s recurrence, then two or three GEMMs, every
+BLAS call through a pointer to NumPy's own CBLAS (:func:`householderla._lib.blas.blas_pointers`).
+What goes is the interpreter between the calls. Matrices are row-major for CBLAS (aᵀ, panel
+buffer ``buf`` and its conjugate ``cbuf``); complex α, β go by address. The workspace comes
+from the caller: an array allocated inside the kernel may be freed before BLAS writes to it.
 """
 
 from __future__ import annotations
@@ -36,7 +21,7 @@ __all__ = ["orgqr_panels", "ormqr_panels"]
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "ce3aa6b119e12ee1"
+KERNEL_DEPS = "963d7ea641f87025"
 
 _ROW, _NO, _TRANS, _CONJ_TRANS, _UPPER = 101, 111, 112, 113, 121
 
@@ -80,9 +65,8 @@ def _gram(
     buf: Any, cbuf: Any, s: int, w: int, r: int, m: int, G: Any,
 ) -> None:  # fmt: skip
     """G (w, w) ← V_pᴴ V_p for V_p = buf[:w, s:s + r]ᵀ: its upper triangle by ``?herk`` for
-    complex (half the flops; eight 32-column panels of a 1024 × 256 complex128 ``a``: the
-    fresh product 7.43 → 6.94 ms), all of it by ``?gemm`` for real, where ``?syrk`` was
-    slower (1.97 → 2.07 ms at float64). Only the strict upper triangle is read."""
+    complex (half the flops), all of it by ``?gemm`` for real, where ``?syrk`` was slower
+    (``benchmarks/results/tuning.md``). Only the strict upper triangle is read."""
     if cx:
         rk(_ROW, _UPPER, _NO, w, r, rone, _at(cbuf, s), m, rzero, _at(G, 0), w)
     else:

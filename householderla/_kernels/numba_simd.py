@@ -1,19 +1,11 @@
 """SIMD for the SIMD-lane kernel: LLVM's SLP vectoriser, and an 8 × 8 transpose in registers.
 
 :func:`slp_njit` compiles a kernel with LLVM's SLP vectoriser on (Numba leaves it off).
-:func:`tile_in`, :func:`operands_in` and :func:`tile_out` move a tile of eight matrices
-into and out of the lanes kernel's (N, ·, 8) scratch by :func:`transpose8`.
-
-The lanes kernel (:mod:`householderla._kernels.numba_lanes`) ends each tile of eight
-matrices by writing lane w of its scratch Yt (N, C, 8) to matrix w of the output. Written as
-loops, LLVM turns that into 64 scalar loads and stores per 8 × 8 block; here the block is
-loaded as eight vectors, transposed by three rounds of ``shufflevector`` (the classic
-unpack / 2-block / 4-block network, which x86 lowers to ``vunpck*pd`` and ``vperm*``
-instructions) and stored as eight vectors. With ``nontemporal`` the stores bypass the
-caches (``vmovntpd``): for an output larger than the last-level cache, no line of it is read
-first to be written (the write-allocate), which saves a third of the memory traffic; the
-destination must then be aligned to the vector's size, which :func:`address` lets the caller
-check.
+:func:`tile_in`, :func:`operands_in` and :func:`tile_out` move a tile of eight matrices into
+and out of the lanes kernel's (N, ·, 8) scratch by :func:`transpose8`: eight vector loads,
+three rounds of ``shufflevector`` and eight vector stores instead of 64 scalar ones. With
+``nontemporal`` the stores bypass the caches (no write-allocate read of the output); the
+destination must be aligned to the vector, which :func:`address` lets the caller check.
 """
 
 from __future__ import annotations
@@ -39,7 +31,7 @@ __all__ = [
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "54be3adc66583f54"
+KERNEL_DEPS = "7eaeaffe7d74b746"
 
 #: Matrices per tile of the lanes kernel (:mod:`~householderla._kernels.numba_lanes`): one
 #: 512-bit vector of float64; the transposes below are written for eight.

@@ -1,14 +1,10 @@
-"""τ_k = 2/‖v_k‖² of the reflections' columns for the compiled loops of
-:mod:`~householderla._kernels.numba_loops` (NumPy, CPU, float32/float64), with the check
-that decides whether a column must be rescaled first.
+"""τ_k = 2/‖v_k‖² of the reflections' columns for :mod:`~householderla._kernels.numba_loops`,
+with the check that decides whether a column must be rescaled first.
 
-‖v_k‖² is summed row by row (vectorised over k) in four partial sums by row index mod 4, the
-order of every dot product of the loops, so τ does not depend on the batch width or the
-machine. Inside [2^−e, 2^e] (``SAFE_EXP``) τ = 2/‖v‖², the products τ·γ and the squares v_i²
-neither overflow nor lose precision to underflow; a nonzero column outside gets τ = 0 and
-is counted, so the caller rescales it by a power of two (exact, H(cv) = H(v)) and calls
-again; a non-finite column gets τ = NaN and is counted apart; a zero column gets τ = 0
-(H(0) = I). O(N·L) flops.
+‖v_k‖² is summed in four partial sums by row mod 4 (the loops' order), so τ does not depend on
+the batch width or the machine. Inside [2^−e, 2^e] (``SAFE_EXP``) τ = 2/‖v‖²; a nonzero column
+outside gets τ = 0 and is counted (the caller rescales by a power of two, exact, H(cv) = H(v));
+a non-finite column gets τ = NaN, counted apart; a zero column τ = 0 (H(0) = I). O(N·L) flops.
 """
 
 from __future__ import annotations
@@ -25,7 +21,7 @@ __all__ = ["SAFE_EXP", "all_taus", "taus"]
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "54be3adc66583f54"
+KERNEL_DEPS = "7eaeaffe7d74b746"
 
 #: log2 of the safe range of ‖v‖² per dtype: inside it τ = 2/‖v‖², the products τ·γ and the
 #: squares v_i² neither overflow nor lose precision to underflow.

@@ -1,26 +1,12 @@
 """Y ← Y − A B in place by one BLAS call (``?gemm`` with β = 1) on NumPy arrays.
 
-NumPy's ``matmul`` always writes a fresh product (or into ``out=``), so Y −= A @ B costs a
-temporary and a second pass over Y. LAPACK's blocked algorithms (``?larfb`` inside
-``?ormqr``/``?orgqr``) update the trailing block with one GEMM accumulating into it. This
-module calls the CBLAS ``?gemm`` of the OpenBLAS that NumPy itself is linked to (the
-``scipy-openblas64`` library of NumPy's wheels, ILP64 symbols ``scipy_cblas_?gemm64_``), so
-the call runs in the same thread pool that NumPy's ``matmul`` and threadpoolctl use, on
-strided views without copies. Measured (float64, one thread, 2-core VM) on the trailing
-updates of forming a 1024 × 1024 Q with panels of 32: Q[s:, s:] −= V_p W for s = 0 / 256 /
-512: ``matmul(out=)`` into a workspace + subtract 2.10 / 1.38 / 0.56 ms, this 1.61 / 0.89 /
-0.38 ms.
-
-Only where it is safe and exact: Linux, the library already loaded by NumPy (read from
-``/proc/self/maps``, so no second OpenBLAS is ever loaded), 2-D operands of one dtype
-(float32, float64, complex64, complex128), aligned, native byte order, each with a unit
-stride along one axis (a row-major or a transposed matrix for BLAS), Y writeable and sharing
-no memory with A or B. Anything else returns False and the caller takes the NumPy route.
-``HL_DISABLE_CBLAS`` (set to anything but "" or "0") turns it off.
-
-The same functions, with ``?syrk``/``?herk``, are handed to compiled code as ctypes function
-pointers (:func:`blas_pointers`; Numba calls them with raw addresses:
-:mod:`householderla._kernels.numba_panels`), under the same conditions.
+NumPy's ``matmul`` writes a fresh product, so Y −= A @ B costs a temporary and a second pass;
+LAPACK's blocked algorithms accumulate into the trailing block with one GEMM. This calls the
+CBLAS ``?gemm`` of the OpenBLAS NumPy is linked to (same thread pool, strided views, no copies),
+only where it is safe and exact: Linux, the library already loaded by NumPy, 2-D aligned
+operands of one dtype with a unit stride, Y writeable and not sharing memory with A or B; else
+False and the caller takes the NumPy route. ``HL_DISABLE_CBLAS`` turns it off. The same
+functions (and ``?syrk``/``?herk``) go to compiled code as pointers (:func:`blas_pointers`).
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Linear algebra the Array API standard lacks, with one native route per backend.
 
-========================  ====================================================
-backend                   ``inv_upper_triangular`` route
-========================  ====================================================
-NumPy                     LAPACK ``trtri`` (one matrix), ``scipy.linalg.solve_triangular`` (batched)
-torch                     ``torch.linalg.solve_triangular(..., upper=True)``
-JAX                       ``jax.scipy.linalg.solve_triangular(..., lower=False)``
-CuPy                      ``cupyx.scipy.linalg.solve_triangular`` per matrix
-anything else             :func:`inv_upper_triangular_recursive` (pure Array API)
-========================  ====================================================
+``inv_upper_triangular``: NumPy by LAPACK ``trtri`` (one matrix) or
+``scipy.linalg.solve_triangular`` (batched); torch and JAX by their ``solve_triangular``; CuPy by
+``cupyx.scipy.linalg.solve_triangular`` per matrix; anything else by
+:func:`inv_upper_triangular_recursive` (pure Array API).
 """
 
 from __future__ import annotations
@@ -89,11 +84,10 @@ def solve_upper_triangular(S: Any, B: Any, xp: Any, adjoint: bool = False) -> An
     """S⁻¹ B (``adjoint``: S⁻ᴴ B, a lower-triangular solve with Sᴴ) for upper-triangular S
     (..., L, L) and B (..., L, K): L²·K flops (trsm).
 
-    One triangular solve instead of trtri (L³/3) followed by a full product (2·L²·K): at
-    L = K = 1024 float64 on the 2-core CPU, 12 ms vs 16 + 23 ms. NumPy uses LAPACK through
-    ``scipy.linalg.solve_triangular`` (batched), torch ``torch.linalg.solve_triangular``, JAX
-    ``jax.scipy.linalg.solve_triangular``; other namespaces multiply by
-    :func:`inv_upper_triangular`.
+    One triangular solve instead of trtri (L³/3) followed by a full product (2·L²·K). NumPy
+    uses LAPACK through ``scipy.linalg.solve_triangular`` (batched), torch
+    ``torch.linalg.solve_triangular``, JAX ``jax.scipy.linalg.solve_triangular``; other
+    namespaces multiply by :func:`inv_upper_triangular`.
     """
     if math.prod(S.shape) == 0 or math.prod(B.shape) == 0:
         return B if B.shape[-2] == S.shape[-1] else mT(S) @ B  # empty: the right shape
@@ -119,9 +113,7 @@ def solve_upper_triangular(S: Any, B: Any, xp: Any, adjoint: bool = False) -> An
 def gram_upper(V: Any, xp: Any) -> Any:
     """VᴴV (..., L, L) for V (..., N, L) (VᵀV for real V); on a single NumPy matrix only
     the upper triangle is computed (BLAS syrk, complex herk: N·L² flops instead of 2·N·L²)
-    and the strict lower part is zero. Callers must read the upper triangle only. (Complex
-    panels of 1024 × 256 ``zgeqrf`` reflectors, eight 32-column Grams: zherk 1.6 ms, matmul
-    2.0–2.6 ms, one thread.)"""
+    and the strict lower part is zero. Callers must read the upper triangle only."""
     if aac.is_numpy_namespace(xp) and V.ndim == 2 and V.dtype.kind in "fc" and V.size:
         # (BLAS rejects N = 0 or L = 0, printing "illegal value" to stderr: matmul then)
         import numpy as np
@@ -195,10 +187,9 @@ def workspace(batch: tuple[int, ...], rows: int, cols: int, like: Any, xp: Any) 
     fewer than 256 rows. The updates then run in row blocks of a buffer allocated once,
     instead of one temporary the size of each trailing block: glibc serves large
     temporaries from fresh pages (``mmap``, or a ``brk`` heap it trims after the call), one
-    page fault per 4 KiB — 1,375 faults and 2.6 ms of the 7.4 ms of a thin 1024 × 256 Q
-    from a built operator on the 2-core VM (4.8 ms with this buffer, dorgqr 5.3 ms). At
-    N = 4096 (float64, one thread) 64-row blocks took 3.0 s, 128–512 rows 2.2–2.6 s, one
-    temporary per panel 2.5 s, dorgqr 3.1 s."""
+    page fault per 4 KiB — a third of the time of a thin 1024 × 256 Q from a built operator
+    (``benchmarks/results/tuning.md``, which also has the row-block sizes measured at
+    N = 4096)."""
     if not (aac.is_numpy_namespace(xp) or aac.is_cupy_namespace(xp)):
         return None
     if aac.is_numpy_namespace(xp) and not batch and gemm_available(like.dtype):

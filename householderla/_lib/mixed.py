@@ -1,15 +1,10 @@
 """Products of half-precision matrices accumulated, and returned, in float32.
 
-bfloat16 / float16 GEMMs accumulate in float32 on every accelerator, but most libraries round
-the result back to the operands' dtype: a Gram matrix XᵀX rounded to bfloat16 has lost all
-it is needed for (‖XᵀX − I‖ of an orthonormal X is ~2⁻⁸ after that rounding). Where the
-backend can hand out the float32 accumulator (JAX: ``preferred_element_type``; torch on CUDA:
-``torch.mm(..., out_dtype=)``), :func:`matmul_acc` keeps the operands in half precision (half
-the memory traffic, the half-precision GEMM rate) and the result in float32; elsewhere it
-multiplies float32 copies (the same numbers: products of half-precision values are exact in
-float32). :func:`matmul_split` multiplies a half-precision matrix by a float32 one without
-rounding the latter to half precision: B = B_hi + B_lo, both halves in the half dtype, carries
-16 (float16: 22) significant bits.
+A Gram matrix rounded back to bfloat16 has lost what it is needed for (‖XᵀX − I‖ of an
+orthonormal X is ~2⁻⁸ after that rounding). :func:`matmul_acc` keeps half-precision operands and
+a float32 result where the backend hands out its accumulator (JAX ``preferred_element_type``,
+torch CUDA ``out_dtype``), else multiplies exact float32 copies. :func:`matmul_split` multiplies
+by a float32 matrix as B_hi + B_lo, both halves in the half dtype.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """Namespace, device and dtype resolution shared by every public function.
 
-Every public entry point calls :func:`resolve` once: it finds the common Array API
-namespace of its array arguments (or takes ``xp=``), converts non-array arguments (lists,
-scalars) into that namespace on the same device, promotes integers to the namespace's default
-real floating dtype, and rejects complex, boolean and non-float32/float64 floating inputs with
-a message that names the argument. Half precision (bfloat16, float16) is accepted by the
-functions that pass ``half=True`` (the CWY and T-CWY operators, the sequential Householder
-products, polar, the retractions and their VJPs), which compute in float32
-(:func:`accumulation_dtype`) and round once to the input's dtype. Nothing here imports
-torch, jax, cupy or dask: backends are recognised through :mod:`array_api_compat`'s ``is_*``
-helpers on objects the caller passed in.
+:func:`resolve` finds the common Array API namespace of a call's arrays (or takes ``xp=``),
+converts non-array arguments into it on the same device, promotes integers, and rejects
+unsupported dtypes naming the argument. ``half=True`` functions accept bfloat16 / float16,
+compute in float32 (:func:`accumulation_dtype`) and round once. Nothing here imports torch, jax,
+cupy or dask: backends are recognised by :mod:`array_api_compat`'s ``is_*`` helpers.
 """
 
 from __future__ import annotations

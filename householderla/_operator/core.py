@@ -1,19 +1,11 @@
 """The compact WY operator machinery shared by :class:`~householderla.CWY`,
 :class:`~householderla.TCWY` and the sides of :class:`~householderla.SVDHouseholder`.
 
-An operator holds the resolved V, never copied or written, and a :class:`LazyFactors` that
-computes U and T = S⁻¹ on the first product (N·L² + L³/3 flops) and shares them with the
-transposed operator. Products go through the autodiff switch (:mod:`householderla._autodiff`):
-plain kernels without autodiff, the torch Functions when a graph will be recorded, the JAX
-rules always. Formulas: Likhosherstov et al., AISTATS 2021, Theorems 2 and 3.
-
-An operator is Q, Qᴴ (``transposed``), or, for complex V, the conjugate of either
-(``conjugated``): ``.H`` flips the first, ``.T`` (the plain transpose, Qᵀ = conj(Qᴴ)) both, and
-conj(A) h is computed as conj(A conj(h)). For real V ``.T`` and ``.H`` are the same operator.
-A unitary operator may carry a right phase factor, Q = H(v₁)…H(v_L) diag(e^{iθ}) (Ω = γ(V)
-diag(e^{iθ}) for T-CWY): ``Q h`` scales h's rows by e^{iθ} first, ``Qᴴ h`` the result's rows by
-e^{−iθ} last (:mod:`householderla._agnostic.phases`; differentiated natively, one elementwise
-product, as σ in :mod:`householderla.svd`).
+An operator holds the resolved V, never copied or written, and a :class:`LazyFactors` that builds
+U, T = S⁻¹ on the first product and shares them with its transpose; products go through the
+autodiff switch (Likhosherstov et al., AISTATS 2021, Theorems 2 and 3). An operator is Q, Qᴴ
+(``transposed``) or, for complex V, the conjugate of either (``conjugated``); a unitary operator
+may carry a right phase factor diag(e^{iθ}) (:mod:`householderla._agnostic.phases`).
 """
 
 from __future__ import annotations
@@ -24,24 +16,21 @@ from typing import Any
 import array_api_compat as aac
 import numpy as np
 
-from ._agnostic import forming as F
-from ._agnostic import trapezoidal as S
-from ._autodiff import route
-from ._blocked import apply_blocks
-from ._compose import compose, is_operator
-from ._factors import SMALL_N, LazyFactors, lowrank
-from ._interop.dask import dask_matmul, dask_rmatmul, is_dask_array
-from ._interop.dlpack import from_numpy, plain_cpu_views
-from ._kernels import numba_enabled, numba_for, numba_for_torch
-from ._lib.checks import as_matrix_operand, broadcast_batch
-from ._lib.namespace import conj, device_of, is_complex, is_half, mH, mT, resolve
-from ._lib.tracing import is_eager, needs_graph
-from ._linear_operator import LinearOperatorMixin
-from .householder import apply_sequential, sequential_is_faster
-
-#: Flops a trapezoidal V saves a first sequential product (2·L²·B) from which "auto" looks
-#: for one (the check costs about as much as 2¹⁷ flops of the kernel).
-SEQ_DETECT_FLOPS = 1 << 17
+from .._agnostic import forming as F
+from .._agnostic import trapezoidal as S
+from .._autodiff import route
+from .._interop.dask import dask_matmul, dask_rmatmul, is_dask_array
+from .._interop.dlpack import from_numpy, plain_cpu_views
+from .._kernels import numba_enabled, numba_for, numba_for_torch
+from .._lib.checks import as_matrix_operand, broadcast_batch
+from .._lib.namespace import conj, device_of, is_complex, is_half, mH, mT, resolve
+from .._lib.tracing import is_eager, needs_graph
+from .._lib.tuning import SEQ_DETECT_FLOPS
+from .blocked import apply_blocks
+from .compose import compose, is_operator
+from .factors import SMALL_N, LazyFactors, lowrank
+from .linear_operator import LinearOperatorMixin
+from .sequential import apply_sequential, sequential_is_faster
 
 __all__ = ["CompactWYOperator"]
 
@@ -211,7 +200,7 @@ class CompactWYOperator(LinearOperatorMixin):
 
     def __matmul__(self, h: Any) -> Any:
         """``self @ h`` with ``matmul`` semantics: h (K,) or (..., K, B), K = cols; an
-        operator ``h`` gives the composed operator (:func:`householderla._compose.compose`).
+        operator ``h`` gives the composed operator (:func:`.compose.compose`).
 
         A Dask array ``h`` gives a lazy Dask array computed chunk by chunk
         (:mod:`householderla._interop.dask`). On NumPy, the first product of an operator whose
@@ -220,7 +209,7 @@ class CompactWYOperator(LinearOperatorMixin):
         products build and reuse U, T. A plain product (no autodiff) of an operator used
         again and again switches, once the columns it has multiplied add up to N, to one GEMM
         with the dense Q (L > N/2 reflectors) or to h − W (Uᴴ h) with W = U T
-        (:meth:`~householderla._factors.LazyFactors.product_factor`).
+        (:meth:`~householderla._operator.factors.LazyFactors.product_factor`).
         """
         f = self._factors
         direct = f.direct
@@ -229,7 +218,7 @@ class CompactWYOperator(LinearOperatorMixin):
         # this h as they are: with few reflectors (``direct``) Q h = h − U (T (Uᴴ h)), Qᴴ h
         # with Tᴴ, or, once they pay, the dense Q or h − W (Uᴴ h)
         # (LazyFactors.product_factor), which is also served directly once built for more
-        # reflectors (the general path's checks cost ≈ 0.09 ms, 5% of a 1024 × 256 apply)
+        # reflectors (the general path's checks cost 5% of a 1024 × 256 apply)
         if (
             (direct is not None or (sc is not None and self._transposed in sc))
             and not self._conjugated
@@ -327,7 +316,7 @@ class CompactWYOperator(LinearOperatorMixin):
         f.sequential_used = True  # the next product builds the factors and reuses them
         V = self._V if self._V.dtype == h.dtype else self._xp.astype(self._V, h.dtype)
         # skipping the zeros of a trapezoidal V saves ~2L²B of the 4NLB flops per matrix;
-        # "auto" detects them (an N·L comparison per matrix and ~10 µs of torch calls) only
+        # "auto" detects them (an N·L comparison per matrix and a few torch calls) only
         # where that can pay off
         P = math.prod(self._V.shape[:-2])  # matrices in the batch
         worth = f.structure != "auto" or 2 * L * L * B * P >= SEQ_DETECT_FLOPS

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ._fixed_polar import ADJUST_LR, DEFAULT_STEPS, adjusted_lr, orthogonalize
+from .._agnostic.fixed_polar import ADJUST_LR, DEFAULT_STEPS, adjusted_lr, orthogonalize
 from ._optax import GradientTransformation
 
 __all__ = ["MuonState", "muon"]

@@ -11,9 +11,9 @@ from typing import Any
 import torch
 from torch.nn.utils import parametrize
 
-from .cwy import cwy, tcwy
-from .householder import householder_vectors, tcwy_vectors
-from .svd import bounded_sigma, svd_householder, svd_householder_params
+from ..cwy import cwy, tcwy
+from ..householder import householder_vectors, tcwy_vectors
+from ..svd import bounded_sigma, svd_householder, svd_householder_params
 
 __all__ = ["INITS", "MAPS", "STRUCTURES", "Orthogonal", "orthogonal"]
 

@@ -1,22 +1,12 @@
 """``householderla.torch.OrthogonalLinear``: a linear layer with an orthogonal weight that is
 applied to the batch without being formed when that is cheaper.
 
-The weight W (out × in) is a map of trainable reflection vectors — CWY (square; Likhosherstov
-et al., AISTATS 2021, Theorem 2), T-CWY (rectangular; Theorem 3) or SVD-Householder (Zhang,
-Lei & Dhillon, ICML 2018 eq. 3) — exactly as :func:`householderla.torch.orthogonal` registers
-it, except that a square CWY weight reads its reflectors from the lower trapezoid of V by
-default (``structure="trapezoidal"``; Mhammedi et al., ICML 2017 eq. 9). What differs is the
-forward: for a batch of B rows, forming W costs ≈ 3·N³ flops for a square CWY weight
-(N = L) and the GEMM 2·N²·B more, while applying the reflectors costs N·L·nb + 4·N·L·B in
-blocks of nb reflectors (:mod:`householderla._blocked`; 2·N²·B for trapezoidal V at L = N),
-so up to B = N the layer never forms W, and above it forms W by the same blocks applied to
-the identity. The backward is the explicit VJPs of the blocks, each reusing the factors and
-the products its forward built. A square CWY layer in a training step runs the same blocks
-as one autograd node instead (``_autodiff.torch.CWYLinear``: the unnormalised compact WY form
-of Mhammedi et al., ICML 2017, Proposition 1, block by block, with its VJP;
-``docs/theory/cwy.rst``, "One node for a layer"): its GEMMs, small triangular solves and
-in-place updates replace the composed nodes' ≈ 170 torch calls, normalisation passes and
-copies. ``torch.func`` transforms and ``torch.compile`` take the composed nodes.
+W is CWY, T-CWY or SVD-Householder of trainable reflectors, as ``hl.torch.orthogonal``
+registers it (square CWY from the lower trapezoid of V by default). Forming W costs ≈ 3·N³ + 2·N²·B
+flops, applying the reflectors in blocks N·L·nb + 4·N·L·B (:mod:`householderla._operator.blocked`),
+so up to B = N the layer never forms W. A square CWY layer's training step runs as one autograd
+node (``_autodiff.torch.CWYLinear``, ``docs/theory/cwy.rst``, "One node for a layer");
+``torch.func`` and ``torch.compile`` take the composed nodes.
 """
 
 from __future__ import annotations
@@ -26,33 +16,13 @@ from typing import Any
 
 import torch
 
-from . import _blocked
-from ._autodiff.torch import CWYLinear
-from ._lib.tracing import is_transformed, needs_graph
-from ._torch_param import INITS, MAPS, STRUCTURES, Orthogonal
+from .._autodiff.torch import CWYLinear
+from .._lib.tracing import is_transformed, needs_graph
+from .._lib.tuning import ONE_NODE, OPERATOR_MAX_ROWS, SINGLE_BLOCK_MAX_N
+from .._operator import blocked as _blocked
+from ._param import INITS, MAPS, STRUCTURES, Orthogonal
 
 __all__ = ["ONE_NODE", "OPERATOR_MAX_ROWS", "SINGLE_BLOCK_MAX_N", "OrthogonalLinear"]
-
-#: The operator path runs for a batch of at most this many rows per max(in, out) (forming W
-#: above it). Training step of a square CWY layer through the one node (float64, torch, one
-#: thread), operator / formed, in ms: N = B = 256: 7.3 / 9.3; N = B = 512: 47 / 60;
-#: N = B = 1024: 313 / 399; N = 256, B = 1024: 25 / 15; N = 512, B = 1024: 91 / 73
-#: (``benchmarks/training_step.py`` measures the layer).
-OPERATOR_MAX_ROWS = 1.0
-#: Whether a square CWY layer's training forward runs as one autograd node
-#: (``_autodiff.torch.CWYLinear``: unnormalised blocks, their Grams, triangular solves and
-#: GEMMs, with their backward) instead of the composed rule-table nodes (normalised blocks,
-#: ``_blocked``), which ``torch.func`` transforms and ``torch.compile`` take. Training step
-#: (forward + backward + SGD, torch, one thread, float64), one node / composed / torch's Cayley
-#: map, in ms: N = B = 256: 7.8 / 9.7 / 10.8; N = 256, B = 32: 2.6 / 5.0 / 9.2; N = 512,
-#: B = 256: 26.5 / 30.9 / 64.9; float32 N = B = 256: 4.3 / 5.6 / 6.3.
-ONE_NODE = True
-#: Largest N for which the one node forms W (B > N) from a single block (W = I − V Z,
-#: 3·N·L² flops) rather than from blocks of ``_blocked.BLOCK`` applied to the identity (fewer
-#: flops for trapezoidal V, smaller GEMMs). One node, float64, one thread, single block /
-#: blocks, in ms: N = 128, B = 1024: 3.5 / 3.7; N = 256, B = 1024: 15.6 / 14.8. The operator
-#: path always takes blocks (N = B = 128: 1.76 / 1.66; N = B = 192: 3.75 / 3.40).
-SINGLE_BLOCK_MAX_N = 192
 
 
 class OrthogonalLinear(torch.nn.Module):
@@ -216,9 +186,9 @@ class OrthogonalLinear(torch.nn.Module):
 
     def _formed(self) -> torch.Tensor:
         """W for a forward that forms it: under autodiff, a square CWY weight as its operator
-        applied to the identity (blocked compact WY, :func:`householderla._blocked.use_blocks`;
-        forward + backward of ``cwy(V) @ h`` at N = B = 512, float64, one thread: 60 ms by
-        the blocks of trapezoidal V, 118 ms by the single factor pair that ``weight`` uses);
+        applied to the identity (blocked compact WY, ``_operator.blocked.use_blocks``;
+        forward + backward by the blocks of trapezoidal V take half the time of the single
+        factor pair that ``weight`` uses);
         ``weight`` otherwise."""
         N = self.in_features
         if self.map != "cwy" or N != self.out_features or not needs_graph(*self.vectors):

@@ -31,14 +31,14 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from . import householder as _householder
-from ._autodiff.jax import PRECISION
+from .. import householder as _householder
+from .._autodiff.jax import PRECISION
+from ..cwy import CWY, TCWY, cwy, tcwy
+from ..retractions import cayley_retraction, polar, polar_retraction, qr_retraction
 
-# -- optax-style wrapper of hl.stiefel (householderla/_optax.py) and Muon (_optax_muon.py) ----
+# -- optax-style wrapper of hl.stiefel (jax/_optax.py) and Muon (jax/_optax_muon.py) --------
 from ._optax import apply_updates, stiefel_adam, stiefel_sgd, update_params
 from ._optax_muon import MuonState, muon
-from .cwy import CWY, TCWY, cwy, tcwy
-from .retractions import cayley_retraction, polar, polar_retraction, qr_retraction
 
 __all__ = [
     "CWY",
@@ -132,3 +132,8 @@ def orthogonal_linear(V: Any, x: Any) -> Any:
     else:
         y = x2 @ op.matrix().T
     return jnp.reshape(y, (*x.shape[:-1], out))
+
+
+def __dir__() -> list[str]:
+    """Only the public names: the imports above stay attributes but are not listed."""
+    return sorted(__all__)

@@ -17,23 +17,24 @@ from typing import Any
 import array_api_compat as aac
 import numpy as np
 
-from ._agnostic import compact_wy as K
-from ._agnostic import trapezoidal as S
-from ._agnostic.lapack_panels import (
+from .._agnostic import compact_wy as K
+from .._agnostic import trapezoidal as S
+from .._agnostic.lapack_panels import (
     ViewPanels,
     apply_panels,
     form_panel_width,
     form_panels,
 )
-from ._agnostic.phases import phase_factor
-from ._autodiff import call, route
-from ._blocked import block_factors, use_blocks
-from ._interop.dlpack import plain_cpu_views
-from ._kernels import numba_enabled
-from ._lib.linalg import eye_like, row_major_copy
-from ._lib.mixed import widen
-from ._lib.namespace import device_of, mH
-from ._lib.tracing import is_eager, needs_graph
+from .._agnostic.phases import phase_factor
+from .._autodiff import call, route
+from .._interop.dlpack import plain_cpu_views
+from .._kernels import numba_enabled
+from .._lib.linalg import eye_like, row_major_copy
+from .._lib.mixed import widen
+from .._lib.namespace import device_of, mH
+from .._lib.tracing import is_eager, needs_graph
+from .._lib.tuning import SMALL_N
+from .blocked import block_factors, use_blocks
 
 __all__ = ["SMALL_N", "LazyFactors", "factors_of", "lowrank"]
 
@@ -68,10 +69,6 @@ def lowrank(
     if out is None or out == U.dtype:
         return call(r, "lowrank", xp, U, T, h, transpose, mode)
     return call(r, "lowrank", xp, U, T, h, transpose, mode, out)
-
-
-#: Largest N formed by sequential reflections in ``.matrix()`` (see ``_small_matrix``)
-SMALL_N = 64
 
 
 class LazyFactors:
@@ -241,8 +238,8 @@ class LazyFactors:
 
         - ``("dense", Q)`` (or Qᴴ) for L > N/2 reflectors: a product is one GEMM of 2·N²·B
           flops instead of 4·N·L·B + 2·L²·B. Q = I − (U T) Uᴴ costs 2·N·L² + 2·N²·L flops
-          once and takes N² ≤ 2·N·L entries, no more than U and T. At L = N = 1024, B = 64
-          (NumPy, one thread) a product takes 13 ms with U, T and 3.7 ms with Q.
+          once and takes N² ≤ 2·N·L entries, no more than U and T; at L = N a product with
+          Q is several times faster (``benchmarks/results/tuning.md``).
         - ``("folded", (F, G))`` for L ≤ N/2: Q h = h − F (G h), the two GEMMs of 4·N·L·B
           flops without T's product (2·L²·B): with W = U T, Q h = h − W (Uᴴ h) (F = W,
           G = Uᴴ) and Qᴴ h = h − U (Wᴴ h) (F = U, G = Wᴴ = Tᴴ Uᴴ). G, the L × N factor of
@@ -279,8 +276,8 @@ class LazyFactors:
 def _compiled_larft(V: Any) -> Any:
     """The panel T's builder for :func:`~householderla._agnostic.lapack_panels.panel_factors`
     on a NumPy V: ``?larft``'s recurrence compiled by Numba
-    (:mod:`householderla._kernels.numba_larft`; ≈ 10 µs for the eight 32 × 32 panels of a
-    1024 × 256 V against 0.16–0.3 ms for the closed form's batched ``inv``). None (the
+    (:mod:`householderla._kernels.numba_larft`; an order of magnitude faster than the closed
+    form's batched ``inv``). None (the
     closed form) without Numba or for other arrays."""
     if type(V) is not np.ndarray or V.dtype.char not in "fdFD":
         return None
@@ -303,8 +300,7 @@ def scan_reflectors(V: Any) -> tuple[bool, bool] | None:
     """(all entries finite, lower trapezoidal) for a stack V (..., N, L) of NumPy arrays or
     plain CPU tensors (float32/float64, C order), from one Numba pass; None (nothing checked)
     for other input, a single matrix or without Numba. The two checks an operator's
-    construction and first ``.matrix()`` make, in one read of V instead of two (8192 stacked
-    16 × 16: 0.4 against 1.1 ms, one thread)."""
+    construction and first ``.matrix()`` make, in one read of V instead of two."""
     if V.ndim < 3 or not math.prod(V.shape) or not is_eager(V):
         return None
     views = [V] if type(V) is np.ndarray else plain_cpu_views(V)
@@ -319,8 +315,7 @@ def scan_reflectors(V: Any) -> tuple[bool, bool] | None:
 def _upper_is_zero(V: Any, xp: Any) -> bool:
     """:func:`~householderla._agnostic.compact_wy.is_lower_trapezoidal`; for a stack of
     NumPy arrays or plain CPU tensors (float32/float64) one Numba pass over the strict upper
-    part instead of ``triu(V) == 0``'s two full-size temporaries (1024 × 64 × 64: 9 → 2 ms,
-    one thread)."""
+    part instead of ``triu(V) == 0``'s two full-size temporaries."""
     if V.ndim >= 3 and math.prod(V.shape):
         views = [V] if type(V) is np.ndarray else plain_cpu_views(V)
         nk = numba_enabled() if views is not None else None

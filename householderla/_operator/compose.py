@@ -13,9 +13,9 @@ from typing import Any
 
 import array_api_compat as aac
 
-from ._lib.checks import broadcast_batch
-from ._lib.namespace import mT
-from ._linear_operator import LinearOperatorMixin
+from .._lib.checks import broadcast_batch
+from .._lib.namespace import mT
+from .linear_operator import LinearOperatorMixin
 
 __all__ = ["OperatorProduct", "compose", "is_operator"]
 

@@ -18,7 +18,7 @@ from typing import Any
 import array_api_compat
 import torch
 
-from ._fixed_polar import ADJUST_LR, DEFAULT_STEPS, adjusted_lr, orthogonalize
+from .._agnostic.fixed_polar import ADJUST_LR, DEFAULT_STEPS, adjusted_lr, orthogonalize
 
 __all__ = ["Muon"]
 

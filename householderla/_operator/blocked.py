@@ -1,24 +1,11 @@
 """Blocked compact WY: Q = H(v₁)…H(v_L) applied as a product of small CWY blocks.
 
-Splitting the L reflectors into blocks of ``nb`` columns, Q = Q₁ Q₂ ⋯ Q_m with
-Q_b = I − U_b T_b U_bᵀ the compact WY form (Likhosherstov et al., AISTATS 2021, Theorem 2) of
-the reflectors of block b — the blocking of LAPACK's ``?larft``/``?larfb`` and of FastH
-(Mathiasen et al., "What if Neural Networks had SVDs?", NeurIPS 2020). For Q h with h
-(..., N, B):
-
-=============  ===============================  ==================================
-               one block (L columns)            m = L/nb blocks
-=============  ===============================  ==================================
-factors        N·L² (Gram) + L³/3 (T)           N·L·nb + L·nb²/3
-apply          4·N·L·B + L²·B                   4·N·L·B + L·nb·B
-=============  ===============================  ==================================
-
-so when the factors are not built yet and B ≪ L — an orthogonal layer's forward, a fresh
-``hl.cwy(V) @ h`` — the blocks cost a fraction of the whole (N = L = 1024, B = 64, nb = 64:
-0.35 against 1.6 GFLOP), and applying built blocks costs fewer flops than the single block too.
-Each block runs through the rule tables (``cwy_factors`` and ``lowrank``), so autodiff needs
-no new rule: the backward of the chain is the explicit VJPs of the blocks in reverse order, each
-reusing its forward's factors, 8·N·L·B + 2·N·L·nb flops in all instead of 8·N·L·B + 2·N·L².
+Blocks of ``nb`` reflectors give Q = Q₁⋯Q_m, Q_b = I − U_b T_b U_bᵀ (Likhosherstov et al.,
+AISTATS 2021, Theorem 2; the blocking of LAPACK's ``?larft``/``?larfb`` and of FastH, Mathiasen
+et al., NeurIPS 2020): factors N·L·nb + L·nb²/3 flops instead of N·L² + L³/3, apply
+4·N·L·B + L·nb·B instead of 4·N·L·B + L²·B. So a first product with B ≪ L (a layer's forward, a
+fresh ``hl.cwy(V) @ h``) costs a fraction of the single block. Each block runs through the rule
+tables, so the backward is the blocks' VJPs in reverse order, each reusing its forward's factors.
 """
 
 from __future__ import annotations
@@ -27,20 +14,14 @@ from typing import Any
 
 import array_api_compat as aac
 
-from ._autodiff import call, route
-from ._lib.mixed import widen
-from ._lib.namespace import device_of, is_half
+from .._autodiff import call, route
+from .._lib.mixed import widen
+from .._lib.namespace import device_of, is_half
+from .._lib.tuning import CWY_BLOCK as BLOCK
+from .._lib.tuning import CWY_BLOCKS_MIN_L as MIN_L
+from .._lib.tuning import CWY_BLOCKS_MIN_L_GRAPH as MIN_L_GRAPH
 
 __all__ = ["BLOCK", "MIN_L", "MIN_L_GRAPH", "apply_blocks", "block_factors", "use_blocks"]
-
-#: Reflectors per block. N = L = 1024 with B = 64 (float64, NumPy, one thread, 2-core VM
-#: under load): nb = 32 / 64 / 128 / 256 took 20 / 21 / 26 / 30 ms, the single block's
-#: fresh product 92 ms.
-BLOCK = 64
-#: Fewest reflectors for which blocks are used (below, one block is at most 4 blocks' work).
-MIN_L = 256
-#: Fewest reflectors for which blocks are used when autodiff records the product (torch).
-MIN_L_GRAPH = 2 * BLOCK
 
 
 def use_blocks(L: int, B: int, graph: bool = False) -> bool:
@@ -51,10 +32,7 @@ def use_blocks(L: int, B: int, graph: bool = False) -> bool:
     With a backward to follow (``graph``: torch autograd records the product) blocks win at
     every B once L ≥ MIN_L_GRAPH: the single pair's backward adds 2·N·L² (Ū's Gram term) and
     4·L³ (S̄ = −Tᵀ T̄ Tᵀ) to its forward's N·L² + L³/3, the blocks' 2·N·L·nb and 4·L·nb².
-    Forward + backward of ``cwy(V) @ h`` with V (N, N) float64, torch, one thread, single
-    pair / blocks: N = 128, B = 32…1024: 1.92/1.80 … 13.9/12.4 ms; N = 256, B = 32 / 1024:
-    8.4/4.6, 47/40 ms; N = 512, B = 32 / 1024: 53/15, 178/142 ms (lower-trapezoidal V, whose
-    blocks skip the zero rows: 13, 102 ms)."""
+    Measured forward + backward against the single pair: ``benchmarks/results/tuning.md``."""
     if graph:
         return L >= MIN_L_GRAPH
     return L >= MIN_L and 4 * B <= L
@@ -65,7 +43,7 @@ def block_factors(
 ) -> list[tuple[int, Any, Any]]:
     """[(s, U_b, T_b)] for the column blocks [s, s + nb) of V (..., N, L), first block first,
     each through the ``cwy_factors`` rule of the call's route (with the block's slice of the
-    diagonal ``sdiag`` of S for LAPACK's complex reflectors, ``householderla._factors``). For
+    diagonal ``sdiag`` of S for LAPACK's complex reflectors, ``_operator.factors``). For
     lower-trapezoidal V (LAPACK's and oRNN's layout) block b is zero in rows < s: its factors
     cover rows s… only and its products touch those rows only, as LAPACK's ``?larfb`` does
     (4·N·L·B − 2·L²·B flops for the apply instead of 4·N·L·B); s = 0 otherwise."""
@@ -88,8 +66,8 @@ def _stacked_block_factors(
 ) -> list[tuple[int, Any, Any]]:
     """:func:`block_factors` by one call of the ``cwy_factors`` rule on the stack of all m
     blocks (..., m, N, nb) — one autograd node forward and backward instead of m, whose
-    Python and dispatch outweigh a small block's GEMMs (a training step of a 128 × 128
-    ``OrthogonalLinear``, B = 32, float32, torch, one thread: 1.61 → 1.52 ms). The last
+    Python and dispatch outweigh a small block's GEMMs (``benchmarks/results/tuning.md``).
+    The last
     block is padded with zero columns (H(0) = I: the leading w × w block of the padded
     T = S⁻¹ is the unpadded block's T, S being upper triangular), its sdiag with ½.
     Trapezoidal blocks are formed at full height (rows < s of tril(V)'s block b are zero, and

@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ._agnostic.polar_schedules import SCHEDULES, fixed_polar, schedule, schedule_of
-from ._lib.checks import check_finite_columns
-from ._lib.jit import jit_for
-from ._lib.namespace import is_complex, mT, real_dtype, resolve
+from .._lib.checks import check_finite_columns
+from .._lib.jit import jit_for
+from .._lib.namespace import is_complex, mT, real_dtype, resolve
+from .polar_schedules import SCHEDULES, fixed_polar, schedule, schedule_of
 
 __all__ = [
     "ADJUST_LR",

@@ -9,19 +9,19 @@ from typing import Any
 
 import numpy as np
 
-from ._agnostic.phases import phase_factor
-from ._agnostic.svd import apply_vjp_core, matrix_vjp_core
-from ._lib.checks import (
+from .._lib.checks import (
     as_matrix_operand,
     broadcast_batch,
     check_cotangent,
     check_finite,
     check_reflectors,
 )
-from ._lib.jit import jit_for
-from ._lib.linalg import sum_to_shape
-from ._lib.namespace import is_complex, real_dtype, resolve
-from ._lib.tracing import is_eager
+from .._lib.jit import jit_for
+from .._lib.linalg import sum_to_shape
+from .._lib.namespace import is_complex, real_dtype, resolve
+from .._lib.tracing import is_eager
+from .phases import phase_factor
+from .svd import apply_vjp_core, matrix_vjp_core
 
 __all__ = [
     "bounded_sigma",

@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from . import householder as _householder
-from ._autodiff.torch import (
+from .. import householder as _householder
+from .._autodiff.torch import (
     CayleySMW,
     CWYFactors,
     HouseholderApply,
@@ -39,22 +39,22 @@ from ._autodiff.torch import (
     Polar,
     QRPositive,
 )
-from ._kernels import load_numba
-from ._lib.checks import as_matrix_operand, check_finite_norms, check_reflectors
-from ._lib.namespace import resolve
-from ._lib.tracing import is_transformed
+from .._kernels import load_numba
+from .._lib.checks import as_matrix_operand, check_finite_norms, check_reflectors
+from .._lib.namespace import resolve
+from .._lib.tracing import is_transformed
+from ..cwy import CWY, TCWY, cwy, tcwy
+from ..retractions import cayley_retraction, polar, polar_retraction, qr_retraction
 
-# -- the orthogonal layer applied without forming its weight (householderla/_torch_layer.py) ----
-from ._torch_layer import OrthogonalLinear
+# -- the orthogonal layer applied without forming its weight (torch/_layer.py) ------------------
+from ._layer import OrthogonalLinear
 
-# -- optimizers: Muon (householderla/_torch_muon.py), StiefelSGD / StiefelAdam (_torch_optim.py)
-from ._torch_muon import Muon
-from ._torch_optim import StiefelAdam, StiefelSGD
+# -- optimizers: Muon (torch/_muon.py), StiefelSGD / StiefelAdam (torch/_optim.py)
+from ._muon import Muon
+from ._optim import StiefelAdam, StiefelSGD
 
-# -- the orthogonal parametrization (householderla/_torch_param.py) ----------------------------
-from ._torch_param import Orthogonal, orthogonal
-from .cwy import CWY, TCWY, cwy, tcwy
-from .retractions import cayley_retraction, polar, polar_retraction, qr_retraction
+# -- the orthogonal parametrization (torch/_param.py) --------------------------------------------
+from ._param import Orthogonal, orthogonal
 
 __all__ = [
     "CWY",
@@ -144,3 +144,8 @@ def householder_product(V: Any, *, kernel: str = "torch") -> torch.Tensor:
     (V,) = resolve([("V", V)])[3]
     N, _ = check_reflectors(V)
     return householder_apply(V, torch.eye(N, dtype=V.dtype, device=V.device), kernel=kernel)
+
+
+def __dir__() -> list[str]:
+    """Only the public names: the imports above stay attributes but are not listed."""
+    return sorted(__all__)

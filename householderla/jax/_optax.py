@@ -1,30 +1,12 @@
 """optax-style front end of the momentum Stiefel optimizers (Kong, Wang & Tao, ICLR 2023,
-Algorithms 1, 2, 4, 5).
+Algorithms 1, 2, 4, 5), re-exported from ``householderla.jax``.
 
-:func:`stiefel_sgd` and :func:`stiefel_adam` return a ``GradientTransformation`` — the real
-``optax.GradientTransformation`` when optax is importable, otherwise a NamedTuple with the
-same two fields — so they drop into optax code and run under ``jax.jit`` without optax
-installed. Re-exported from ``householderla.jax``.
-
-optax's convention is ``updates, state = tx.update(grads, state, params)`` followed by
-``params = optax.apply_updates(params, updates)`` (an addition). A manifold step is not an
-addition, so for a Stiefel leaf the update is the difference X⁺ − X of the new and the old
-point; ``apply_updates`` then returns fl(X + fl(X⁺ − X)), which differs from X⁺ by at most
-one rounding per entry (≤ eps·(|X⁺| + |X⁺ − X|)): ‖XᵀX − I‖_F stays at the rounding level of
-the polar step. :func:`update_params` returns X⁺ itself (no extra rounding).
-
-Leaves: every leaf is a Stiefel matrix (..., N, M) by default; ``stiefel`` may be a bool, a
-pytree of bools (a prefix of the params' structure, like ``optax.masked``), or a function
-params → such a pytree. Other leaves get the Euclidean update with the same hyperparameters
-(App. P). A wide leaf (N < M) is optimised through its transpose (orthonormal rows), as in
-:mod:`householderla._torch_optim`.
-
-Complex leaves (complex Stiefel matrices, U(n), or Euclidean): ``jax.grad`` of a real loss
-returns the *conjugate* ḡ = ∂L/∂Re z − i ∂L/∂Im z of the gradient the update needs
-(``docs/theory/complex.rst``, "Cotangent conventions"). With ``complex_grads="jax"`` (the
-default) the transformation takes ``jax.grad``'s output as it is and conjugates complex leaves
-itself; ``complex_grads="gradient"`` takes grads that are already ∂L/∂Re z + i ∂L/∂Im z
-(optax's own optimizers expect ``jnp.conj(grads)``, i.e. this convention).
+:func:`stiefel_sgd` / :func:`stiefel_adam` return an ``optax.GradientTransformation`` (a NamedTuple
+with the same fields without optax). A Stiefel leaf's update is X⁺ − X, so ``apply_updates`` is
+within one rounding of X⁺ (:func:`update_params` returns X⁺ itself). ``stiefel`` selects the
+Stiefel leaves (bool, pytree prefix or function); others get the Euclidean update. Wide leaves go
+through their transpose; complex leaves take ``jax.grad``'s conjugate gradient as it is
+(``complex_grads="jax"``) or an already conjugated one (``"gradient"``).
 """
 
 from __future__ import annotations
@@ -34,8 +16,8 @@ from typing import Any, NamedTuple
 
 import jax
 
-from . import stiefel as S
-from ._lib.tracing import is_eager
+from .. import stiefel as S
+from .._lib.tracing import is_eager
 
 __all__ = [
     "GradientTransformation",

@@ -1,57 +1,13 @@
 """``torch.optim`` front end of the momentum Stiefel optimizers (Kong, Wang & Tao, ICLR 2023,
-Algorithms 1, 2, 4, 5).
+Algorithms 1, 2, 4, 5), re-exported as ``householderla.torch.StiefelSGD`` / ``StiefelAdam``.
 
-:class:`StiefelSGD` and :class:`StiefelAdam` are ``torch.optim.Optimizer`` subclasses that run
-:func:`householderla.stiefel.momentum_sgd` / :func:`~householderla.stiefel.adam` on every
-parameter of a group with ``stiefel=True`` (the default) and the matching Euclidean update
-(:func:`~householderla.stiefel.euclidean_sgd` / :func:`~householderla.stiefel.euclidean_adam`) on
-groups with ``stiefel=False`` — same hyperparameters for both, as Kong, Wang & Tao, ICLR 2023 App. P
-recommends. Re-exported as ``householderla.torch.StiefelSGD`` / ``StiefelAdam``.
-
-Conventions:
-
-* A Stiefel parameter is a tensor (..., N, M): one St(N, M) per trailing matrix. A *wide*
-  parameter (N < M) is optimised through its transpose, so its **rows** are orthonormal
-  (W Wᵀ = I; W Wᴴ = I for complex W) — the convention of ``torch.nn.init.orthogonal_`` for
-  wide matrices and of the paper's reference code. A parameter with fewer than two
-  dimensions in a Stiefel group is a ``ValueError``.
-* The first step projects a parameter onto the manifold (polar factor), so a Gaussian or
-  any full-rank initialisation works (App. P.1).
-* The per-parameter state is ``{"step", "U", "Z"}`` (+ ``"p", "q"`` for Adam) for Stiefel
-  parameters and ``{"step", "v"}`` / ``{"step", "m", "s"}`` for Euclidean ones; all tensors,
-  so ``state_dict`` / ``load_state_dict`` resume bit-identically. Hyperparameters are read
-  from the group at every step (learning-rate schedulers work).
-* ``step`` runs under ``torch.no_grad`` like the built-in optimizers; ``closure`` is
-  re-evaluated with gradients enabled. Sparse gradients raise ``TypeError``.
-* Complex parameters (complex64/complex128) live on the complex Stiefel manifold
-  (WᴴW = I; U(n) for square ones) and are stepped with Hermitian transposes; ``.grad`` of a
-  complex tensor is already the gradient the update takes (∂L/∂Re W + i ∂L/∂Im W). Adam's
-  second moments are the real ``|g|²``, also on ``stiefel=False`` groups (``torch.optim.Adam``
-  treats Re and Im as two real parameters instead).
-* CPU float32/float64/complex parameters are stepped by the same functional update on
-  zero-copy NumPy views (an optimizer step is some 60 small operations: ~1 µs each in NumPy,
-  ~5 µs as torch kernels); CUDA tensors and ``torch.compile`` take the torch path. Both
-  agree to rounding.
-* A step is all or nothing: every gradient is checked first; a NaN/Inf raises ``ValueError``
-  naming it, or with ``nonfinite="skip"`` skips the step (counted in ``skipped_steps``).
-
-``torch.optim`` options (``docs/theory/stiefel.rst``, "torch.optim options"):
-
-* ``maximize`` (both): ascend, G ← −G — meaningful everywhere.
-* ``weight_decay`` (both): the L2 term λθ added to the gradient of Euclidean groups, as
-  ``torch.optim.SGD`` / ``Adam`` do. On a Stiefel group it has no effect and is skipped:
-  ‖X‖²_F = M is constant on St(N, M), so the penalty's Riemannian gradient is zero (XᵀλX =
-  λI is symmetric: it adds nothing to f = c(A − Aᵀ) nor to g = G − XA).
-* ``nesterov``, ``dampening`` (SGD): torch's definitions on both kinds of group; on the
-  manifold the look-ahead momentum μZ⁺ − f, μU½ − g moves X (skew / normal to X, so the
-  structure is kept) and the force enters the momentum as (1 − τ)f, (1 − τ)g.
-* ``amsgrad`` (Adam): the running maxima of the second moments p, q (s) divide instead;
-  the maximum of symmetric matrices is symmetric, so Z⁺ ⊘ (…) stays skew.
-* ``foreach``, ``fused``, ``differentiable``, ``capturable`` raise ``ValueError``: each step
-  is a per-parameter manifold update (no multi-tensor kernel), and not differentiable.
-  Unknown keys in a parameter group raise ``ValueError`` naming them.
-* ``torch.compile(opt.step)`` traces the torch path (the NumPy fast path is skipped while
-  compiling).
+Groups with ``stiefel=True`` run :func:`householderla.stiefel.momentum_sgd` / ``adam`` on each
+(..., N, M) parameter (wide ones through their transpose: orthonormal rows), others the matching
+Euclidean update with the same hyperparameters. The first step projects onto the manifold; state
+is tensors (``state_dict`` resumes bit-identically); complex parameters live on the complex
+Stiefel manifold. CPU steps run on zero-copy NumPy views, CUDA and ``torch.compile`` in torch.
+A step is all or nothing on non-finite gradients. ``torch.optim`` options:
+``docs/theory/stiefel.rst``, "torch.optim options".
 """
 
 from __future__ import annotations
@@ -62,8 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import stiefel as S
-from ._interop.dlpack import from_numpy, to_numpy
+from .. import stiefel as S
+from .._interop.dlpack import from_numpy, to_numpy
 
 __all__ = ["StiefelAdam", "StiefelSGD"]
 
@@ -196,7 +152,7 @@ class _StiefelOptimizer(torch.optim.Optimizer):
                 tensors = [state[k] for k in keys]
                 if _on_host(X, G, *tensors):
                     # CPU float32/float64: the step's ~60 small operations run in NumPy on
-                    # zero-copy read-only views (~1 µs each instead of ~5 µs as torch kernels)
+                    # zero-copy read-only views (several times cheaper than torch kernels)
                     X_np, G_np, *st = (to_numpy(t) for t in (X, G, *tensors))
                     X_next, new = opt.update(X_np, G_np, tup_type(*st))
                     X_next, *new = (from_numpy(np.asarray(a), like=X) for a in (X_next, *new))

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ._interop.dask_tall import (
+from .._interop.dask_tall import (
     TallFactors,
     as_rows,
     check_tall,

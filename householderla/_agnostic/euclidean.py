@@ -8,10 +8,10 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-from ._agnostic.stiefel_flow import StiefelOptimizer
-from ._lib.checks import check_real
-from ._lib.linalg import abs2
-from ._lib.namespace import is_complex, real_dtype, resolve
+from .._lib.checks import check_real
+from .._lib.linalg import abs2
+from .._lib.namespace import is_complex, real_dtype, resolve
+from .stiefel_flow import StiefelOptimizer
 
 __all__ = [
     "EuclideanAMSGradState",
