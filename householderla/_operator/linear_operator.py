@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ._interop.dlpack import from_numpy, numpy_dtype, writable_numpy
+from .._interop.dlpack import from_numpy, numpy_dtype, writable_numpy
 
 __all__ = ["LinearOperatorMixin"]
 
