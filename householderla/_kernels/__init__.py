@@ -1,18 +1,11 @@
 """Opaque fast paths: compiled kernels loaded on first use (Numba on CPU; CuPy later).
 
-:func:`numba_for` is the one place that decides whether a NumPy call runs the Numba kernels of
-:mod:`householderla._kernels.numba`: numba importable, every operand a NumPy array, and the
-environment variable ``HL_DISABLE_NUMBA`` unset (or "0"). ``import householderla`` never
-imports numba; the first NumPy call that can use it does.
-
-That first call says what it does. Importing the kernel modules compiles every kernel when
-Numba's on-disk cache is cold (a fresh install, a new Numba, another CPU, a changed kernel
-source), which takes a minute or more; :func:`load_numba` then prints one line to stderr first
-(never a warning: the test suite turns warnings into errors). A stamp file next to Numba's
-cache, holding a hash of what the cache depends on, tells a warm cache from a cold one without
-asking Numba. Without Numba (or with a broken one) the first call that would have used the
-kernels warns once with :class:`PerformanceWarning`, naming the extra to install.
-``python -m householderla._kernels.warm`` (``make warm``) compiles everything ahead.
+:func:`numba_for` decides whether a NumPy call runs the Numba kernels: numba importable, every
+operand a NumPy array, ``HL_DISABLE_NUMBA`` unset (or "0"); ``import householderla`` never
+imports numba. A cold on-disk cache (told from a warm one by a stamp file holding a hash of
+what the cache depends on) makes :func:`load_numba` print one line to stderr before compiling
+(never a warning: the tests turn warnings into errors); without Numba the first call that would
+have used it warns once with :class:`PerformanceWarning`. ``make warm`` compiles ahead.
 """
 
 from __future__ import annotations
