@@ -241,3 +241,61 @@ def test_polar_rank_deficient_option():
     assert np.linalg.norm(X - Q) <= best * (1 + 1e-12)
     with pytest.raises(ValueError, match="rank_deficient must be"):
         hl.polar(X, rank_deficient="ignore")
+
+
+def _nonfinite_operand(rows: int, cols: int) -> np.ndarray:
+    """A (rows, cols) operand with a NaN in column 1 and an Inf in column 3."""
+    h = np.random.default_rng(11).standard_normal((rows, cols))
+    h[2, 1], h[0, 3] = np.nan, np.inf
+    return h
+
+
+def _assert_columns_1_and_3_alone_non_finite(y, ref, what):
+    assert not np.isfinite(y[:, 1]).all() and not np.isfinite(y[:, 3]).all(), what
+    np.testing.assert_allclose(
+        np.delete(y, [1, 3], axis=1), ref, rtol=0, atol=10 * TOL, err_msg=what
+    )
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NumPy's, as A @ h
+def test_non_finite_operands_propagate_column_by_column(bk):
+    """The documented rule for operands (docs/guarantees.rst, issue 41 item 4): a NaN or Inf in
+    column j of the right-hand side of a product makes column j of the result non-finite, as
+    ``matmul`` does, and leaves every other column what it is without it, on every path an
+    operator's product takes (the first product by sequential reflections, the compact WY
+    factors, the dense Q and the folded W = U T after the switch), for ``.T``, T-CWY,
+    SVD-Householder, LAPACK reflectors, ``householder_apply`` and Dask operands. Parameters
+    (V, σ, τ, ...) are checked instead (``test_nan_and_inf_rejected_on_eager_arrays``)."""
+    rng = np.random.default_rng(10)
+    N, B = 8, 6
+    bad = _nonfinite_operand(N, B)
+    clean = np.delete(bad, [1, 3], axis=1)
+    a, tau = scipy.linalg.qr(rng.standard_normal((N, 5)), mode="raw")[0]
+    makers = {
+        "cwy L > N/2": (hl.cwy, [rng.standard_normal((N, 6))]),
+        "cwy L <= N/2": (hl.cwy, [rng.standard_normal((N, 3))]),
+        "cwy.T": (lambda V: hl.cwy(V).T, [rng.standard_normal((N, 6))]),
+        "tcwy.T": (lambda V: hl.tcwy(V).T, [rng.standard_normal((N, 4))]),
+        "svd_householder": (
+            lambda U, s: hl.svd_householder(U, s, U),
+            [rng.standard_normal((N, N)), rng.standard_normal(N)],
+        ),
+        "from_lapack": (hl.from_lapack, [np.asfortranarray(a), tau]),
+    }
+    for name, (make, params) in makers.items():
+        ps = [bk.param(p) for p in params]
+        ref = to_numpy(make(*ps) @ bk.asarray(clean))
+        if bk.jit:  # under jax.jit: one product of an operator built in the trace
+            y = to_numpy(bk.call(lambda h, *p, make=make: make(*p) @ h, bk.asarray(bad), *ps))
+            _assert_columns_1_and_3_alone_non_finite(y, ref, name)
+            continue
+        op = make(*ps)
+        for call in range(4):  # the first product, the factors, then past the switch (4B > N)
+            y = to_numpy(bk.call(lambda h, op=op: op @ h, bk.asarray(bad)))
+            _assert_columns_1_and_3_alone_non_finite(y, ref, f"{name}, product {call}")
+    if bk.operand_only:
+        return
+    V = bk.param(rng.standard_normal((N, 5)))
+    y = to_numpy(bk.call(hl.householder_apply, V, bk.asarray(bad)))
+    ref = to_numpy(hl.householder_apply(V, bk.asarray(clean)))
+    _assert_columns_1_and_3_alone_non_finite(y, ref, "householder_apply")
