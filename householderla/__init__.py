@@ -17,6 +17,7 @@ import importlib as _importlib
 
 from . import stiefel, vjp
 from ._kernels import PerformanceWarning
+from ._lib.modes import is_deterministic, set_deterministic
 from .cwy import CWY, TCWY, cwy, tcwy
 from .householder import (
     householder_apply,
@@ -50,12 +51,14 @@ __all__ = [
     "householder_apply",
     "householder_product",
     "householder_vectors",
+    "is_deterministic",
     "ornn",
     "ornn_params",
     "polar",
     "polar_retraction",
     "qr_retraction",
     "riemannian_gradient",
+    "set_deterministic",
     "stiefel",
     "svd_householder",
     "svd_householder_params",

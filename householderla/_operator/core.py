@@ -23,6 +23,7 @@ from .._interop.dask import dask_matmul, dask_rmatmul, is_dask_array
 from .._interop.dlpack import from_numpy, plain_cpu_views
 from .._kernels import numba_enabled, numba_for, numba_for_torch
 from .._lib.checks import as_matrix_operand, broadcast_batch
+from .._lib.modes import is_deterministic
 from .._lib.namespace import conj, device_of, is_complex, is_half, mH, mT, resolve
 from .._lib.tracing import is_eager, needs_graph
 from .._lib.tuning import SEQ_DETECT_FLOPS
@@ -214,6 +215,8 @@ class CompactWYOperator(LinearOperatorMixin):
         f = self._factors
         direct = f.direct
         sc = f.shortcut
+        if is_deterministic():  # the general path alone: the same bits on every call
+            direct = sc = None
         # the products and nothing else, for a plain single operator whose factors serve
         # this h as they are: with few reflectors (``direct``) Q h = h − U (T (Uᴴ h)), Qᴴ h
         # with Tᴴ, or, once they pay, the dense Q or h − W (Uᴴ h)
@@ -297,7 +300,7 @@ class CompactWYOperator(LinearOperatorMixin):
         CPU torch product without autograd, when the measured crossover favours it over
         building U, T; None otherwise."""
         f = self._factors
-        if f.U is not None or f.sequential_used or self._mode != "square":
+        if f.U is not None or f.sequential_used or self._mode != "square" or is_deterministic():
             return None
         if is_complex(h.dtype) or is_half(self._xp, h.dtype):
             # the Numba kernels are real float32/float64: complex and half-precision

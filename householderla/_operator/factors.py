@@ -31,6 +31,7 @@ from .._interop.dlpack import plain_cpu_views
 from .._kernels import numba_enabled
 from .._lib.linalg import eye_like, row_major_copy
 from .._lib.mixed import widen
+from .._lib.modes import is_deterministic
 from .._lib.namespace import device_of, mH
 from .._lib.tracing import is_eager, needs_graph
 from .._lib.tuning import SMALL_N
@@ -176,9 +177,11 @@ class LazyFactors:
     def get_blocks(self, B: int) -> list[tuple[int, Any, Any]] | None:
         """The blocked factors for a product with B columns: built on the first product when
         the single pair is not built and ``use_blocks`` says so, then reused; else None."""
-        if self.blocks is None and (
-            self.U is not None or not use_blocks(self.V.shape[-1], B, needs_graph(self.V))
-        ):
+        rule = use_blocks(self.V.shape[-1], B, needs_graph(self.V))
+        if is_deterministic():  # by the shapes alone, whatever earlier products built
+            if not rule:
+                return None
+        elif self.blocks is None and (self.U is not None or not rule):
             return None
         if self._stale(None if self.blocks is None else self.blocks[0][1]):
             self.blocks = block_factors(self.V, self.xp, self.trapezoidal(), self.sdiag)
@@ -204,6 +207,8 @@ class LazyFactors:
         products build and reuse the blocked or whole factors. ``mode``: "square" (m × m
         Q), "embed" (Q[:, :L] x) or "project" (Q[:, :L]ᴴ y). None where panels do not apply."""
         if self.panels_used or self.U is not None or self.blocks is not None:
+            return None
+        if is_deterministic():
             return None
         if not self.panels_apply(h):
             return None
@@ -253,7 +258,10 @@ class LazyFactors:
 
         Either is built when the columns of the products so far add up to N, where the flops
         they would have saved (at least 2·L² per column) match its cost: ski rental, never
-        more than about twice the best choice made knowing the future."""
+        more than about twice the best choice made knowing the future. None in deterministic
+        mode (:func:`householderla.set_deterministic`): the path may not depend on history."""
+        if is_deterministic():
+            return None
         sc = self.shortcut
         if sc is not None and transposed in sc:
             return sc[transposed]
