@@ -149,7 +149,9 @@ def ornn(U: Any, sign: Any = 1, *, theta: Any = None, xp: Any = None) -> CWY:
         H_1 = diag(I_{n−1}, sign) (Mhammedi et al., ICML 2017 eq. 7), applied last (rightmost). An
         int/float array broadcasts against U's batch shape; eager values must be ±1 (under
         ``jax.jit`` sign > 0 is read as +1, anything else as −1). Not differentiable (a discrete
-        choice).
+        choice). For complex U, an array of shape ``U.shape[:-1]`` (the batch and n) here is
+        θ, as :func:`ornn_params` returns it for a unitary Q, so ``ornn(*ornn_params(Q))``
+        reproduces Q (pass ``theta=`` to be explicit).
     theta : real array, shape (..., n), optional
         The unitary H_1: Ĥ_1(θ) = diag(e^{iθ}) (Mhammedi et al., ICML 2017, §4.3, Corollary 1),
         in place of ``sign`` (which must then be left at +1); differentiable. The operator is
@@ -187,12 +189,21 @@ def ornn(U: Any, sign: Any = 1, *, theta: Any = None, xp: Any = None) -> CWY:
     >>> bool(np.allclose(ornn(U, sign).matrix(), Q))
     True
     """
+    if theta is None and _phases_given_as_sign(U, sign):
+        theta, sign = sign, 1  # ornn(*ornn_params(Q)) for a unitary Q: (U, θ)
     if theta is not None:
         _no_sign_with_theta(sign)
         xp, U, _, _ = _prepare(U, 1, xp)
         return cwy(xp.tril(U), theta=theta, structure="trapezoidal", xp=xp)
     xp, _, V, _ = _prepare(U, sign, xp)
     return CWY(finite_reflectors(V, xp, "U"), xp, structure="trapezoidal")
+
+
+def _phases_given_as_sign(U: Any, sign: Any) -> bool:
+    """Whether ``sign`` is the θ (..., n) of a complex U (..., n, m), by shape alone."""
+    if not (aac.is_array_api_obj(U) and aac.is_array_api_obj(sign)):
+        return False
+    return is_complex(U.dtype) and U.ndim >= 2 and tuple(sign.shape) == tuple(U.shape[:-1])
 
 
 def _no_sign_with_theta(sign: Any) -> None:

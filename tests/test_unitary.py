@@ -166,12 +166,14 @@ def test_ornn_corollary_1_round_trip(bk, n):
 
     def f(Q):
         U, theta = hl.ornn_params(Q)
-        return U, theta, hl.ornn(U, theta=theta).matrix()
+        # the inverse's output feeds the map as is (issue 41 item 8): θ in sign's place
+        return U, theta, hl.ornn(U, theta=theta).matrix(), hl.ornn(*hl.ornn_params(Q)).matrix()
 
-    U, theta, back = (to_numpy(a) for a in bk.call(f, bk.asarray(Q, C128)))
+    U, theta, back, back2 = (to_numpy(a) for a in bk.call(f, bk.asarray(Q, C128)))
     assert U.shape == (2, n, n - 1) and theta.shape == (2, n) and theta.dtype == np.float64
     assert np.all(np.triu(U, 1) == 0)
     _cmp(back, Q, tol(C128, n, 4.0))
+    np.testing.assert_array_equal(back2, back)
 
 
 def test_ornn_complex_sign_and_errors():

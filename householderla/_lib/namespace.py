@@ -139,7 +139,8 @@ def _float_dtype_of(
         raise TypeError(
             f"{name} has dtype {dtype}; this function supports float32 and float64 (half "
             "precision is supported by cwy, tcwy, householder_apply, householder_product, "
-            "polar, the retractions and their VJPs). Cast it to float32 first."
+            "polar, the retractions, riemannian_gradient and their VJPs). Cast it to float32 "
+            "first."
         )
     raise TypeError(
         f"{name} has dtype {dtype}; supported are float32 and float64 (integers are promoted "
