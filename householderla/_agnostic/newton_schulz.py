@@ -23,7 +23,7 @@ import numpy as np
 
 from .._lib.checks import RankDeficientError, check_finite_columns
 from .._lib.jit import host, jit_for, kernel_namespace, select
-from .._lib.linalg import eye_like
+from .._lib.linalg import eye_like, pow2_normalise
 from .._lib.mixed import has_wide_matmul, matmul_acc, matmul_split
 from .._lib.namespace import accumulation_dtype_for, device_of, is_half, mH, mT, real_dtype
 from .._lib.tracing import is_eager
@@ -257,6 +257,9 @@ def polar_impl(
 ) -> tuple[Any, dict[str, Any]]:
     """Polar factor of X (..., N, M), M ≤ N, and an info dict (see :func:`hl.polar`)."""
     xp = kernel_namespace(xp)
+    # polar(2^k X) = polar(X): an exact prescale to max|x| ∈ [1, 2) first, so that every
+    # finite X (subnormal, or near the dtype's largest) has a Gram matrix in range
+    X = pow2_normalise(X, xp)[0]
     out = X.dtype
     work = accumulation_dtype_for(xp, X)
     eager = is_eager(X)
