@@ -11,11 +11,10 @@ from typing import Any
 
 from ._agnostic.polar_schedules import (
     SCHEDULES,
+    divisor_slack,
     fixed_polar,
-    norm_slack,
     schedule,
     schedule_of,
-    work_dtype,
 )
 from ._lib.checks import check_finite_columns
 from ._lib.jit import jit_for
@@ -105,10 +104,8 @@ def fixed_step_polar(X: Any, name: Any, steps: Any, min_sv: Any, return_info: bo
     # complex X: each entry of XXᴴ is a real inner product of length 2M per real and
     # imaginary part, so the rounding model of M × N real steps is taken at 2M
     m = min(X.shape[-2:]) * (2 if is_complex(dtype) else 1)
-    # the certificate's start carries the rounding of the normalising norm (norm_slack)
-    u_w = float(xp.finfo(real_dtype(xp, work_dtype(xp, dtype))).eps) / 2
-    rows, cols = sorted(X.shape[-2:])
-    margin = 2.0 * norm_slack(rows, cols * (2 if is_complex(dtype) else 1), u_w)
+    # the certificate's start carries the rounding of the normalising norm (divisor_slack)
+    margin = 2.0 * divisor_slack(xp, X)
     sched = fixed_step_schedule(
         name, steps, min_sv, float(xp.finfo(real_dtype(xp, dtype)).eps), m, margin
     )

@@ -43,12 +43,13 @@ from typing import Any, NamedTuple
 
 from .._lib.linalg import abs2, pow2_normalise
 from .._lib.mixed import addmm
-from .._lib.namespace import is_complex, mH, real_dtype
+from .._lib.namespace import accumulation_dtype_for, is_complex, mH, real_dtype
 
 __all__ = [
     "MUON_COEFFS",
     "SCHEDULES",
     "Schedule",
+    "divisor_slack",
     "fixed_polar",
     "image",
     "minimax_quintic",
@@ -325,10 +326,21 @@ def norm_slack(m: int, n: int, u: float) -> float:
     return 2.0 * mu + 4.0 * u
 
 
+def divisor_slack(xp: Any, X: Any) -> float:
+    """κ of :func:`fixed_polar` for X (..., M, N) (either orientation): :func:`norm_slack` in
+    the precision the norm is summed in (the accumulation dtype: float64 for float32 and
+    complex64 X on CPU backends, float32 for half X and on accelerators), plus 2u of the
+    working dtype for the divisor's rounding into it."""
+    u_n = float(xp.finfo(real_dtype(xp, accumulation_dtype_for(xp, X))).eps) / 2
+    u_w = float(xp.finfo(real_dtype(xp, work_dtype(xp, X.dtype))).eps) / 2
+    rows, cols = sorted(X.shape[-2:])
+    return norm_slack(rows, cols * (2 if is_complex(X.dtype) else 1), u_n) + 2.0 * u_w
+
+
 def fixed_polar(X: Any, xp: Any, sched: Schedule, eps: float = 0.0) -> Any:
     """The iteration of ``sched`` on wide X (..., M, N), M ≤ N, in X's dtype (GEMMs in the
     input precision, as Muon runs them), from X₀ = X/(s(1 + κ)·‖X‖_F) (κ of
-    :func:`norm_slack`: the computed norm's rounding, so ‖X₀‖₂ ≤ 1/s for every X); the norm
+    :func:`divisor_slack`: the computed norm's rounding, so ‖X₀‖₂ ≤ 1/s for every X); the norm
     of the exactly prescaled 2^{-e}X (:func:`~householderla._lib.linalg.pow2_normalise`),
     so X₀ is the same for every power-of-two multiple of X and exists for every finite X,
     subnormal included; ‖X‖_F clamped below at ``eps`` (Muon's). X = 0 gives 0. Complex X:
@@ -338,16 +350,18 @@ def fixed_polar(X: Any, xp: Any, sched: Schedule, eps: float = 0.0) -> Any:
     work = work_dtype(xp, X.dtype)
     Xw = X if X.dtype == work else xp.astype(X, work)
     Xs, e = pow2_normalise(Xw, xp)
+    acc = accumulation_dtype_for(xp, X)  # float32 for half X, as divisor_slack says
+    Xa = Xs if Xs.dtype == acc else xp.astype(Xs, acc)
     # row sums, then their sum: the error bound of norm_slack, whatever the backend's order
-    nrm = xp.sqrt(xp.sum(xp.sum(abs2(Xs, xp), axis=-1, keepdims=True), axis=-2, keepdims=True))
-    u = float(xp.finfo(real_dtype(xp, work)).eps) / 2
-    cplx = 2 if is_complex(work) else 1
-    kappa = norm_slack(X.shape[-2], cplx * X.shape[-1], u)
+    nrm = xp.sqrt(xp.sum(xp.sum(abs2(Xa, xp), axis=-1, keepdims=True), axis=-2, keepdims=True))
     # eps in the units of 2^{-e}X (inf past the range: then X₀ = X/eps is 0 to rounding);
     # a nonzero 2^{-e}X has ‖·‖_F ≥ 1, so the floor 1 only turns X = 0 into 0 (not 0/0)
     h = xp.floor(0.5 * e)
     floor = xp.clip((eps * 2.0 ** (-h)) * 2.0 ** (h - e), min=1.0)
-    X0 = Xs / ((sched.scale * (1.0 + kappa)) * xp.maximum(nrm, floor))
+    floor = floor if floor.dtype == nrm.dtype else xp.astype(floor, nrm.dtype)
+    d = (sched.scale * (1.0 + divisor_slack(xp, X))) * xp.maximum(nrm, floor)
+    wr = real_dtype(xp, work)
+    X0 = Xs / (d if d.dtype == wr else xp.astype(d, wr))
     X = X0 if X0.dtype == X.dtype else xp.astype(X0, X.dtype)
     for a, b, c in sched.coeffs:
         A = X @ mH(X, xp)
