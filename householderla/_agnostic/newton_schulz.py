@@ -40,6 +40,7 @@ from .ns_bounds import (
     plan_float,
     power_bound,
     power_of_two_scale,
+    scale_cap,
     spectral_bounds,
     stage_plan,
 )
@@ -257,9 +258,11 @@ def polar_impl(
 ) -> tuple[Any, dict[str, Any]]:
     """Polar factor of X (..., N, M), M ≤ N, and an info dict (see :func:`hl.polar`)."""
     xp = kernel_namespace(xp)
-    # polar(2^k X) = polar(X): an exact prescale to max|x| ∈ [1, 2) first, so that every
-    # finite X (subnormal, or near the dtype's largest) has a Gram matrix in range
-    X = pow2_normalise(X, xp)[0]
+    # X beyond the range p of power_of_two_scale covers (subnormal, or half X near its
+    # largest number: p² must be finite in the work dtype) is first scaled into it exactly;
+    # X inside it is untouched (its own scale is the "unscaled" candidate of stage_plan)
+    wr0 = real_dtype(xp, accumulation_dtype_for(xp, X))
+    X = pow2_normalise(X, xp, keep=scale_cap(xp, wr0))[0]
     out = X.dtype
     work = accumulation_dtype_for(xp, X)
     eager = is_eager(X)

@@ -297,7 +297,9 @@ def where0(xp: Any, cond: Any, x: Any) -> Any:
     return xp.where(cond, x, xp.zeros_like(x))
 
 
-def pow2_normalise(X: Any, xp: Any, axis: Any = (-2, -1)) -> tuple[Any, Any]:
+def pow2_normalise(
+    X: Any, xp: Any, axis: Any = (-2, -1), keep: float | None = None
+) -> tuple[Any, Any]:
     """(X·2^{-e}, e) with e = ⌊log₂ m⌋, m = max |x| over ``axis`` (complex: max of |Re x| and
     |Im x|), keepdims, in X's real dtype (float32 for half X); e = 0 where m is 0 or not
     finite (NaN and Inf pass through). The largest entry of the result lies in [1, 2) (up to
@@ -306,8 +308,10 @@ def pow2_normalise(X: Any, xp: Any, axis: Any = (-2, -1)) -> tuple[Any, Any]:
     exponent, subnormal X included (LAPACK's ``dnrm2`` scales for the same reason). 2^{-e}
     does not exist in X's dtype for every e (subnormal X, |e| > 1022 in float64), so it is
     applied as two factors 2^{-h}·2^{-(e-h)}, h = ⌊e/2⌋. Backends that flush subnormals to
-    zero (JAX/XLA on CPU and GPU) see a subnormal X as 0. Elementwise Array API operations
-    only: no value-dependent Python branch (traceable under ``jax.jit``)."""
+    zero (JAX/XLA on CPU and GPU) see a subnormal X as 0. ``keep``: only the part of e
+    beyond [−keep, keep] is removed (X with |e| ≤ keep is returned as it is; the rest lands
+    at |e| = keep). Elementwise Array API operations only: no value-dependent Python branch
+    (traceable under ``jax.jit``)."""
     rd = real_dtype(xp, X.dtype)
     if is_complex(X.dtype):
         m = xp.maximum(
@@ -320,6 +324,8 @@ def pow2_normalise(X: Any, xp: Any, axis: Any = (-2, -1)) -> tuple[Any, Any]:
         m = xp.astype(m, xp.float32)
     ok = (m > 0) & (m <= float(xp.finfo(m.dtype).max))
     e = xp.floor(xp.log2(xp.where(ok, m, xp.ones_like(m))))
+    if keep is not None:
+        e = e - xp.clip(e, min=-keep, max=keep)
     h = xp.floor(0.5 * e)
     f1, f2 = 2.0 ** (-h), 2.0 ** (h - e)
     if f1.dtype != rd:
