@@ -544,9 +544,10 @@ def test_polar_paths_at_every_power_of_two_scale_on_every_backend(
     """polar(2^k X, schedule=…) == polar(X) bit for bit, k anywhere in the dtype's finite
     range with subnormal entries included, for every fixed-step schedule (the certified one
     among them) and the Newton–Schulz polar, and the certified bound holds at every scale
-    (the fixed-step norm is taken after an exact power-of-two scaling, the Newton–Schulz
-    polar prescales likewise). Half precision on torch and JAX. JAX flushes subnormals to
-    zero: the range starts at its smallest normal there."""
+    (the fixed-step norm is taken after an exact power-of-two scaling); the Newton–Schulz
+    polar to rounding (it scales out-of-range X into range exactly, and keeps the scale of
+    X inside it). Half precision on torch and JAX. JAX flushes subnormals to zero: the
+    range starts at its smallest normal there."""
     bk = bk_eager
     names = sorted(SCALE_DTYPES)
     if not bk.name.startswith(("torch", "jax")):
@@ -564,7 +565,13 @@ def test_polar_paths_at_every_power_of_two_scale_on_every_backend(
     ref, info = hl.polar(_on(bk, X, name), schedule=path, return_info=True)
     got = hl.polar(_on(bk, Xk, name), schedule=path)
     a, b = _values(ref), _values(got)
-    assert np.all(np.isfinite(b)) and np.array_equal(a, b), (name, k, np.max(np.abs(a - b)))
+    assert np.all(np.isfinite(b))
+    if path is None:  # in range, the plan may pick another scale for 2^k X: to rounding
+        half_eps = {"bfloat16": 2.0**-7, "float16": 2.0**-10}
+        tol = 4 * half_eps[name] if name in half_eps else 1e3 * EPS[SCALE_DTYPES[name][0]]
+        np.testing.assert_allclose(b, a, rtol=0, atol=tol, err_msg=f"{name} {k}")
+    else:
+        assert np.array_equal(a, b), (name, k, np.max(np.abs(a - b)))
     if path is not None:
         wide_dt = np.complex128 if np.iscomplexobj(b) else np.float64
         s = np.linalg.svd(b.astype(wide_dt), compute_uv=False)
