@@ -24,7 +24,7 @@ from ._lib.checks import (
     check_reflectors,
 )
 from ._lib.jit import jit_for
-from ._lib.linalg import eye_like
+from ._lib.linalg import eye_like, pow2_normalise
 from ._lib.namespace import (
     accumulation_dtype_for,
     device_of,
@@ -159,6 +159,9 @@ def _inverse(A: Any, xp: Any, name: str, return_phases: bool) -> Any:
     check_finite_norms(xp.max(xp.abs(A), axis=-2, keepdims=True), xp, name)
     acc = accumulation_dtype_for(xp, A)
     Aa = A if A.dtype == acc else xp.astype(A, acc)
+    # the Q factor of A·D is A's for positive diagonal D: each column scaled exactly to
+    # max ∈ [1, 2) (subnormal and huge columns alike), the reflectors then see no underflow
+    Aa = pow2_normalise(Aa, xp, axis=-2)[0]
     if cplx:
         V, theta = jit_for(xp, unitary_qr_reflectors, ())(Aa)
         theta = theta if theta.dtype == rdtype else xp.astype(theta, rdtype)

@@ -480,3 +480,119 @@ def test_every_public_function_in_every_torch_layout(name):
                                    atol=100 * EPS[np.float64], err_msg=how)  # fmt: skip
         for a, c, v in zip(args, copies, versions, strict=True):
             assert a._version == v and torch.equal(a, c), f"{name} wrote into its {how} input"
+
+
+# -- issue 41: every power-of-two scale, subnormals included -----------------------------------
+
+#: the fixed-step schedules and the Newton–Schulz polar (None)
+POLAR_PATHS = (None, "newton_schulz", "muon", "polar_express", "certified")
+#: name → (numpy dtype of the values, exponent range of 2^k·X for X with entries m/8,
+#: |m| ≤ 17: from the smallest subnormal + 3 bits to the largest finite / 4)
+SCALE_DTYPES = {
+    "float64": (np.float64, -1071, 1020),
+    "float32": (np.float32, -146, 125),
+    "complex128": (np.complex128, -1071, 1020),
+    "complex64": (np.complex64, -146, 125),
+    "bfloat16": (np.float32, -130, 125),
+    "float16": (np.float32, -21, 13),
+}
+
+
+def exactly_scalable(rng, shape, cplx):
+    """Entries m/8, |m| ≤ 17 (5 significant bits): 2^k·X is exact over SCALE_DTYPES' range."""
+    X = rng.integers(-17, 18, shape) / 8.0
+    return X + 1j * rng.integers(-17, 18, shape) / 8.0 if cplx else X
+
+
+def _ldexp(X, k):
+    if np.iscomplexobj(X):
+        return _ldexp(X.real, k) + 1j * _ldexp(X.imag, k)
+    return np.ldexp(X, k)
+
+
+def _on(bk, X, name):
+    """X (values exact in ``name``) as ``bk``'s array of dtype ``name``."""
+    if name in ("bfloat16", "float16"):
+        return bk.xp.astype(bk.asarray(X, np.float32), getattr(bk.xp, name))
+    return bk.asarray(X, SCALE_DTYPES[name][0])
+
+
+def _values(Q):
+    if hasattr(Q, "detach") and not Q.is_complex():
+        Q = Q.detach().float()
+    elif "bfloat16" in str(Q.dtype):
+        Q = Q.astype("float32")
+    return to_numpy(Q)
+
+
+#: the smallest k of SCALE_DTYPES on JAX, whose XLA flushes subnormal numbers to zero
+JAX_LOWEST = {"float64": -1018, "complex128": -1018, "float32": -122, "complex64": -122,
+              "bfloat16": -122, "float16": -10}  # fmt: skip
+
+
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    data=st.data(),
+    path=st.sampled_from(POLAR_PATHS),
+    frac=st.floats(0.0, 1.0),
+    wide=st.booleans(),
+)
+@examples(25)
+def test_polar_paths_at_every_power_of_two_scale_on_every_backend(
+    bk_eager, seed, data, path, frac, wide
+):
+    """polar(2^k X, schedule=…) == polar(X) bit for bit, k anywhere in the dtype's finite
+    range with subnormal entries included, for every fixed-step schedule (the certified one
+    among them) and the Newton–Schulz polar, and the certified bound holds at every scale
+    (the fixed-step norm is taken after an exact power-of-two scaling); the Newton–Schulz
+    polar to rounding (it scales out-of-range X into range exactly, and keeps the scale of
+    X inside it). Half precision on torch and JAX. JAX flushes subnormals to zero: the
+    range starts at its smallest normal there."""
+    bk = bk_eager
+    names = sorted(SCALE_DTYPES)
+    if not bk.name.startswith(("torch", "jax")):
+        names = [n for n in names if n not in ("bfloat16", "float16")]
+    name = data.draw(st.sampled_from(names))
+    _, lo, hi = SCALE_DTYPES[name]
+    if bk.name.startswith("jax"):
+        lo = JAX_LOWEST[name]
+    k = round(lo + frac * (hi - lo))
+    rng = np.random.default_rng(seed)
+    shape = few_shapes(bk, (6, 9) if wide else (9, 6), [(9, 6), (6, 9)], seed)
+    X = exactly_scalable(rng, shape, name.startswith("complex")) + 2.0 * np.eye(*shape)
+    Xk = _ldexp(X, k)
+    assert np.array_equal(_ldexp(Xk, -k), X)
+    ref, info = hl.polar(_on(bk, X, name), schedule=path, return_info=True)
+    got = hl.polar(_on(bk, Xk, name), schedule=path)
+    a, b = _values(ref), _values(got)
+    assert np.all(np.isfinite(b))
+    if path is None:  # in range, the plan may pick another scale for 2^k X: to rounding
+        half_eps = {"bfloat16": 2.0**-7, "float16": 2.0**-10}
+        tol = 4 * half_eps[name] if name in half_eps else 1e3 * EPS[SCALE_DTYPES[name][0]]
+        np.testing.assert_allclose(b, a, rtol=0, atol=tol, err_msg=f"{name} {k}")
+    else:
+        assert np.array_equal(a, b), (name, k, np.max(np.abs(a - b)))
+    if path is not None:
+        wide_dt = np.complex128 if np.iscomplexobj(b) else np.float64
+        s = np.linalg.svd(b.astype(wide_dt), compute_uv=False)
+        assert s.max() <= info["upper"], (s.max(), info["upper"])
+
+
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    n=st.integers(2, 6),
+    frac=st.floats(0.0, 1.0),
+)
+@examples(12)
+def test_constructive_inverse_at_every_power_of_two_scale(bk_eager, seed, n, frac):
+    """householder_vectors(2^k A) == householder_vectors(A) bit for bit, k over the whole
+    float64 range, subnormal A included (was 6e-4 off at 1e-320): every column is scaled
+    exactly before the reflectors are formed (not on JAX, which flushes subnormals)."""
+    bk = bk_eager
+    lo = -1018 if bk.name.startswith("jax") else -1071
+    k = round(lo + frac * (1020 - lo))
+    n = few_shapes(bk, n, [3, 5], seed)
+    A = exactly_scalable(np.random.default_rng(seed), (n, n), False) + 3.0 * np.eye(n)
+    ref = to_numpy(hl.householder_vectors(bk.asarray(A)))
+    got = to_numpy(hl.householder_vectors(bk.asarray(_ldexp(A, k))))
+    assert np.array_equal(ref, got), (k, np.max(np.abs(ref - got)))

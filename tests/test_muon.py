@@ -274,3 +274,29 @@ def test_jax_muon_schedule_and_errors():
         tx.update({"W": jnp.ones((3, 5))}, state)
     with pytest.raises(ValueError, match="schedule must be one of"):
         hl.jax.muon(schedule="bogus")
+
+
+@pytest.mark.parametrize("ns_dtype", [torch.float32, torch.bfloat16])
+def test_update_is_the_same_at_every_power_of_two_gradient_scale(ns_dtype):
+    """Muon's update from 2^k·G is the update from G, bit for bit, wherever ‖2^k G‖_F ≥ eps
+    (torch.optim.Muon's clamp), over float32's range: the norm is taken after an exact
+    power-of-two scaling (issue 41: float32 failed around 1e±20…1e±30). With eps = 0,
+    subnormal gradients too."""
+    rng = np.random.default_rng(12)
+    G = (rng.integers(-17, 18, (24, 40)) / 8.0).astype(np.float32)  # 2^k·G exact
+
+    def update(k, eps):
+        p = torch.nn.Parameter(torch.zeros(24, 40))
+        opt = hl.torch.Muon([p], lr=1.0, momentum=0.0, nesterov=False, weight_decay=0.0,
+                            eps=eps, ns_dtype=ns_dtype)  # fmt: skip
+        p.grad = torch.as_tensor(np.ldexp(G, k).astype(np.float32))
+        opt.step()
+        return p.detach().numpy()
+
+    ref = update(0, 1e-7)
+    assert np.all(np.isfinite(ref)) and np.abs(ref).max() > 0.05
+    for k in (-20, -60, 30, 90, 122):
+        assert np.array_equal(update(k, 1e-7 if k > -30 else 0.0), ref), k
+    # subnormal entries (bfloat16's spacing there is 2^-133, float32's 2^-149), eps = 0
+    for k in (-129, -130) if ns_dtype == torch.bfloat16 else (-135, -140):
+        assert np.array_equal(update(k, 0.0), ref), k

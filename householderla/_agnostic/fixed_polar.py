@@ -12,7 +12,7 @@ from typing import Any
 from .._lib.checks import check_finite_columns
 from .._lib.jit import jit_for
 from .._lib.namespace import is_complex, mT, real_dtype, resolve
-from .polar_schedules import SCHEDULES, fixed_polar, schedule, schedule_of
+from .polar_schedules import SCHEDULES, divisor_slack, fixed_polar, schedule, schedule_of
 
 __all__ = [
     "ADJUST_LR",
@@ -40,7 +40,9 @@ def adjusted_lr(lr: Any, adjust_lr_fn: str | None, shape: tuple[int, ...]) -> An
     return lr * 0.2 * math.sqrt(max(A, B))
 
 
-def fixed_step_schedule(name: Any, steps: Any, min_sv: Any, dtype_eps: float, m: int) -> Any:
+def fixed_step_schedule(
+    name: Any, steps: Any, min_sv: Any, dtype_eps: float, m: int, margin: float = 0.0
+) -> Any:
     """The validated :func:`~householderla._agnostic.polar_schedules.schedule` for a call."""
     if name not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES} or None; got {name!r}")
@@ -49,7 +51,7 @@ def fixed_step_schedule(name: Any, steps: Any, min_sv: Any, dtype_eps: float, m:
         raise ValueError(f"steps must be an integer in [1, {MAX_STEPS}); got {steps!r}")
     if isinstance(min_sv, bool) or not (isinstance(min_sv, (int, float)) and 0 < min_sv < 1):
         raise ValueError(f"min_sv must be a number in (0, 1); got {min_sv!r}")
-    return schedule(name, int(steps), float(min_sv), dtype_eps / 2, max(int(m), 1))
+    return schedule(name, int(steps), float(min_sv), dtype_eps / 2, max(int(m), 1), margin)
 
 
 def _iterate(xp: Any, X: Any, sched: Any, eps: float = 0.0) -> Any:
@@ -96,7 +98,11 @@ def fixed_step_polar(X: Any, name: Any, steps: Any, min_sv: Any, return_info: bo
     # complex X: each entry of XXᴴ is a real inner product of length 2M per real and
     # imaginary part, so the rounding model of M × N real steps is taken at 2M
     m = min(X.shape[-2:]) * (2 if is_complex(dtype) else 1)
-    sched = fixed_step_schedule(name, steps, min_sv, float(xp.finfo(real_dtype(xp, dtype)).eps), m)
+    # the certificate's start carries the rounding of the normalising norm (divisor_slack)
+    margin = 2.0 * divisor_slack(xp, X)
+    sched = fixed_step_schedule(
+        name, steps, min_sv, float(xp.finfo(real_dtype(xp, dtype)).eps), m, margin
+    )
     info = {
         "method": "fixed-step",
         "schedule": sched.name,

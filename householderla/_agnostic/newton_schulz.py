@@ -17,7 +17,7 @@ import numpy as np
 
 from .._lib.checks import RankDeficientError, check_finite_columns
 from .._lib.jit import host, jit_for, kernel_namespace, select
-from .._lib.linalg import eye_like
+from .._lib.linalg import eye_like, pow2_normalise
 from .._lib.mixed import has_wide_matmul, matmul_acc, matmul_split
 from .._lib.namespace import accumulation_dtype_for, device_of, is_half, mH, mT, real_dtype
 from .._lib.tracing import is_eager
@@ -35,6 +35,7 @@ from .ns_bounds import (
     plan_float,
     power_bound,
     power_of_two_scale,
+    scale_cap,
     spectral_bounds,
     stage_plan,
 )
@@ -246,6 +247,11 @@ def polar_impl(
 ) -> tuple[Any, dict[str, Any]]:
     """Polar factor of X (..., N, M), M ≤ N, and an info dict (see :func:`hl.polar`)."""
     xp = kernel_namespace(xp)
+    # X beyond the range p of power_of_two_scale covers (subnormal, or half X near its
+    # largest number: p² must be finite in the work dtype) is first scaled into it exactly;
+    # X inside it is untouched (its own scale is the "unscaled" candidate of stage_plan)
+    wr0 = real_dtype(xp, accumulation_dtype_for(xp, X))
+    X = pow2_normalise(X, xp, keep=scale_cap(xp, wr0))[0]
     out = X.dtype
     work = accumulation_dtype_for(xp, X)
     eager = is_eager(X)

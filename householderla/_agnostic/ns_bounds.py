@@ -31,6 +31,7 @@ __all__ = [
     "plan_float",
     "power_bound",
     "power_of_two_scale",
+    "scale_cap",
     "spectral_bounds",
     "stage_plan",
 ]
@@ -147,8 +148,14 @@ def power_of_two_scale(X: Any, xp: Any) -> Any:
     underflows. Shape (...)."""
     m = xp.max(xp.abs(X), axis=(-2, -1))
     e = xp.floor(xp.log2(xp.where(m > 0, m, xp.ones_like(m))))
-    cap = float(math.floor(math.log2(float(xp.finfo(real_dtype(xp, X.dtype)).max)) / 2) - 2)
+    cap = scale_cap(xp, real_dtype(xp, X.dtype))
     return 2.0 ** (-xp.minimum(xp.maximum(e, -cap), cap))
+
+
+def scale_cap(xp: Any, dtype: Any) -> float:
+    """The largest |e| :func:`power_of_two_scale` applies in ``dtype`` (p² stays finite):
+    509 in float64, 61 in float32; larger X is prescaled into it first."""
+    return float(math.floor(math.log2(float(xp.finfo(dtype).max)) / 2) - 2)
 
 
 def stage_plan(xp: Any, lo: Any, hi: Any, p: Any, tol: float) -> tuple[Any, Any]:

@@ -16,19 +16,23 @@ import functools
 import math
 from typing import Any, NamedTuple
 
+from .._lib.linalg import abs2, pow2_normalise
 from .._lib.mixed import addmm
-from .._lib.namespace import is_complex, mH, real_dtype
+from .._lib.namespace import accumulation_dtype_for, is_complex, mH, real_dtype
 
 __all__ = [
     "MUON_COEFFS",
     "SCHEDULES",
     "Schedule",
+    "divisor_slack",
     "fixed_polar",
     "image",
     "minimax_quintic",
+    "norm_slack",
     "rounding_gamma",
     "schedule",
     "schedule_of",
+    "work_dtype",
 ]
 
 #: Muon's quintic (Jordan et al., Muon, 2024; ``torch.optim.Muon``'s default).
@@ -209,13 +213,16 @@ def _certified(steps: int, ell: float, u: float, gamma: float) -> list[tuple[flo
     return out
 
 
-def _lower_threshold(coeffs: list, s: float, u: float, gamma: float) -> float | None:
+def _lower_threshold(
+    coeffs: list, s: float, u: float, gamma: float, margin: float = 0.0
+) -> float | None:
     """The smallest ℓ ∈ [10⁻⁶, 1] whose model interval starts at ½ or above (bisection on
     log ℓ; the lower end is nondecreasing in ℓ on that range for these schedules), None if
     even ℓ = 1 does not."""
 
     def ok(ell: float) -> bool:
-        return _propagate(coeffs, (ell * (1.0 - u) - u) / s, (1.0 + u) / s, u, gamma)[0] >= 0.5
+        start = (ell * (1.0 - u) / (1.0 + margin) - u) / s
+        return _propagate(coeffs, start, (1.0 + u) / s, u, gamma)[0] >= 0.5
 
     if not ok(1.0):
         return None
@@ -229,11 +236,14 @@ def _lower_threshold(coeffs: list, s: float, u: float, gamma: float) -> float | 
 
 
 @functools.cache
-def schedule(name: str, steps: int, min_sv: float, u: float, m: int) -> Schedule:
+def schedule(
+    name: str, steps: int, min_sv: float, u: float, m: int, margin: float = 0.0
+) -> Schedule:
     """The schedule ``name`` for ``steps`` iterations in a precision of unit roundoff ``u``
     on M × N matrices (M = ``m`` ≤ N), with its certificate for σ(X) ≥ ``min_sv``·‖X‖_F:
     the interval propagated through the polynomials, in exact arithmetic and under the
-    rounding model (the normalisation rounds X₀ by at most u·‖X₀‖_F = u/s)."""
+    rounding model (the normalisation rounds X₀ by at most u·‖X₀‖_F = u/s; ``margin``:
+    X₀'s divisor is at most (1 + margin)·s‖X‖_F, :func:`norm_slack`)."""
     gamma = rounding_gamma(m)
     if name == "newton_schulz":
         coeffs, s = [CUBIC_COEFFS] * steps, 1.0
@@ -249,36 +259,84 @@ def schedule(name: str, steps: int, min_sv: float, u: float, m: int) -> Schedule
         coeffs, s = _certified(steps, max(min_sv, u), u, gamma), 1.0
     else:  # pragma: no cover - the public function validated the name
         raise ValueError(name)
-    return schedule_of(name, tuple(coeffs), s, min_sv, u, m)
+    return schedule_of(name, tuple(coeffs), s, min_sv, u, m, margin)
 
 
 @functools.cache
 def schedule_of(
     name: str, coeffs: tuple[tuple[float, float, float], ...], s: float, min_sv: float,
-    u: float, m: int,
+    u: float, m: int, margin: float = 0.0,
 ) -> Schedule:  # fmt: skip
-    """A :class:`Schedule` of given coefficients and scale, with its certificate."""
+    """A :class:`Schedule` of given coefficients and scale, with its certificate (``margin``
+    as in :func:`schedule`: it lowers the start of the interval, never its upper end)."""
     gamma = rounding_gamma(m)
     e_lo, e_hi, _ = _propagate(list(coeffs), min_sv / s, 1.0 / s, 0.0, gamma)
-    lo, hi, top = _propagate(list(coeffs), (min_sv * (1.0 - u) - u) / s, (1.0 + u) / s, u, gamma)
-    ell = _lower_threshold(list(coeffs), s, u, gamma)
+    start = (min_sv * (1.0 - u) / (1.0 + margin) - u) / s
+    lo, hi, top = _propagate(list(coeffs), start, (1.0 + u) / s, u, gamma)
+    ell = _lower_threshold(list(coeffs), s, u, gamma, margin)
     return Schedule(name, tuple(coeffs), s, min_sv, (lo, hi), (e_lo, e_hi), top, ell)
+
+
+def work_dtype(xp: Any, dtype: Any) -> Any:
+    """The dtype of X₀ = X/(s‖X‖_F): X's for complex and float64 X, else float32."""
+    if is_complex(dtype) or dtype == xp.float64:
+        return dtype
+    return xp.float32
+
+
+def norm_slack(m: int, n: int, u: float) -> float:
+    """κ such that κ ≥ 2μ + 4u, μ the relative error bound of the Frobenius norm of an m × n
+    matrix (n counted twice for complex entries, |x|² = Re² + Im²) computed in unit roundoff
+    u as the square root of a sum of row sums of squares, in any summation order: each of
+    the m·n squares reaches the total through at most n + m − 1 rounded additions and one
+    rounded product, so the sum is Σx²(1 + θ), |θ| ≤ γ_{n+m} = (n + m)u/(1 − (n + m)u)
+    (Higham 2002, *Accuracy and Stability of Numerical Algorithms*, SIAM, Lemma 3.1 and
+    §4.2), and the rounded square root adds u: μ = γ_{n+m+2} + u bounds |‖X‖ˆ − ‖X‖|/‖X‖.
+    Dividing by fl(s(1 + κ)·‖X‖ˆ) ≥ s‖X‖_F then holds for every backend's reduction order,
+    and the divisor is at most s(1 + 2κ)‖X‖_F (the certificate's ``margin`` = 2κ)."""
+    k = n + m + 2
+    if k * u >= 0.25:  # pragma: no cover - 2²² × 2²² float32 entries and beyond
+        return 1.0
+    mu = k * u / (1.0 - k * u) + u
+    return 2.0 * mu + 4.0 * u
+
+
+def divisor_slack(xp: Any, X: Any) -> float:
+    """κ of :func:`fixed_polar` for X (..., M, N) (either orientation): :func:`norm_slack` in
+    the precision the norm is summed in (the accumulation dtype: float64 for float32 and
+    complex64 X on CPU backends, float32 for half X and on accelerators), plus 2u of the
+    working dtype for the divisor's rounding into it."""
+    u_n = float(xp.finfo(real_dtype(xp, accumulation_dtype_for(xp, X))).eps) / 2
+    u_w = float(xp.finfo(real_dtype(xp, work_dtype(xp, X.dtype))).eps) / 2
+    rows, cols = sorted(X.shape[-2:])
+    return norm_slack(rows, cols * (2 if is_complex(X.dtype) else 1), u_n) + 2.0 * u_w
 
 
 def fixed_polar(X: Any, xp: Any, sched: Schedule, eps: float = 0.0) -> Any:
     """The iteration of ``sched`` on wide X (..., M, N), M ≤ N, in X's dtype (GEMMs in the
-    input precision, as Muon runs them); the Frobenius norm in float32 or better, clamped
-    below at ``eps`` (and at a tiny multiple of the smallest normal number: X = 0 gives 0).
-    Complex X: A = XXᴴ, the same map on the singular values."""
-    if is_complex(X.dtype):
-        work = X.dtype
-    else:
-        work = xp.float64 if X.dtype == xp.float64 else xp.float32
+    input precision, as Muon runs them), from X₀ = X/(s(1 + κ)·‖X‖_F) (κ of
+    :func:`divisor_slack`: the computed norm's rounding, so ‖X₀‖₂ ≤ 1/s for every X); the norm
+    of the exactly prescaled 2^{-e}X (:func:`~householderla._lib.linalg.pow2_normalise`),
+    so X₀ is the same for every power-of-two multiple of X and exists for every finite X,
+    subnormal included; ‖X‖_F clamped below at ``eps`` (Muon's). X = 0 gives 0. Complex X:
+    A = XXᴴ, the same map on the singular values."""
+    if math.prod(X.shape) == 0:
+        return X
+    work = work_dtype(xp, X.dtype)
     Xw = X if X.dtype == work else xp.astype(X, work)
-    nrm = xp.linalg.vector_norm(Xw, axis=(-2, -1), keepdims=True)
-    fi = xp.finfo(real_dtype(xp, work))
-    floor = max(eps, float(fi.smallest_normal) / float(fi.eps))
-    X0 = Xw / (sched.scale * xp.clip(nrm, min=floor))
+    Xs, e = pow2_normalise(Xw, xp)
+    acc = accumulation_dtype_for(xp, X)  # float32 for half X, as divisor_slack says
+    Xa = Xs if Xs.dtype == acc else xp.astype(Xs, acc)
+    # row sums, then their sum: the error bound of norm_slack, whatever the backend's order
+    nrm = xp.sqrt(xp.sum(xp.sum(abs2(Xa, xp), axis=-1, keepdims=True), axis=-2, keepdims=True))
+    # eps in the units of 2^{-e}X (inf past the range: then X₀ = X/eps is 0 to rounding);
+    # a nonzero 2^{-e}X has ‖·‖_F ≥ 1, so the floor 1 only turns X = 0 into 0 (not 0/0)
+    h = xp.floor(0.5 * e)
+    floor = xp.clip((eps * 2.0 ** (-h)) * 2.0 ** (h - e), min=1.0)
+    floor = floor if floor.dtype == nrm.dtype else xp.astype(floor, nrm.dtype)
+    d = (sched.scale * (1.0 + divisor_slack(xp, X))) * xp.maximum(nrm, floor)
+    wr = real_dtype(xp, work)
+    X0 = Xs / (d if d.dtype == wr else xp.astype(d, wr))
     X = X0 if X0.dtype == X.dtype else xp.astype(X0, X.dtype)
     for a, b, c in sched.coeffs:
         A = X @ mH(X, xp)

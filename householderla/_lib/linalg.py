@@ -15,7 +15,7 @@ import array_api_compat as aac
 import numpy as np
 
 from .blas import gemm_available, gemm_subtract
-from .namespace import device_of, is_complex, mH, mT
+from .namespace import device_of, is_complex, is_half, mH, mT, real_dtype
 
 __all__ = [
     "abs2",
@@ -24,6 +24,7 @@ __all__ = [
     "inv_upper_triangular",
     "inv_upper_triangular_recursive",
     "own_numpy",
+    "pow2_normalise",
     "real_dot",
     "row_major_copy",
     "solve_upper_triangular",
@@ -285,3 +286,39 @@ def sum_to_shape(x: Any, shape: tuple[int, ...], xp: Any) -> Any:
 def where0(xp: Any, cond: Any, x: Any) -> Any:
     """``x`` where ``cond`` else 0, without evaluating anything unsafe."""
     return xp.where(cond, x, xp.zeros_like(x))
+
+
+def pow2_normalise(
+    X: Any, xp: Any, axis: Any = (-2, -1), keep: float | None = None
+) -> tuple[Any, Any]:
+    """(X·2^{-e}, e) with e = ⌊log₂ m⌋, m = max |x| over ``axis`` (complex: max of |Re x| and
+    |Im x|), keepdims, in X's real dtype (float32 for half X); e = 0 where m is 0 or not
+    finite (NaN and Inf pass through). The largest entry of the result lies in [1, 2) (up to
+    the rounding of log₂), so sums of squares of it neither overflow nor lose the scale to
+    underflow, and the scaling is exact: a multiplication by a power of two only moves the
+    exponent, subnormal X included (LAPACK's ``dnrm2`` scales for the same reason). 2^{-e}
+    does not exist in X's dtype for every e (subnormal X, |e| > 1022 in float64), so it is
+    applied as two factors 2^{-h}·2^{-(e-h)}, h = ⌊e/2⌋. Backends that flush subnormals to
+    zero (JAX/XLA on CPU and GPU) see a subnormal X as 0. ``keep``: only the part of e
+    beyond [−keep, keep] is removed (X with |e| ≤ keep is returned as it is; the rest lands
+    at |e| = keep). Elementwise Array API operations only: no value-dependent Python branch
+    (traceable under ``jax.jit``)."""
+    rd = real_dtype(xp, X.dtype)
+    if is_complex(X.dtype):
+        m = xp.maximum(
+            xp.max(xp.abs(xp.real(X)), axis=axis, keepdims=True),
+            xp.max(xp.abs(xp.imag(X)), axis=axis, keepdims=True),
+        )
+    else:
+        m = xp.max(xp.abs(X), axis=axis, keepdims=True)
+    if is_half(xp, rd):
+        m = xp.astype(m, xp.float32)
+    ok = (m > 0) & (m <= float(xp.finfo(m.dtype).max))
+    e = xp.floor(xp.log2(xp.where(ok, m, xp.ones_like(m))))
+    if keep is not None:
+        e = e - xp.clip(e, min=-keep, max=keep)
+    h = xp.floor(0.5 * e)
+    f1, f2 = 2.0 ** (-h), 2.0 ** (h - e)
+    if f1.dtype != rd:
+        f1, f2 = xp.astype(f1, rd), xp.astype(f2, rd)
+    return (X * f1) * f2, e
