@@ -52,7 +52,7 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check householderla tests benchmarks examples
 
 unit: $(STAMP)
-	HL_TEST_BACKENDS=$(HL_TEST_BACKENDS) $(PY) -m pytest -n $(PYTEST_WORKERS) -q
+	HL_TEST_BACKENDS=$(HL_TEST_BACKENDS) $(PY) -m pytest -n $(PYTEST_WORKERS) -q --durations=30
 
 unit-long: $(STAMP)
 	HL_TEST_LONG=1 HL_TEST_BACKENDS=$(HL_TEST_BACKENDS) $(PY) -m pytest -n $(PYTEST_WORKERS) -q

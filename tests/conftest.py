@@ -25,7 +25,20 @@ Test time (``make test`` vs ``make test-long``). ``HL_TEST_LONG=1`` selects the 
 profile (more examples), runs the tests marked ``long`` (skipped, with the reason, otherwise) and
 lets the property tests draw their full shape ranges on backends that compile per shape
 (``Backend.compiles``: JAX), which otherwise draw from a few fixed shapes (``few_shapes``) so the
-compilations are cached across examples and tests.
+compilations are cached across examples and tests. Outside ``make test-long``, JAX (whose time is
+compiling and tracing: ~95% of the suite's time) also runs less of the matrix, with every case
+still run on JAX once and the full matrix in ``make test-long``:
+
+- jax / jax_jit split (``pytest_collection_modifyitems``): a ``bk``-parametrised test with more
+  than one case per backend runs each case on one of jax and jax_jit (alternating over its
+  cases, so both run some); a test with one case per backend keeps both, unless marked
+  ``jax_split``.
+  ``@pytest.mark.jax_both("why")`` keeps every case on both.
+- hypothesis on JAX (``pytest_runtest_call``): a property test's JAX cases draw
+  ``jax_examples(n)`` of its ``n`` examples (the first ones of the same derandomized sequence),
+  all examples on the other backends.
+- ``Backend.call`` under jax_jit reuses one jitted wrapper for functions of the same code and the
+  same closed-over values (fresh lambdas per call otherwise retrace and recompile every call).
 """
 
 from __future__ import annotations
@@ -153,13 +166,53 @@ class Backend:
         """``fn(*args)``, under ``jax.jit`` for the jax_jit backend; for dask, asserting that
         building the result runs no Dask task (products with Dask operands are lazy)."""
         if self.jit:
-            return self.jit(fn)(*args)
+            return _jitted(self.jit, fn)(*args)
         if self.operand_only:
             return _lazy_call(fn, *args)
         return fn(*args)
 
     def __repr__(self) -> str:
         return self.name
+
+
+_JITTED: dict[Any, Callable] = {}
+
+
+def _typed(v: Any) -> Any:
+    """``v`` tagged with its type, through tuples (``1 == 1.0 == True`` are one dict key)."""
+    if isinstance(v, tuple):
+        return (type(v), tuple(_typed(x) for x in v))
+    return (type(v), v)
+
+
+def _jitted(jit: Callable[[Callable], Callable], fn: Callable) -> Callable:
+    """``jit(fn)``, one wrapper per function *behaviour*: ``jax.jit`` caches traces by function
+    identity, so ``bk.call(lambda ...)`` in a loop or a property test (a fresh function object
+    per call) retraced, lowered and compiled again on every call. Two plain functions with the
+    same code, defaults, globals and closed-over values (equal, of the same type) compute the
+    same thing, so they share one wrapper; a closure over an unhashable value (an array) or any
+    other callable gets ``jit(fn)`` as before. The cache is emptied before every test (a
+    monkeypatched module constant read at trace time must not meet a trace of the same code
+    made before the patch)."""
+    key: Any = fn
+    code = getattr(fn, "__code__", None)
+    if code is not None and hasattr(fn, "__globals__"):
+        try:
+            cells = _typed(tuple(c.cell_contents for c in fn.__closure__ or ()))
+            kw = _typed(tuple(sorted((fn.__kwdefaults__ or {}).items())))
+            key = (jit, code, id(fn.__globals__), _typed(fn.__defaults__), kw, cells)
+            hash(key)
+        except (TypeError, ValueError):  # unhashable closed-over value; an empty cell
+            return jit(fn)
+    else:
+        try:
+            key = (jit, fn)
+            hash(key)
+        except TypeError:
+            return jit(fn)
+    if key not in _JITTED:
+        _JITTED[key] = jit(fn)
+    return _JITTED[key]
 
 
 def _lazy_call(fn: Callable, *args: Any) -> Any:
@@ -334,6 +387,9 @@ def pytest_configure(config: pytest.Config) -> None:
     recur across tests (check_grads' fresh closures, the same op on the same shapes) and across
     the workers. Measured on the JAX adapter and SVD tests: 13 % less CPU time. The cache is
     removed at the end; set ``JAX_COMPILATION_CACHE_DIR`` to keep one across runs instead."""
+    config.addinivalue_line(
+        "markers", "jax_both(reason): every case runs on both jax and jax_jit in `make test`"
+    )
     if os.environ.get("PYTEST_XDIST_WORKER") or "JAX_COMPILATION_CACHE_DIR" in os.environ:
         return
     path = tempfile.mkdtemp(prefix="hl-test-jax-cache-")
@@ -341,6 +397,80 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = path
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+
+def jax_examples(n: int) -> int:
+    """How many of a property test's ``n`` hypothesis examples its JAX cases run outside
+    ``make test-long`` (two in five, at least 5): they run on the few fixed shapes of
+    ``helpers.few_shapes``, so further examples repeat compiled programs on other values, while
+    tracing and dispatch still cost every example; the other backends run all ``n``."""
+    return min(n, max(5, (2 * n + 4) // 5))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """A hypothesis test's JAX case (``bk``/``bk_eager`` = jax, jax_jit) runs
+    ``jax_examples(n)`` examples outside ``make test-long`` and ``make fuzz`` (see the module
+    docstring): the settings hypothesis reads at call time are swapped for the call only."""
+    fn = getattr(item, "obj", None)
+    current = getattr(fn, "_hypothesis_internal_use_settings", None)
+    callspec = getattr(item, "callspec", None)
+    backend = None
+    if callspec is not None:
+        backend = callspec.params.get("bk", callspec.params.get("bk_eager"))
+    profile = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+    if current is None or LONG or profile != "ci" or backend not in ("jax", "jax_jit"):
+        yield
+        return
+    fn._hypothesis_internal_use_settings = settings(
+        current, max_examples=jax_examples(current.max_examples)
+    )
+    try:
+        yield
+    finally:
+        fn._hypothesis_internal_use_settings = current
+
+
+def _others(callspec: Any, backend: str) -> str:
+    """A case's id without its backend (stable across processes, unlike reprs)."""
+    return "-".join(p for p in callspec.id.split("-") if p != backend)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Outside ``make test-long``: the jax / jax_jit split of the module docstring. Per test
+    function, its cases (ids without the backend) in the order of a hash of the id (so each
+    value of a parameter, a dtype say, lands on both backends) alternate between jax (even)
+    and jax_jit (odd): every case runs on one JAX backend, both run some when there are two or
+    more; the other is skipped with the reason. Deterministic from the ids, so every xdist
+    worker decides alike."""
+    if LONG:
+        return
+    cases: dict[tuple[str, str], set[str]] = {}
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        backend = callspec.params.get("bk") if callspec is not None else None
+        if backend in ("jax", "jax_jit"):
+            key = (item.module.__name__ if item.module else "", item.originalname)
+            cases.setdefault(key, set()).add(_others(callspec, backend))
+    order = {
+        key: {c: i for i, c in enumerate(sorted(ids, key=lambda c: (zlib.crc32(c.encode()), c)))}
+        for key, ids in cases.items()
+    }
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        backend = callspec.params.get("bk") if callspec is not None else None
+        if backend not in ("jax", "jax_jit") or item.get_closest_marker("jax_both") is not None:
+            continue
+        key = (item.module.__name__ if item.module else "", item.originalname)
+        if len(order[key]) < 2 and item.get_closest_marker("jax_split") is None:
+            continue
+        runs_on = ("jax", "jax_jit")[order[key][_others(callspec, backend)] % 2]
+        if backend != runs_on:
+            item.add_marker(
+                pytest.mark.skip(
+                    reason=f"jax_split: this case runs on {runs_on} here, on both in test-long"
+                )
+            )
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -360,6 +490,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     """Skipped with their reason: the dask case of a ``no_dask`` test; outside
     ``make test-long``, ``long`` tests and the JAX cases of ``jax_long`` tests (each compiles
     anew on JAX, while the other backends run them here)."""
+    _JITTED.clear()
     callspec = getattr(item, "callspec", None)
     backend = callspec.params.get("bk") if callspec is not None else None
     if backend == "dask" and (mark := item.get_closest_marker("no_dask")) is not None:
@@ -370,11 +501,3 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.skip("long: runs in `make test-long` (HL_TEST_LONG=1)")
     if backend in FRAMEWORKS["jax"] and (mark := item.get_closest_marker("jax_long")) is not None:
         pytest.skip(f"long on JAX ({_reason(item, mark)}): runs in `make test-long`")
-    if backend in ("jax", "jax_jit") and item.get_closest_marker("jax_split") is not None:
-        # every case on one of the two JAX backends (split by a stable hash of the other
-        # parameters), both in `make test-long`
-        others = "-".join(p for p in callspec.id.split("-") if p != backend)  # stable ids
-        if (zlib.crc32(f"{item.originalname}:{others}".encode()) + (backend == "jax_jit")) % 2:
-            pytest.skip(
-                "jax_split: this case runs on the other JAX backend here, both in test-long"
-            )

@@ -133,6 +133,7 @@ def reference_step(X, G, state, algo, lr, a, method="euler", transport="energy",
         for a in METRICS
     ],
 )
+@pytest.mark.jax_both("split by dtype below: eager float64, jit float32")
 def test_structure_preserved_every_step(bk, algo, metric, dtype):
     if bk.compiles and not LONG and (bk.name == "jax_jit") == (dtype == np.float64):
         # JAX compiles every op per dtype: eager JAX runs float64 here and jit float32 (the
