@@ -518,10 +518,10 @@ def _on(bk, X, name):
 
 
 def _values(Q):
-    if hasattr(Q, "detach") and not Q.is_complex():
-        Q = Q.detach().float()
-    elif "bfloat16" in str(Q.dtype):
-        Q = Q.astype("float32")
+    """Q as NumPy, half precision widened to float32 (NumPy has no bfloat16); other dtypes
+    as they are (a float64 result rounded to float32 would exceed its certified bound)."""
+    if "bfloat16" in str(Q.dtype) or "float16" in str(Q.dtype):
+        Q = Q.float() if hasattr(Q, "detach") else Q.astype("float32")
     return to_numpy(Q)
 
 

