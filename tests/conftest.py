@@ -91,6 +91,17 @@ def _fast_xla_compiles() -> None:
 
 _fast_xla_compiles()
 
+
+def _pin_jax_matmul_precision() -> None:
+    """JAX's float32 (and complex64) matmuls default to TF32 on a GPU (10-bit mantissa): the
+    suite pins "highest" (DESIGN.md: pin precision in tests), as the library's own rules do,
+    so a test that compares to float64 NumPy on the CPU states float32's accuracy on the GPU
+    too. On the CPU XLA multiplies in full precision either way. Explicit settings win."""
+    os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
+
+
+_pin_jax_matmul_precision()
+
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402

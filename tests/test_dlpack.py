@@ -85,9 +85,15 @@ def test_numpy_passes_through_and_read_only_stays_read_only():
         to_numpy(ro, writable=True, name="Q")
 
 
+def _jax_cpu(jax):
+    """The JAX CPU device: on a GPU machine JAX puts new arrays on the GPU by default."""
+    return jax.default_device(jax.devices("cpu")[0])
+
+
 def test_jax_cpu_array_is_shared_and_read_only():
     jax = _jax()
-    x = jax.numpy.arange(6.0).reshape(2, 3)
+    with _jax_cpu(jax):
+        x = jax.numpy.arange(6.0).reshape(2, 3)
     a = to_numpy(x)
     assert a.dtype == np.float64 and not a.flags.writeable
     assert a.ctypes.data == x.unsafe_buffer_pointer()  # the same buffer
@@ -135,7 +141,8 @@ def test_from_numpy_into_jax_is_zero_copy_when_aligned():
     a = aligned_empty((8, 5), np.float64)
     assert a.ctypes.data % JAX_ALIGNMENT == 0 and a.shape == (8, 5)
     a[...] = np.arange(40.0).reshape(8, 5)
-    x = from_numpy(a, like=jax.numpy.zeros(1))
+    with _jax_cpu(jax):  # a CPU ``like``: zero-copy (a GPU one gets one host-to-device copy)
+        x = from_numpy(a, like=jax.numpy.zeros(1))
     assert isinstance(x, jax.Array) and x.dtype == np.float64
     np.testing.assert_array_equal(np.asarray(x), a)
     # sharing shows as a write seen through the JAX array (test-only: the contract forbids it)

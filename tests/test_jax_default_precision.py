@@ -40,7 +40,11 @@ def test_jax_without_x64_stays_float32_and_warning_free():
         text=True,
         cwd=root,
         env={
-            "PYTHONPATH": str(root),
+            # the root first, then the caller's path: a GPU machine brings array-api-compat
+            # as a wheel directory on PYTHONPATH (docs/install.rst, make gpu-check)
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p
+            ),
             "JAX_PLATFORMS": "cpu",
             "PATH": "",
             "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),  # conftest's faster compiles

@@ -250,7 +250,8 @@ def test_framework_gradients_half(bk, name, what):
         import torch
 
         v, hv = Vh.clone().requires_grad_(True), hh.clone().requires_grad_(True)
-        (f(v, hv).float() * torch.from_numpy(W).float()).sum().backward()
+        w = torch.from_numpy(W).float().to(v.device)  # on the device of v (torch_cuda)
+        (f(v, hv).float() * w).sum().backward()
         grads = (v.grad, hv.grad)
     else:
         import jax
@@ -287,7 +288,7 @@ def test_half_precision_factors_would_fail_the_bound(bk_eager, name):
     assert str(U.dtype) == "torch.float32" and str(T.dtype) == "torch.float32"
     dt = Vh.dtype
     Uh, Th = U.to(dt).double(), T.to(dt).double()
-    bad = np.eye(64) - (Uh @ Th @ Uh.T).numpy()
+    bad = np.eye(64) - (Uh @ Th @ Uh.T).cpu().numpy()  # .cpu(): torch_cuda
     exact = hl.cwy(f64(Vh)).matrix()
     floor = orth(round_like(bk, exact, name))
     assert orth(round_like(bk, bad, name)) > 2.0 * floor + 64 * EPS32
@@ -300,7 +301,7 @@ def test_half_precision_factors_would_fail_the_bound(bk_eager, name):
 def test_nan_in_half_v_is_named(bk_eager):
     bk = bk_eager
     for name in HALF:
-        if bk.name.startswith("numpy") and name == "bfloat16":
+        if not hasattr(bk.xp, name):  # NumPy, CuPy: no bfloat16 (float16 still runs)
             continue
         half_dtype(bk, name)
         V = np.ones((6, 3))
@@ -333,8 +334,8 @@ def test_mixed_dtypes_follow_result_type(bk_eager, name):
     Vbar, hbar = hl.vjp.cwy_apply(Vh, h64, h64)
     assert str(Vbar.dtype).endswith("float64") and str(hbar.dtype).endswith("float64")
     np.testing.assert_allclose(f64(Vbar), hl.vjp.cwy_apply(V, f64(h64), f64(h64))[0], atol=1e-12)
-    if not bk.name.startswith("numpy"):  # NumPy has one half dtype
-        other = "float16" if name == "bfloat16" else "bfloat16"
+    other = "float16" if name == "bfloat16" else "bfloat16"
+    if hasattr(bk.xp, other):  # NumPy and CuPy have one half dtype
         y = hl.cwy(Vh) @ as_half(bk, f64(h64), other)
         assert str(y.dtype).endswith("float32")
 

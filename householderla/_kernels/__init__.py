@@ -202,4 +202,8 @@ def numba_for_torch(*tensors: Any) -> Any:
             return None
     if torch.compiler.is_compiling() or torch._C._functorch.maybe_current_level() is not None:
         return None  # traced, or inside a torch.func transform: no NumPy views there
+    from .._lib.device import emulated_kind
+
+    if emulated_kind() == "cuda":  # emulate_device("cuda"): the path a CUDA tensor takes
+        return None
     return numba_enabled()

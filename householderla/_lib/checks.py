@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from .device import emulated_kind
 from .tracing import is_eager, is_transformed
 
 __all__ = [
@@ -183,6 +184,7 @@ def _numpy_view(x: Any) -> Any:
         torch = sys.modules["torch"]
         if (
             x.device.type == "cpu"
+            and emulated_kind() != "cuda"  # under emulate_device("cuda"): the CUDA path
             and not is_transformed(x)  # torch.func wrappers have no storage to view,
             and torch._C._functorch.maybe_current_level() is None  # nor anything inside one
             and not torch.compiler.is_compiling()

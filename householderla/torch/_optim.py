@@ -20,6 +20,7 @@ import torch
 
 from .. import stiefel as S
 from .._interop.dlpack import from_numpy, to_numpy
+from .._lib.device import emulated_kind
 
 __all__ = ["StiefelAdam", "StiefelSGD"]
 
@@ -169,7 +170,8 @@ def _on_host(*tensors: torch.Tensor) -> bool:
     if torch.compiler.is_compiling():
         return False
     X = tensors[0]
-    return X.device.type == "cpu" and X.dtype in _HOST_DTYPES
+    on_cpu = X.device.type == "cpu" and emulated_kind() != "cuda"  # (emulate_device)
+    return on_cpu and X.dtype in _HOST_DTYPES
 
 
 _HOST_DTYPES = (torch.float32, torch.float64, torch.complex64, torch.complex128)
