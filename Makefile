@@ -98,3 +98,39 @@ bench-repro: $(STAMP)
 
 clean:
 	rm -rf $(VENV) docs/_build docs/api/generated .pytest_cache .hypothesis
+
+# -- make gpu-check: on a machine with a GPU and no network (docs/install.rst, "On a GPU
+# machine"), with that machine's own torch, CuPy and JAX: the GPU-backend tests in parallel,
+# at most GPU_TEST_S seconds (timeout), then benchmarks/gpu.py within GPU_BENCH_S seconds
+# (sections it cannot finish are written as "not measured"), into $(GPU_OUT)/gpu.{md,json}
+# and the tests' log $(GPU_OUT)/gpu-tests.log. At most 300 + 170 s with the defaults (the
+# timeouts; not yet run on a GPU). Nothing is
+# installed: GPU_WHEELS names a folder of pure-Python dependencies (array-api-compat) put on
+# PYTHONPATH; pytest-benchmark, if the machine has it, is switched off (its warning under
+# xdist is an error here). Exits non-zero when a test failed or a phase ran out of time.
+GPU_PY      ?= python3
+GPU_WHEELS  ?=
+GPU_WORKERS ?= 12
+GPU_TEST_S  ?= 300
+GPU_BENCH_S ?= 140
+GPU_OUT     ?= benchmarks/results
+# not GPU tests: the examples, the CPU kernels and Dask, the harness, sharding (CPU devices),
+# the layer rules
+GPU_SKIP    := examples numba_kernels dask dask_tall bench_harness bench_gpu sharding layers
+
+.PHONY: gpu-check
+gpu-check:
+	@mkdir -p $(GPU_OUT); \
+	export PYTHONPATH="$(CURDIR)$(if $(GPU_WHEELS),:$(abspath $(GPU_WHEELS)))$${PYTHONPATH:+:$$PYTHONPATH}"; \
+	export XLA_PYTHON_CLIENT_PREALLOCATE=false HL_TEST_BACKENDS=torch_cuda,cupy,jax_gpu; \
+	echo "[gpu-check] tests (at most $(GPU_TEST_S) s, $(GPU_WORKERS) workers) -> $(GPU_OUT)/gpu-tests.log"; \
+	timeout -k 10 $(GPU_TEST_S) $(GPU_PY) -m pytest -p no:benchmark -p no:cacheprovider \
+	  -n $(GPU_WORKERS) -q -rfE $(foreach t,$(GPU_SKIP),--ignore=tests/test_$(t).py) tests \
+	  > $(GPU_OUT)/gpu-tests.log 2>&1; trc=$$?; tail -n 30 $(GPU_OUT)/gpu-tests.log; \
+	if [ $$trc -eq 124 ] || [ $$trc -eq 137 ]; then \
+	  echo "[gpu-check] tests: not finished in $(GPU_TEST_S) s" | tee -a $(GPU_OUT)/gpu-tests.log; fi; \
+	echo "[gpu-check] benchmarks/gpu.py (budget $(GPU_BENCH_S) s)"; \
+	timeout -k 5 $$(( $(GPU_BENCH_S) + 30 )) $(GPU_PY) -m benchmarks.gpu --budget $(GPU_BENCH_S) \
+	  --out $(GPU_OUT); brc=$$?; \
+	echo "[gpu-check] tests exit $$trc, benchmark exit $$brc"; \
+	[ $$trc -eq 0 ] && [ $$brc -eq 0 ]

@@ -31,8 +31,9 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
-from threadpoolctl import threadpool_info, threadpool_limits  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+
+# tqdm and threadpoolctl (the bench extra) are imported where used: benchmarks/gpu.py reuses
+# this module on a GPU machine that has only the project's own dependencies
 
 VERSIONS = "householderla numpy scipy torch jax numba geoopt pyperf threadpoolctl".split()
 
@@ -92,6 +93,8 @@ def write(path: Path, content: Any) -> None:
 # -- progress ----------------------------------------------------------------------------------
 def progress(total: int, desc: str = "", unit: str = "meas") -> Any:
     """A tqdm bar on stderr (stdout keeps the tables)."""
+    from tqdm import tqdm
+
     return tqdm(total=total, desc=desc, file=sys.stderr, unit=unit, dynamic_ncols=True)
 
 
@@ -407,6 +410,8 @@ def machine_info() -> dict[str, Any]:
     }
     blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]  # numpy >= 2 (required)
     info["numpy_blas"] = {k: blas.get(k) for k in ("name", "version", "openblas configuration")}
+    from threadpoolctl import threadpool_info
+
     info["threadpools"] = threadpool_info()  # BLAS / OpenMP libraries loaded, their threads
     if "torch" in sys.modules:
         info["torch_threads"] = sys.modules["torch"].get_num_threads()
@@ -416,6 +421,8 @@ def machine_info() -> dict[str, Any]:
 def limit_threads(n: int) -> str:
     """Limit torch (``set_num_threads``) and every BLAS/OpenMP pool loaded so far
     (threadpoolctl) to ``n`` threads for the rest of the process; says what was done."""
+    from threadpoolctl import threadpool_limits
+
     threadpool_limits(limits=n)
     if "torch" not in sys.modules:
         return f"{n} thread{'' if n == 1 else 's'} (threadpoolctl)"
