@@ -23,6 +23,10 @@ import householderla as hl
 from householderla._agnostic import polar_schedules as PS
 
 torch = require("torch")
+#: the anchor: torch.optim.Muon is in recent torch only (the package admits torch >= 2.4)
+needs_torch_muon = pytest.mark.skipif(
+    not hasattr(torch.optim, "Muon"), reason=f"torch {torch.__version__} has no torch.optim.Muon"
+)
 pytestmark = pytest.mark.no_dask("optimizers take no Dask arrays")
 
 
@@ -85,6 +89,7 @@ def test_conventions_against_a_float32_reference(shape, kw, schedule):
 @pytest.mark.parametrize(
     "kw", [{}, {"nesterov": False}, {"adjust_lr_fn": "match_rms_adamw", "weight_decay": 0.0}]
 )
+@needs_torch_muon
 def test_matches_torch_optim_muon(shape, kw):
     """schedule="muon" (or ns_coefficients=) is torch.optim.Muon's step, in bfloat16."""
     rng = np.random.default_rng(1)
@@ -166,6 +171,7 @@ def _trained(opt_cls, W0, grads, **kw):
     return p, opt
 
 
+@needs_torch_muon
 def test_checkpoints_cross_between_torch_muon_and_ours():
     """A torch.optim.Muon checkpoint loads into hl.torch.Muon (it raised KeyError 'ns_dtype',
     issue 41 item 5) and continues with torch's quintic in bfloat16: the next step moves the
