@@ -209,3 +209,44 @@ def test_float32_cwy_on_the_cuda_branch():
         V[3, 1] = float("nan")
         with pytest.raises(ValueError, match="NaN or Inf"):
             hl.cwy(V)
+
+
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`:UserWarning")
+@pytest.mark.filterwarnings(
+    "ignore:<class 'torch.autograd.function.Function'> should not be instantiated"
+    ":DeprecationWarning"
+)
+def test_wide_product_under_torch_func_and_compile(wide_calls):
+    """The wide product's Function under torch.func.grad, torch.func.vmap (its generated
+    vmap rule) and torch.compile(fullgraph=True) with its backward: the same numbers as eager
+    (the compiled graph runs the same operations: equal to the last bit), half-precision
+    gradients."""
+    import array_api_compat as aac
+
+    gen = torch.Generator().manual_seed(4)
+    a = torch.randn(4, 5, generator=gen).bfloat16()
+    b = torch.randn(5, 3, generator=gen).bfloat16()
+    xp = aac.array_namespace(a)
+
+    def prod(a, b):
+        return mixed.matmul_acc(xp, a, b, torch.float32)
+
+    with emulate_device("cuda"):
+        eager = prod(a, b)
+        g = torch.func.grad(lambda a: prod(a, b).square().sum())(a)
+        aa = a.clone().requires_grad_()
+        prod(aa, b).square().sum().backward()
+        assert g.dtype == torch.bfloat16 and torch.equal(g, aa.grad)
+        stack = torch.stack([a, 2 * a, -a])
+        v = torch.func.vmap(lambda x: prod(x, b))(stack)
+        assert v.dtype == torch.float32 and torch.equal(v[0], eager)
+        assert torch.equal(v[1], 2 * eager) and torch.equal(v[2], -eager)  # exact scalings
+        # torch.compile as test_torch_compile.py tests it: torch >= 2.13 (see there)
+        if tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 13):
+            torch._dynamo.reset()
+            compiled = torch.compile(prod, fullgraph=True, backend="aot_eager")
+            ac = a.clone().requires_grad_()
+            out = compiled(ac, b)
+            out.square().sum().backward()
+            assert torch.equal(out, eager) and torch.equal(ac.grad, aa.grad)
+    assert wide_calls
