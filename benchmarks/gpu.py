@@ -91,6 +91,9 @@ class Row:
     ours_s: float | None = None
     other_s: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: max |ours − other| / max |other| where both compute the same thing (a wrong answer
+    #: shows here), None where they do not (two GEMMs stand in for a cost only)
+    rel_diff: float | None = None
     status: str = "not measured: not reached"
 
     @property
@@ -121,6 +124,7 @@ class Run:
                 "ours_ms": None if r.ours_s is None else r.ours_s * 1e3,
                 "other_ms": None if r.other_s is None else r.other_s * 1e3,
                 "ratio": r.ratio,
+                "rel_diff": r.rel_diff,
                 "status": r.status,
                 **r.extra,
             }
@@ -142,15 +146,16 @@ class Run:
             + f". Budget {self.budget_s:.0f} s; median of up to {REPS} synchronised calls "
             "after one warm-up call; ratio = ours / other.",
             "",
-            "| row | shape | ours | other | ratio ours/other | status |",
-            "|---|---|---|---|---|---|",
+            "| row | shape | ours | other | ratio ours/other | rel. diff | status |",
+            "|---|---|---|---|---|---|---|",
         ]
         for r in self.rows:
             ratio = "—" if r.ratio is None else H.fmt_ratio(r.ratio)
             extra = "".join(f"; {k} {H.fmt_t(v)}" for k, v in r.extra.items() if v is not None)
             lines.append(
                 f"| {r.what} | {r.shape} | {H.fmt_t(r.ours_s)} | {H.fmt_t(r.other_s)} "
-                f"| {ratio} | {r.status}{extra} |"
+                f"| {ratio} | {'—' if r.rel_diff is None else f'{r.rel_diff:.1e}'} "
+                f"| {r.status}{extra} |"
             )
         lines += ["", "Sections (budget share, seconds spent):", ""]
         lines += [
@@ -175,6 +180,11 @@ def _syncer(device: str) -> Callable[[], None]:
 def median_time(fn: Callable[[], Any], sync: Callable[[], None], reps: int = REPS) -> float:
     """Median seconds of ``fn()`` between two synchronisations, after one warm-up call;
     fewer calls when one call takes long (≥ 3 calls, ≤ ~2 s of calls)."""
+    return _timed(fn, sync, reps)[0]
+
+
+def _timed(fn: Callable[[], Any], sync: Callable[[], None], reps: int = REPS) -> tuple[float, Any]:
+    """(:func:`median_time`, the last result)."""
     sync()
     fn()
     sync()
@@ -187,7 +197,20 @@ def median_time(fn: Callable[[], Any], sync: Callable[[], None], reps: int = REP
         times.append(time.perf_counter() - t)
         if len(times) >= 3 and sum(times) > 2.0:
             break
-    return statistics.median(times)
+    return statistics.median(times), out
+
+
+def pair(
+    row: Row,
+    ours: Callable[[], Any],
+    other: Callable[[], Any],
+    sync: Callable[[], None],
+    other_reps: int = REPS,
+) -> None:
+    """Time ``ours`` and ``other`` (same results: their relative difference goes in the row)."""
+    row.ours_s, y = _timed(ours, sync)
+    row.other_s, ref = _timed(other, sync, other_reps)
+    row.rel_diff = float(abs(y - ref).max() / abs(ref).max())
 
 
 def _block(out: Any) -> None:
@@ -231,11 +254,13 @@ def _torch_setup(device: str) -> Any:
 
 
 def _reflectors(torch: Any, N: int, L: int, dtype: Any, device: str) -> tuple[Any, Any, Any]:
-    """(a, tau) of geqrf of a random N × L matrix, and V = the unit lower trapezoidal
-    reflectors (hl.cwy(V) is the same Q: τ = 2/‖v‖² for real geqrf output)."""
+    """(a, tau) of geqrf of a random N × L matrix, and V: the unit lower trapezoidal
+    reflectors, a zero column where τ = 0 (the last one of a square A: no reflection, which
+    cwy's zero vector is), so that hl.cwy(V) is ormqr's Q (τ = 2/‖v‖² otherwise, for real
+    geqrf output; the rows' rel. diff checks it)."""
     A = torch.randn(N, L, dtype=dtype, device=device)
     a, tau = torch.geqrf(A)
-    V = torch.tril(a, -1) + torch.eye(N, L, dtype=dtype, device=device)
+    V = (torch.tril(a, -1) + torch.eye(N, L, dtype=dtype, device=device)) * (tau != 0)
     return a, tau, V
 
 
@@ -258,7 +283,8 @@ def apply_rows(run: Run, cfg: dict[str, Any]) -> list[tuple[Row, Callable[[Row],
         def prebuilt(row: Row, setup: Callable = setup) -> None:
             s = setup()
             op, V, h = s["op"], s["V"], s["h"]
-            Vn = V / s["torch"].linalg.vector_norm(V, dim=0)  # unit columns: the GEMMs' V
+            # unit columns for the GEMMs (a zero column, norm 0, stays zero; others have ≥ 1)
+            Vn = V / s["torch"].linalg.vector_norm(V, dim=0).clamp_min(1.0)
             sync = _syncer(run.device)
             row.ours_s = median_time(lambda: op @ h, sync)
             row.other_s = median_time(lambda: Vn @ (Vn.T @ h), sync)
@@ -267,13 +293,11 @@ def apply_rows(run: Run, cfg: dict[str, Any]) -> list[tuple[Row, Callable[[Row],
             s = setup()
             torch, a, tau, V, h = s["torch"], s["a"], s["tau"], s["V"], s["h"]
             sync = _syncer(run.device)
-            row.ours_s = median_time(lambda: hl.cwy(V) @ h, sync)
-            row.other_s = median_time(lambda: torch.ormqr(a, tau, h), sync)
+            pair(row, lambda: hl.cwy(V) @ h, lambda: torch.ormqr(a, tau, h), sync)
 
         def loop(row: Row, setup: Callable = setup, L: int = L) -> None:
             s = setup()
-            V, h = s["V"], s["h"]
-            tau = 2.0 / (V * V).sum(0)
+            V, h, tau = s["V"], s["h"], s["tau"]
 
             def reflections() -> Any:
                 y = h
@@ -283,8 +307,7 @@ def apply_rows(run: Run, cfg: dict[str, Any]) -> list[tuple[Row, Callable[[Row],
                 return y
 
             sync = _syncer(run.device)
-            row.ours_s = median_time(lambda: hl.cwy(V) @ h, sync)
-            row.other_s = median_time(reflections, sync, reps=3)
+            pair(row, lambda: hl.cwy(V) @ h, reflections, sync, other_reps=3)
 
         out.append(
             (Row("apply", "prebuilt `op @ h` vs two GEMMs `V @ (V.T @ h)`", shape), prebuilt)
@@ -307,8 +330,8 @@ def forming_rows(run: Run, cfg: dict[str, Any]) -> list[tuple[Row, Callable[[Row
             torch = _torch_setup(run.device)
             a, tau = torch.geqrf(torch.randn(N, N, dtype=getattr(torch, dt), device=run.device))
             sync = _syncer(run.device)
-            row.ours_s = median_time(lambda: hl.from_lapack(a, tau).matrix(), sync)
-            row.other_s = median_time(lambda: torch.linalg.householder_product(a, tau), sync)
+            ours = lambda: hl.from_lapack(a, tau).matrix()  # noqa: E731
+            pair(row, ours, lambda: torch.linalg.householder_product(a, tau), sync)
 
         what = "`hl.from_lapack(a, tau).matrix()` vs `torch.linalg.householder_product`"
         out.append((Row("forming", what, f"N={N} {dt}"), square))
@@ -327,15 +350,14 @@ def forming_rows(run: Run, cfg: dict[str, Any]) -> list[tuple[Row, Callable[[Row
             s = stack()
             torch, a, tau = s["torch"], s["a"], s["tau"]
             sync = _syncer(run.device)
-            row.ours_s = median_time(lambda: hl.from_lapack(a, tau).matrix(), sync)
-            row.other_s = median_time(lambda: torch.linalg.householder_product(a, tau), sync)
+            ours = lambda: hl.from_lapack(a, tau).matrix()  # noqa: E731
+            pair(row, ours, lambda: torch.linalg.householder_product(a, tau), sync)
 
         def apply(row: Row, stack: Callable = stack) -> None:
             s = stack()
             torch, a, tau, C = s["torch"], s["a"], s["tau"], s["C"]
             sync = _syncer(run.device)
-            row.ours_s = median_time(lambda: hl.from_lapack(a, tau) @ C, sync)
-            row.other_s = median_time(lambda: torch.ormqr(a, tau, C), sync)
+            pair(row, lambda: hl.from_lapack(a, tau) @ C, lambda: torch.ormqr(a, tau, C), sync)
 
         shape = f"{P}×{n}×{n}"
         what = "stack: `hl.from_lapack(a, tau).matrix()` vs batched `householder_product`"

@@ -47,7 +47,7 @@ def test_the_full_table_has_every_row():
 
 
 def test_quick_cpu_run_writes_every_row_timed_or_not_measured(tmp_path):
-    sections = ["forming", "muon", "cupy"]
+    sections = ["apply", "forming", "muon", "cupy"]
     assert (
         gpu.main(
             ["--quick", "--device", "cpu", "--out", str(tmp_path), "--budget", "120"]
@@ -65,7 +65,14 @@ def test_quick_cpu_run_writes_every_row_timed_or_not_measured(tmp_path):
             assert r["status"].startswith("not measured: ") and r["ratio"] is None
     # CuPy needs a GPU; forming has no reason not to run in 120 s (Muon: torch ≥ 2.9)
     assert all(r["status"].startswith("not measured: CuPy") for r in rows if "CuPy" in r["row"])
-    assert all(r["status"] == "measured" for r in rows if r["row"].startswith("`hl.from_"))
+    forming = [r for r in rows if r["section"] == "forming"]
+    assert forming and all(r["status"] == "measured" for r in forming)
+    # ours and LAPACK's form / apply the same Q: the same numbers to float32's rounding
+    # (≤ 1e-4 ≫ n·ε₃₂ at n ≤ 32; a wrong Q, a transpose or a missed reflector is O(1))
+    assert all(r["rel_diff"] is not None and r["rel_diff"] <= 1e-4 for r in forming)
+    checked = [r for r in rows if r["rel_diff"] is not None]
+    assert len(checked) == len(forming) + 4  # + cwy(V) @ h vs ormqr and vs the loop, twice
+    assert all(r["rel_diff"] <= 1e-4 for r in checked)
 
 
 def test_a_spent_budget_reports_not_measured(tmp_path):
