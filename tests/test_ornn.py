@@ -398,10 +398,11 @@ def test_structured_equals_dense_equals_sequential(bk, spec, structure):
     "dispatch of eager products: Dask chunks reuse the prebuilt factors (the direct product)"
 )
 def test_blocked_kernels_are_dispatched(bk, monkeypatch):
-    """The blocked products really run where they should: NumPy, array-api-strict and torch
-    (no grad) for "auto" (eager detection) and "trapezoidal"; never for "dense", nor on JAX
-    (whose products go through the custom_vjp wiring) or for non-trapezoidal V. The Numba
-    first-product shortcut of ``@`` is switched off so the CWY kernels run."""
+    """The blocked products really run where they should: NumPy, array-api-strict, torch
+    (no grad; CPU and CUDA) and CuPy for "auto" (eager detection) and "trapezoidal"; never
+    for "dense", nor on JAX (whose products go through the custom_vjp wiring) or for
+    non-trapezoidal V. The Numba first-product shortcut of ``@`` is switched off so the CWY
+    kernels run."""
     monkeypatch.setenv("HL_DISABLE_NUMBA", "1")
     _force_blocked(monkeypatch)
     calls = []
