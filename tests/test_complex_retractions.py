@@ -23,7 +23,6 @@ from conftest import require, to_numpy
 from helpers import (
     EPS,
     assert_jax_grad_matches_real_and_imaginary_differences,
-    assert_vjp_matches_central_differences,
     examples,
     few_shapes,
     orth_error,
@@ -384,43 +383,7 @@ def test_retraction_dtypes(name):
 # -- VJPs: the dot-product test on every backend --------------------------------------------
 
 
-#: a step per matrix of the batch (2,): its cotangent is real, one per matrix
-STEPS = np.array([0.3, -0.2])
-
-
-def _vjp_maps():
-    """name -> (forward, hl.vjp function, inputs from (rng, X, Z))."""
-    return {
-        "polar": (hl.polar, hl.vjp.polar, lambda rng, X, Z: [X + 0.3 * Z]),
-        "polar_retraction": (
-            hl.polar_retraction,
-            hl.vjp.polar_retraction,
-            lambda rng, X, Z: [X, Z, STEPS],
-        ),
-        # the VJP is of the SMW map: the drift guard (a cleanup off the manifold, where the
-        # differences step) is switched off
-        "cayley_retraction": (
-            lambda X, Z, t: hl.cayley_retraction(X, Z, t, drift_tol=float("inf")),
-            hl.vjp.cayley_retraction,
-            lambda rng, X, Z: [X, Z, STEPS],
-        ),
-        "qr_retraction": (
-            hl.qr_retraction,
-            hl.vjp.qr_retraction,
-            lambda rng, X, Z: [X, Z, STEPS],
-        ),
-    }
-
-
-@pytest.mark.jax_split
-@pytest.mark.parametrize("name", list(_vjp_maps()))
-def test_vjp_dot_product_against_central_differences(bk, name):
-    """Re⟨ḡ, J δ⟩ (central differences) = Re⟨J*ḡ, δ⟩ with complex δ and ḡ (the step real)."""
-    f, vjp, inputs = _vjp_maps()[name]
-    rng = np.random.default_rng(stable_seed("vjp", name))
-    X = haar_stiefel(rng, 6, 3, (2,))
-    Z = crandn(rng, 2, 6, 3)
-    assert_vjp_matches_central_differences(bk, f, vjp, inputs(rng, X, Z), rng)
+# their dot-product test (complex δ and ḡ, real steps): tests/test_vjp.py, over the registry
 
 
 def test_vjp_real_inputs_get_real_cotangents():

@@ -1,5 +1,5 @@
-"""VJPs of the complex maps: the plain ``hl.vjp`` functions by the dot-product test on every
-backend, the theorems their gradients obey, and each framework's convention — torch's
+"""VJPs of the complex maps (their dot-product test on every backend is tests/test_vjp.py's,
+over the registry): the theorems their gradients obey, and each framework's convention — torch's
 ``gradcheck`` / ``gradgradcheck`` (conjugate Wirtinger derivatives) and ``jax.grad`` against
 central differences along real *and* imaginary directions.
 
@@ -17,7 +17,6 @@ import pytest
 from conftest import LONG, require, to_numpy
 from helpers import (
     assert_jax_grad_matches_real_and_imaginary_differences,
-    assert_vjp_matches_central_differences,
     stable_seed,
 )
 
@@ -61,34 +60,6 @@ def _maps():
             lambda N, L: [],
         ),
     }
-
-
-@pytest.mark.jax_split  # FD checks compile per case on JAX: each on one JAX backend
-@pytest.mark.parametrize("name", list(_maps()))
-@pytest.mark.parametrize(
-    "batch",
-    [
-        pytest.param(
-            (), marks=pytest.mark.jax_long("the batched case runs here, with the same code")
-        ),
-        (2,),
-    ],
-)
-def test_dot_product_against_central_differences(bk, name, batch):
-    """Re⟨ḡ, J δ⟩ (central differences) = Re⟨J* ḡ, δ⟩ for complex V, h, δ and ḡ; a zero
-    column gets a zero cotangent (its direction is frozen: H(v) is not differentiable at 0)."""
-    f, vjp, other_shapes = _maps()[name]
-    rng = np.random.default_rng(stable_seed("complex", name, batch))
-    N, L = 6, 4
-    V = crandn(rng, *batch, N, L)
-    V[..., 1] = 0.0
-    others = [crandn(rng, *s) for s in other_shapes(N, L)]
-
-    def freeze(dirs):
-        dirs[0][..., 1] = 0.0
-
-    grads = assert_vjp_matches_central_differences(bk, f, vjp, [V, *others], rng, freeze)
-    assert np.all(grads[0][..., 1] == 0)
 
 
 @pytest.mark.parametrize("name", ["cwy_apply", "cwy_matrix", "tcwy_transpose_apply"])

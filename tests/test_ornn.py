@@ -37,7 +37,6 @@ from helpers import (
     growth,
     haar_orthogonal,
     product_of_reflections,
-    stable_seed,
     tol,
 )
 from hypothesis import given
@@ -547,55 +546,7 @@ def test_ornn_batched_sign_and_dtypes(bk):
 # -- VJPs ---------------------------------------------------------------------------------------
 
 
-def _vjp_case(name, sign):
-    if name == "apply":
-        return (
-            lambda U, h: ornn(U, sign) @ h,
-            lambda U, h, g: ornn_apply_vjp(U, sign, h, g),
-            [(6, 3)],
-        )
-    if name == "apply_vector":
-        return (
-            lambda U, h: ornn(U, sign) @ h,
-            lambda U, h, g: ornn_apply_vjp(U, sign, h, g),
-            [(6,)],
-        )
-    return (lambda U: ornn(U, sign).matrix(), lambda U, G: ornn_matrix_vjp(U, sign, G), [])
-
-
-@pytest.mark.jax_split  # FD checks compile per case on JAX: each on one JAX backend
-@pytest.mark.no_dask("the VJPs take no Dask arrays")
-@pytest.mark.parametrize("name", ["apply", "apply_vector", "matrix"])
-@pytest.mark.parametrize("sign", [1, -1, "array"])
-@pytest.mark.parametrize(
-    "blocked",
-    [
-        False,
-        pytest.param(
-            True,
-            marks=pytest.mark.jax_long("JAX never takes the blocked kernels: as blocked=False"),
-        ),
-    ],
-)
-def test_vjp_dot_product_against_central_differences(bk, name, sign, blocked, monkeypatch):
-    if blocked:
-        _force_blocked(monkeypatch)
-    rng = np.random.default_rng(stable_seed(name, str(sign), blocked))
-    batch = (2,) if sign == "array" else ()
-    s = bk.asarray(np.array([1.0, -1.0])) if sign == "array" else sign
-    n, m = 6, 5
-    U = np.tril(rng.standard_normal(batch + (n, m)))
-    U[..., 2] = 0.0  # a zero reflector: held fixed, gradient exactly 0
-    f, vjp, shapes = _vjp_case(name, s)
-    others = [rng.standard_normal(sh) for sh in shapes]
-
-    def freeze(dirs):
-        dirs[0][..., 2] = 0.0
-        dirs[0][...] = np.tril(dirs[0])  # with respect to the trapezoid only
-
-    grads = assert_vjp_matches_central_differences(bk, f, vjp, [U, *others], rng, freeze)
-    np.testing.assert_array_equal(grads[0][..., 2], 0.0)
-    np.testing.assert_array_equal(np.triu(grads[0], 1), 0.0)
+# the dot-product test of both VJPs, every sign, blocked or not: tests/test_vjp.py (registry)
 
 
 @pytest.mark.no_dask("the VJPs take no Dask arrays")

@@ -13,60 +13,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import require
-from helpers import assert_vjp_matches_central_differences, stable_seed
 
 import householderla as hl
 
 pytestmark = pytest.mark.no_dask("the VJPs take no Dask arrays")
 
 INF = float("inf")
-
-
-def _polar(X):
-    return hl.polar(X)
-
-
-def _polar_retraction(X, Z, t):
-    return hl.polar_retraction(X, Z, t)
-
-
-def _cayley(X, Z, t):
-    return hl.cayley_retraction(X, Z, t, drift_tol=INF)
-
-
-def _qr_retraction(X, Z, t):
-    return hl.qr_retraction(X, Z, t)
-
-
-MAPS = {
-    "polar": (_polar, hl.vjp.polar),
-    "polar_retraction": (_polar_retraction, hl.vjp.polar_retraction),
-    "cayley_retraction": (_cayley, hl.vjp.cayley_retraction),
-    "qr_retraction": (_qr_retraction, hl.vjp.qr_retraction),
-}
-
-
-def _inputs(name, batch, step_shape, rng):
-    N, M = 6, 3
-    X = np.linalg.qr(rng.standard_normal(batch + (N, M)))[0]
-    X = X + 0.2 * rng.standard_normal(X.shape)  # off the manifold: the maps are defined there
-    if name == "polar":
-        return [X]
-    Z = rng.standard_normal(X.shape)
-    t = rng.uniform(0.2, 0.8, step_shape)
-    return [X, Z, t]
-
-
-@pytest.mark.jax_split  # FD checks compile per case on JAX: each on one JAX backend
-@pytest.mark.parametrize("name", list(MAPS))
-@pytest.mark.parametrize(("batch", "step_shape"), [((), ()), ((2,), ()), ((2,), (2,))])
-def test_dot_product_against_central_differences(bk, name, batch, step_shape):
-    if name == "polar" and step_shape:
-        pytest.skip("polar has no step")
-    f, vjp = MAPS[name]
-    rng = np.random.default_rng(stable_seed(name, batch, step_shape))
-    inputs = _inputs(name, batch, step_shape, rng)
-    assert_vjp_matches_central_differences(bk, f, vjp, inputs, rng)
 
 
 def test_python_float_step_and_float32():

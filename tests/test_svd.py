@@ -20,19 +20,16 @@ import pytest
 from conftest import require, to_numpy
 from helpers import (
     EPS,
-    assert_vjp_matches_central_differences,
     few_shapes,
     growth,
     haar_orthogonal,
     product_of_reflections,
-    stable_seed,
     tol,
 )
 from hypothesis import given
 from hypothesis import strategies as st
 
 import householderla as hl
-from householderla._lib.linalg import sum_to_shape
 from householderla.svd import (
     SVDHouseholder,
     bounded_sigma,
@@ -347,29 +344,6 @@ def test_rank_deficient_w_documented_behaviour(bk_eager):
 
 # -- explicit VJPs --------------------------------------------------------------------------------
 
-#: (m, n, k₁, k₂) covering every way a side is applied: square (r = N), T-CWY (k = r < N),
-#: padded (k ≠ r < N, including k = N) and identity (k = 0)
-VJP_SHAPES = [
-    (4, 4, 4, 4),
-    (4, 4, 3, 0),
-    (5, 3, 3, 2),
-    (5, 3, 2, 3),
-    (5, 3, 5, 3),
-    (3, 5, 3, 3),
-    (3, 5, 2, 4),
-    (3, 5, 0, 0),
-]
-VJP_CASES = [(s, f) for s in VJP_SHAPES for f in ("apply", "matrix")] + [
-    ((5, 3, 3, 2), "apply_vector"),
-    ((3, 5, 2, 4), "apply_vector"),
-]
-#: every shape and every form runs on JAX, each shape in one form (the other in test-long)
-JAX_LONG = pytest.mark.jax_long("each shape in one form here, both in test-long")
-VJP_PARAMS = [
-    pytest.param(s, f, id="x".join(map(str, s)) + "-" + f, marks=JAX_LONG if i % 2 else ())
-    for i, (s, f) in enumerate(VJP_CASES)
-]
-
 
 def _vjp_inputs(m, n, k1, k2, rng):
     U = rng.standard_normal((2, m, k1))
@@ -382,36 +356,7 @@ def _vjp_inputs(m, n, k1, k2, rng):
     return U, s, V
 
 
-def _freeze(k1, k2):
-    def freeze(dirs):
-        if k1 > 1:
-            dirs[0][..., 1] = 0.0
-        if k2 > 0:
-            dirs[2][..., 0] = 0.0
-
-    return freeze
-
-
-@pytest.mark.jax_split  # FD checks compile per case on JAX: each on one JAX backend
-@pytest.mark.no_dask("the VJPs take no Dask arrays")
-@pytest.mark.parametrize(("shape", "form"), VJP_PARAMS)
-def test_vjp_dot_product_against_central_differences(bk, shape, form):
-    m, n, k1, k2 = shape
-    rng = np.random.default_rng(stable_seed(shape, form))
-    U, s, V = _vjp_inputs(m, n, k1, k2, rng)
-    if form == "matrix":
-        f, vjp, others = _matrix, svd_householder_matrix_vjp, []
-    else:
-        x = rng.standard_normal((n,) if form == "apply_vector" else (n, 3))
-        f = lambda U, s, V, x: svd_householder(U, s, V) @ x  # noqa: E731
-        vjp, others = svd_householder_apply_vjp, [x]
-    grads = assert_vjp_matches_central_differences(
-        bk, f, vjp, [U, s, V, *others], rng, _freeze(k1, k2)
-    )
-    if k1 > 1:
-        np.testing.assert_array_equal(grads[0][..., 1], 0.0)
-    if k2 > 0:
-        np.testing.assert_array_equal(grads[2][..., 0], 0.0)
+# the dot-product test of both VJPs at every side shape: tests/test_vjp.py, over the registry
 
 
 def test_vjp_is_the_full_gradient_of_unnormalised_vectors():
@@ -521,39 +466,6 @@ def test_bounded_sigma_range_and_exact_formula(bk, s_hat, center, radius):
     mod = np.abs(sh) < 20
     if radius > 0:
         assert np.all(sig[mod] > center - radius) and np.all(sig[mod] < center + radius)
-
-
-@pytest.mark.no_dask("bounded_sigma is not an operator product")
-def test_bounded_sigma_vjp_dot_product(bk):
-    rng = np.random.default_rng(8)
-    s_hat = rng.standard_normal((2, 4)) * 3
-    assert_vjp_matches_central_differences(
-        bk,
-        lambda s: bounded_sigma(s, 1.0, 0.2),
-        lambda s, g: bounded_sigma_vjp(s, 1.0, 0.2, g),
-        [s_hat],
-        rng,
-    )
-
-
-@pytest.mark.no_dask("bounded_sigma is not an operator product")
-def test_bounded_sigma_vjp_with_array_center_and_radius(bk):
-    """Per-entry σ*, r broadcast against ŝ; the VJP treats them as constants, and the
-    cotangents documented for them (Σ g and Σ g·tanh(ŝ/2)) pass the same test."""
-    rng = np.random.default_rng(9)
-    s_hat = rng.standard_normal((2, 4)) * 3
-    c, r = rng.uniform(0.5, 1.5, (4,)), rng.uniform(0.1, 0.5, (1, 4))
-
-    def vjp(s, c, r, g):
-        t = bk.xp.tanh(0.5 * s)
-        return (
-            bounded_sigma_vjp(s, c, r, g),
-            sum_to_shape(g, tuple(c.shape), bk.xp),
-            sum_to_shape(g * t, tuple(r.shape), bk.xp),
-        )
-
-    grads = assert_vjp_matches_central_differences(bk, bounded_sigma, vjp, [s_hat, c, r], rng)
-    assert grads[0].shape == s_hat.shape
 
 
 def test_bounded_sigma_saturation_is_finite_and_dtype_preserving(bk_eager):

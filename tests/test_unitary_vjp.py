@@ -1,6 +1,6 @@
-"""VJPs of the phased unitary maps (``theta=``): the plain ``hl.vjp`` functions by the
-dot-product test on every backend (complex V, h and cotangent, real θ and its real
-direction), torch's ``gradcheck`` / ``gradgradcheck`` through the operators, and ``jax.grad``
+"""VJPs of the phased unitary maps (``theta=``; their dot-product test on every backend,
+complex V, h and cotangent with real θ and its real direction, is tests/test_vjp.py's over
+the registry): torch's ``gradcheck`` / ``gradgradcheck`` through the operators, and ``jax.grad``
 against the plain VJP (JAX's complex cotangent is the conjugate; θ's is real and equal).
 
 Tolerances: as in test_complex_vjp.py (central differences with ε = 1e-6, 1e-7 relative).
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import LONG, require
-from helpers import assert_vjp_matches_central_differences, stable_seed
+from helpers import stable_seed
 
 import householderla as hl
 
@@ -25,86 +25,6 @@ def crandn(rng, *shape):
 
 
 N, L, B = 6, 4, 2
-
-
-def _maps():
-    """name -> (forward, vjp, input shapes (complex?, shape) after V)."""
-    c, r = True, False
-    return {
-        "cwy_apply": (
-            lambda V, h, t: hl.cwy(V, theta=t) @ h,
-            lambda V, h, t, g: hl.vjp.cwy_apply(V, h, g, theta=t),
-            [(c, (N, B)), (r, (N,))],
-        ),
-        "cwy_apply_batched_theta": (
-            lambda V, h, t: hl.cwy(V, theta=t) @ h,
-            lambda V, h, t, g: hl.vjp.cwy_apply(V, h, g, theta=t),
-            [(c, (N, B)), (r, (3, N))],
-        ),
-        "cwy_transpose_apply": (
-            lambda V, h, t: hl.cwy(V, theta=t).H @ h,
-            lambda V, h, t, g: hl.vjp.cwy_transpose_apply(V, h, g, theta=t),
-            [(c, (N, B)), (r, (N,))],
-        ),
-        "cwy_matrix": (
-            lambda V, t: hl.cwy(V, theta=t).matrix(),
-            lambda V, t, g: hl.vjp.cwy_matrix(V, g, theta=t),
-            [(r, (N,))],
-        ),
-        "tcwy_apply": (
-            lambda V, x, t: hl.tcwy(V, theta=t) @ x,
-            lambda V, x, t, g: hl.vjp.tcwy_apply(V, x, g, theta=t),
-            [(c, (L, B)), (r, (L,))],
-        ),
-        "tcwy_transpose_apply": (
-            lambda V, y, t: hl.tcwy(V, theta=t).H @ y,
-            lambda V, y, t, g: hl.vjp.tcwy_transpose_apply(V, y, g, theta=t),
-            [(c, (N, B)), (r, (L,))],
-        ),
-        "tcwy_matrix": (
-            lambda V, t: hl.tcwy(V, theta=t).matrix(),
-            lambda V, t, g: hl.vjp.tcwy_matrix(V, g, theta=t),
-            [(r, (L,))],
-        ),
-        "ornn_apply": (
-            lambda U, h, t: hl.ornn(U, theta=t) @ h,
-            lambda U, h, t, g: hl.vjp.ornn_apply(U, 1, h, g, theta=t),
-            [(c, (N, B)), (r, (N,))],
-        ),
-        "ornn_matrix": (
-            lambda U, t: hl.ornn(U, theta=t).matrix(),
-            lambda U, t, g: hl.vjp.ornn_matrix(U, 1, g, theta=t),
-            [(r, (N,))],
-        ),
-        "svd_apply": (
-            lambda U, s, V, x, t: hl.svd_householder(U, s, V, theta=t) @ x,
-            lambda U, s, V, x, t, g: hl.vjp.svd_householder_apply(U, s, V, x, g, theta=t),
-            [(r, (L,)), (c, (L, 3)), (c, (L, B)), (r, (L,))],
-        ),
-        "svd_matrix": (
-            lambda U, s, V, t: hl.svd_householder(U, s, V, theta=t).matrix(),
-            lambda U, s, V, t, g: hl.vjp.svd_householder_matrix(U, s, V, g, theta=t),
-            [(r, (L,)), (c, (L, 3)), (r, (L,))],
-        ),
-    }
-
-
-@pytest.mark.jax_split  # FD checks compile per case on JAX: each on one JAX backend
-@pytest.mark.parametrize("name", list(_maps()))
-def test_dot_product_against_central_differences(bk, name):
-    f, vjp, others = _maps()[name]
-    rng = np.random.default_rng(stable_seed("theta", name))
-    V = crandn(rng, N, L)
-    if name.startswith("ornn"):
-        V = np.tril(crandn(rng, N, N - 1))
-    inputs = [V] + [crandn(rng, *s) if cx else rng.standard_normal(s) for cx, s in others]
-
-    def freeze(dirs):
-        if name.startswith("ornn"):
-            dirs[0] = np.tril(dirs[0])  # entries above the diagonal are not parameters
-
-    grads = assert_vjp_matches_central_differences(bk, f, vjp, inputs, rng, freeze)
-    assert np.max(np.abs(grads[-1])) > 1e-3, "θ̄ is not vacuous"
 
 
 def test_phase_gradient_is_zero_for_a_phase_invariant_loss():

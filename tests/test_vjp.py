@@ -1,5 +1,8 @@
-"""Every explicit VJP by the dot-product test against central differences (float64), on
-every backend; then the torch and JAX wiring through the operators.
+"""Every explicit VJP by the dot-product test against central differences, on every backend:
+one test over the registry of differentiable maps (tests/registry.py: CWY, T-CWY, the
+Householder products, the phased unitary maps, oRNN, SVD-Householder, bounded σ and the
+retractions, each in float64 and, where it takes them, complex128); then the torch and JAX
+wiring through the operators.
 
 Dot-product test: for random directions δ and cotangent g, the central difference
 (⟨g, f(x + εδ)⟩ − ⟨g, f(x − εδ)⟩)/2ε equals ⟨vjp(g), δ⟩ up to O(ε²)·|f'''| + O(eps/ε).
@@ -11,81 +14,41 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import require, to_numpy
+from conftest import FRAMEWORKS, LONG, require, to_numpy
 from helpers import EPS_FD, assert_vjp_matches_central_differences, stable_seed
+from registry import COMPLEX, ENTRIES
 
 import householderla as hl
 
 pytestmark = pytest.mark.no_dask("the VJPs take no Dask arrays")
 
 
-def _maps():
-    """name -> (forward f(V, *others), vjp(V, *others, g) -> tuple, input shapes(N, L))."""
-    return {
-        "cwy_apply": (
-            lambda V, h: hl.cwy(V) @ h,
-            hl.vjp.cwy_apply,
-            lambda N, L: [(N, 3)],
-        ),
-        "cwy_apply_vector_broadcast": (
-            lambda V, h: hl.cwy(V) @ h,
-            hl.vjp.cwy_apply,
-            lambda N, L: [(N,)],
-        ),
-        "cwy_transpose_apply": (
-            lambda V, h: hl.cwy(V).T @ h,
-            hl.vjp.cwy_transpose_apply,
-            lambda N, L: [(N, 2)],
-        ),
-        "cwy_matrix": (lambda V: hl.cwy(V).matrix(), hl.vjp.cwy_matrix, lambda N, L: []),
-        "tcwy_apply": (
-            lambda V, x: hl.tcwy(V) @ x,
-            hl.vjp.tcwy_apply,
-            lambda N, L: [(L, 2)],
-        ),
-        "tcwy_transpose_apply": (
-            lambda V, y: hl.tcwy(V).T @ y,
-            hl.vjp.tcwy_transpose_apply,
-            lambda N, L: [(N, 3)],
-        ),
-        "tcwy_matrix": (lambda V: hl.tcwy(V).matrix(), hl.vjp.tcwy_matrix, lambda N, L: []),
-        "householder_apply": (
-            hl.householder_apply,
-            hl.vjp.householder_apply,
-            lambda N, L: [(N, 2)],
-        ),
-        "householder_product": (
-            hl.householder_product,
-            hl.vjp.householder_product,
-            lambda N, L: [],
-        ),
-    }
+#: (entry, kind) pairs of the registry: every differentiable map in each dtype kind it takes
+CASES = [pytest.param(e, kind, id=f"{e.name}-{kind}") for e in ENTRIES.values() for kind in e.kinds]
+
+
+def _framework(backend: str) -> str:
+    return next((top for top, names in FRAMEWORKS.items() if backend in names), backend)
 
 
 @pytest.mark.jax_split  # FD checks compile per case on JAX: each on one JAX backend
-@pytest.mark.parametrize("name", list(_maps()))
-@pytest.mark.parametrize(
-    "batch",
-    [
-        pytest.param(
-            (), marks=pytest.mark.jax_long("the batched case runs here, with the same code")
-        ),
-        (2,),
-    ],
-)
-def test_dot_product_against_central_differences(bk, name, batch):
-    f, vjp, other_shapes = _maps()[name]
-    rng = np.random.default_rng(stable_seed(name, batch))
-    N, L = 6, 4
-    V = rng.standard_normal(batch + (N, L))
-    V[..., 1] = 0.0  # a zero column: its gradient is 0 and it is held fixed below
-    others = [rng.standard_normal(s) for s in other_shapes(N, L)]
-
-    def freeze(dirs):
-        dirs[0][..., 1] = 0.0
-
-    grads = assert_vjp_matches_central_differences(bk, f, vjp, [V, *others], rng, freeze)
-    np.testing.assert_array_equal(grads[0][..., 1], 0.0)
+@pytest.mark.parametrize(("entry", "kind"), CASES)
+def test_dot_product_against_central_differences(bk, entry, kind, monkeypatch):
+    """Re⟨ḡ, J δ⟩ by central differences = Re⟨J*ḡ, δ⟩ (the module docstring; complex inputs
+    get complex directions and cotangents, tests/helpers.py), then the cotangents the entry
+    fixes exactly (a zero reflector's is 0)."""
+    if _framework(bk.name) in entry.not_on:
+        pytest.skip(f"{entry.name}: its path does not exist on {_framework(bk.name)}")
+    if entry.neutral and not LONG and bk.name != "numpy":
+        pytest.skip("a batch-shape variant of backend-neutral code: NumPy here, all in test-long")
+    if entry.patch is not None:
+        entry.patch(monkeypatch)
+    rng = np.random.default_rng(stable_seed(entry.name, kind))
+    f, vjp = entry.make(bk)
+    inputs = entry.draw(rng, kind == COMPLEX)
+    grads = assert_vjp_matches_central_differences(bk, f, vjp, inputs, rng, entry.freeze)
+    if entry.check is not None:
+        entry.check(grads)
 
 
 def test_factors_vjp(bk):
