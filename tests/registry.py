@@ -5,8 +5,9 @@ Each :class:`Entry` names the public forward map, its explicit VJP (``hl.vjp`` o
 module's own), how to draw its inputs (real float64 or complex128, the precisions central
 differences need), which directions a dot-product test must hold fixed (a zero reflector, the
 part of a trapezoid that is not a parameter) and what the map supports (``kinds``, ``half``,
-``dask``, ``theta``). ``tests/test_vjp.py`` runs the one dot-product test over every
-(entry, kind) pair on every backend; ``tests/test_guarantees.py`` reads the support columns.
+``dask``). ``tests/test_vjp.py`` runs the one dot-product test over every (entry, kind) pair
+on every backend, and checks the support columns: half precision accepted (bfloat16
+cotangents) or refused with the error that lists what takes it; Dask operands refused.
 
 ``neutral`` marks a variant that differs from another entry only in its batch shape, on code
 that does not depend on the backend (the batch axes are broadcast by the same Array API
@@ -53,9 +54,10 @@ class Entry:
     freeze: Callable[[list[np.ndarray]], None] | None = None
     check: Callable[[list[np.ndarray]], None] | None = None
     neutral: bool = False
+    #: bfloat16/float16 inputs accepted (the VJP returns cotangents in that dtype)
     half: bool = True
+    #: Dask operands accepted (no VJP takes them: they raise, naming the mixed namespaces)
     dask: bool = False
-    theta: bool = False
     #: run under these test-time patches (a monkeypatch callable), e.g. the blocked kernels
     patch: Callable[[Any], None] | None = None
     #: frameworks ("jax", "torch", or a backend name) where the entry's path does not exist
@@ -124,7 +126,6 @@ def _cwy_family() -> list[Entry]:
                     freeze=freeze,
                     check=check,
                     neutral=not batch,
-                    theta=True,
                 )
             )
     return out
@@ -216,7 +217,6 @@ def _phased() -> list[Entry]:
                 freeze=freeze,
                 check=check,
                 half=False,
-                theta=True,
             )
         )
     return out
@@ -274,7 +274,7 @@ def _ornn() -> list[Entry]:
                         patch=_force_blocked if blocked else None,
                         # JAX never takes the blocked kernels: there it is the unblocked case
                         not_on=("jax",) if blocked else (),
-                        theta=True,
+                        half=False,
                     )
                 )
     return out
@@ -347,7 +347,7 @@ def _svd() -> list[Entry]:
                 # every shape in one form on NumPy only here: each shape's other form runs
                 # on every backend (the side-application code is the same for both forms)
                 neutral=bool(i % 2),
-                theta=True,
+                half=False,
             )
         )
     return out
@@ -373,6 +373,7 @@ def _bounded_sigma() -> list[Entry]:
             ),
             lambda rng, cx: [rng.standard_normal((2, 4)) * 3],
             kinds=(REAL,),
+            half=False,
         ),
         # per-entry σ*, r broadcast against ŝ: the cotangents documented for them (Σ g and
         # Σ g·tanh(ŝ/2)) pass the same test
@@ -385,6 +386,7 @@ def _bounded_sigma() -> list[Entry]:
                 rng.uniform(0.1, 0.5, (1, 4)),
             ],
             kinds=(REAL,),
+            half=False,
         ),
     ]
 

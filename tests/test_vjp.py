@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import FRAMEWORKS, LONG, require, to_numpy
+from conftest import FRAMEWORKS, LONG, get_backend, require, to_numpy
 from helpers import EPS_FD, assert_vjp_matches_central_differences, stable_seed
-from registry import COMPLEX, ENTRIES
+from registry import COMPLEX, ENTRIES, REAL
 
 import householderla as hl
 
@@ -49,6 +49,45 @@ def test_dot_product_against_central_differences(bk, entry, kind, monkeypatch):
     grads = assert_vjp_matches_central_differences(bk, f, vjp, inputs, rng, entry.freeze)
     if entry.check is not None:
         entry.check(grads)
+
+
+@pytest.mark.parametrize(
+    "entry", [e for e in ENTRIES.values() if REAL in e.kinds], ids=lambda e: e.name
+)
+def test_support_columns_hold(entry, monkeypatch):
+    """What the registry says each VJP supports: bfloat16 inputs give bfloat16 cotangents
+    (``half``) or the TypeError that lists the maps taking half precision; a Dask operand is
+    refused (``dask``) with the error naming the mixed namespaces (torch and NumPy eager: the
+    check is argument handling, the same on every backend)."""
+    torch = require("torch")
+    if entry.patch is not None:
+        entry.patch(monkeypatch)
+    rng = np.random.default_rng(stable_seed("support", entry.name))
+    inputs = entry.draw(rng, False)
+
+    class _Torch:
+        xp = torch
+
+        @staticmethod
+        def asarray(a, dtype=None):
+            return torch.asarray(np.asarray(a)).to(torch.bfloat16)
+
+    f, vjp = entry.make(_Torch)
+    args = [_Torch.asarray(a) for a in inputs]
+    if entry.half:
+        y = f(*args)
+        out = vjp(*args, torch.ones_like(y))
+        out = out if isinstance(out, tuple) else (out,)
+        assert [o.dtype for o in out] == [torch.bfloat16] * len(args)
+    else:
+        with pytest.raises(TypeError, match="half precision is supported by"):
+            vjp(*args, torch.ones_like(f(*[a.double() for a in args])).bfloat16())
+    da = require("dask.array")
+    f, vjp = entry.make(get_backend("numpy"))
+    if not entry.dask:
+        y = f(*inputs)
+        with pytest.raises(TypeError, match="different array libraries"):
+            vjp(da.from_array(inputs[0]), *inputs[1:], np.ones_like(y))
 
 
 def test_factors_vjp(bk):
