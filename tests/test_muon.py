@@ -306,3 +306,158 @@ def test_update_is_the_same_at_every_power_of_two_gradient_scale(ns_dtype):
     # subnormal entries (bfloat16's spacing there is 2^-133, float32's 2^-149), eps = 0
     for k in (-129, -130) if ns_dtype == torch.bfloat16 else (-135, -140):
         assert np.array_equal(update(k, 0.0), ref), k
+
+
+# -- the orthogonalisation as a plug-in (hl.torch.orthogonalize) and split_sizes ----------------
+
+#: torch.optim.Muon's default quintic (Jordan et al.)
+JORDAN = (3.4445, -4.7750, 2.0315)
+
+
+@needs_torch_muon
+@pytest.mark.parametrize("shape", [(16, 40), (40, 16)])
+def test_orthogonalize_matches_torch_muons_own_function(shape):
+    """``hl.torch.orthogonalize(G, eps, coefficients=...)`` computes torch.optim.Muon's
+    ``_zeropower_via_newtonschulz`` (the function Dion-style ``newton_schulz_func(input,
+    epsilon)`` hooks replace). Both iterate in bfloat16, whose roundings the quintic's slope
+    of 3.4 at 0 amplifies (each is ~1.5% from the exact iteration here): ours must be no
+    farther from the float64 iteration of the same coefficients than twice torch's own
+    distance, while other coefficients or another normalisation are off by O(1)."""
+    from torch.optim._muon import _zeropower_via_newtonschulz
+
+    G = torch.randn(*shape, generator=torch.Generator().manual_seed(3))
+    ref = _zeropower_via_newtonschulz(G, JORDAN, 5, 1e-7).float()
+    got = hl.torch.orthogonalize(G, 1e-7, coefficients=JORDAN)
+    assert got.dtype == G.dtype and got.shape == G.shape
+    exact = hl.torch.orthogonalize(G.double(), 1e-7, coefficients=JORDAN, dtype=torch.float64)
+    torch_error = torch.linalg.norm(ref.double() - exact)
+    assert torch.linalg.norm(got.double() - exact) <= 2 * torch_error
+    assert torch_error <= 0.05 * torch.linalg.norm(exact)  # the same map: bfloat16 apart
+
+
+def test_orthogonalize_is_muons_step_and_takes_per_step_coefficients():
+    """Muon's update is −η·adjust·orthogonalize(U) bit for bit (from W = 0: one rounding of
+    the product in float32); one triple equals that triple repeated per step (optax's
+    ``ns_coeffs`` form); a batch is each matrix on its own."""
+    G = torch.randn(3, 8, 12, generator=torch.Generator().manual_seed(4))
+    p = torch.nn.Parameter(torch.zeros(3, 8, 12))
+    opt = hl.torch.Muon([p], lr=0.5, weight_decay=0.0, momentum=0.0, nesterov=False)
+    p.grad = G.clone()
+    opt.step()
+    O = hl.torch.orthogonalize(G)
+    assert torch.equal(p.detach(), -0.5 * O.to(torch.bfloat16).float())
+    one = hl.torch.orthogonalize(G, coefficients=JORDAN, dtype=torch.float32)
+    per_step = hl.torch.orthogonalize(G, coefficients=[JORDAN] * 5, dtype=torch.float32)
+    assert torch.equal(one, per_step)
+    three = hl.torch.orthogonalize(G, coefficients=[JORDAN] * 3, dtype=torch.float32)
+    assert not torch.equal(one, three)
+    for i in range(3):
+        assert torch.equal(hl.torch.orthogonalize(G[i], dtype=torch.float32),
+                           hl.torch.orthogonalize(G, dtype=torch.float32)[i])  # fmt: skip
+
+
+def test_orthogonalize_singular_values_and_errors():
+    """The certified schedule in float64 lands every singular value in its interval; bad
+    arguments are named."""
+    G = torch.randn(24, 10, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    _, info = hl.polar(G, schedule="certified", return_info=True)
+    s = torch.linalg.svdvals(hl.torch.orthogonalize(G, dtype=torch.float64))
+    lo, hi = info["interval"]
+    assert lo <= float(s.min()) and float(s.max()) <= hi
+    with pytest.raises(ValueError, match="G must have shape"):
+        hl.torch.orthogonalize(torch.ones(4))
+    with pytest.raises(TypeError, match="floating dtype"):
+        hl.torch.orthogonalize(torch.ones(4, 4, dtype=torch.int64))
+    with pytest.raises(TypeError, match=r"G must be a torch\.Tensor"):
+        hl.torch.orthogonalize(np.ones((4, 4)))
+    with pytest.raises(ValueError, match="epsilon must be"):
+        hl.torch.orthogonalize(torch.ones(4, 4), -1.0)
+    with pytest.raises(ValueError, match="steps=3 but coefficients has 5"):
+        hl.torch.orthogonalize(torch.ones(4, 4), coefficients=[JORDAN] * 5, steps=3)
+    with pytest.raises(ValueError, match="coefficients must be"):
+        hl.torch.orthogonalize(torch.ones(4, 4), coefficients=(1.0, 2.0))
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        hl.torch.orthogonalize(torch.ones(4, 4), schedule="bogus")
+
+
+def _split_reference(W0, G, sizes, lr):
+    """W0 − η·adjust(a_i, B)·orthogonalize(G_i) per row block (float32 iteration)."""
+    out, start = W0.clone(), 0
+    for a in sizes:
+        Gi = G[..., start : start + a, :]
+        ratio = math.sqrt(max(1.0, a / G.shape[-1]))
+        out[..., start : start + a, :] -= (
+            lr * ratio * hl.torch.orthogonalize(Gi, dtype=torch.float32)
+        )
+        start += a
+    return out
+
+
+@pytest.mark.parametrize("sizes", [(4, 4, 4), (2, 6, 4), (12,)])
+def test_split_sizes_orthogonalise_each_block_on_its_own(sizes):
+    """A fused (12, 8) weight split into row blocks: each block's update is its own polar
+    factor with its own learning-rate adjustment (equal blocks take one batched call, unequal
+    ones a loop: both against the per-block reference, to float32 rounding of the sums)."""
+    gen = torch.Generator().manual_seed(6)
+    W0, G = torch.randn(12, 8, generator=gen), torch.randn(12, 8, generator=gen)
+    p = torch.nn.Parameter(W0.clone())
+    opt = hl.torch.Muon(
+        [p], lr=0.1, weight_decay=0.0, momentum=0.0, nesterov=False,
+        ns_dtype=torch.float32, split_sizes=sizes,
+    )  # fmt: skip
+    p.grad = G.clone()
+    opt.step()
+    torch.testing.assert_close(p.detach(), _split_reference(W0, G, sizes, 0.1), rtol=0, atol=1e-6)
+    if len(sizes) > 1:  # not the whole matrix's polar factor
+        whole = W0 - 0.1 * math.sqrt(1.5) * hl.torch.orthogonalize(G, dtype=torch.float32)
+        assert torch.linalg.norm(p.detach() - whole) > 1e-2
+
+
+def test_split_sizes_errors_and_checkpoints():
+    p = torch.nn.Parameter(torch.randn(12, 8))
+    with pytest.raises(ValueError, match=r"split_sizes \(4, 4\) sum to 8, but parameter 0"):
+        hl.torch.Muon([p], split_sizes=(4, 4))
+    with pytest.raises(ValueError, match="split_sizes must be positive integers"):
+        hl.torch.Muon([p], split_sizes=(12, 0))
+    opt = hl.torch.Muon([p], split_sizes=[6, 6])
+    assert opt.param_groups[0]["split_sizes"] == (6, 6)
+    state = copy.deepcopy(opt.state_dict())
+    again = hl.torch.Muon([p])
+    again.load_state_dict(state)
+    assert again.param_groups[0]["split_sizes"] == (6, 6)
+
+
+def test_jax_muon_split_sizes_match_torch():
+    """hl.jax.muon with ``split_sizes`` (one sequence, or a function of the leaf) makes the
+    same step as the per-block reference (float32 iterations by XLA and torch: their
+    roundings, amplified by 5 steps of slope ≤ 3.4, stay below 2e-5 on entries of size ~1)."""
+    require("jax")
+    import jax
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(7)
+    W0, G = rng.standard_normal((12, 8)), rng.standard_normal((12, 8))
+    for sizes in ((4, 4, 4), (2, 6, 4)):
+        tx = hl.jax.muon(0.1, weight_decay=0.0, momentum=0.0, nesterov=False,
+                         ns_dtype=jnp.float32, split_sizes=sizes)  # fmt: skip
+        params = {"qkv": jnp.asarray(W0, jnp.float32), "out": jnp.asarray(W0[:8], jnp.float32)}
+
+        def choose(leaf, s=sizes):
+            return s if leaf.shape[0] == 12 else None
+
+        pick = hl.jax.muon(0.1, weight_decay=0.0, momentum=0.0, nesterov=False,
+                           ns_dtype=jnp.float32, split_sizes=choose)  # fmt: skip
+        state = pick.init(params)
+        grads = {"qkv": jnp.asarray(G, jnp.float32), "out": jnp.asarray(G[:8], jnp.float32)}
+        u, _ = jax.jit(pick.update)(grads, state, params)
+        ref = _split_reference(torch.tensor(W0, dtype=torch.float32),
+                               torch.tensor(G, dtype=torch.float32), sizes, 0.1)  # fmt: skip
+        got = np.asarray(params["qkv"] + u["qkv"])
+        np.testing.assert_allclose(got, ref.numpy(), rtol=0, atol=2e-5)
+        whole = _split_reference(torch.tensor(W0[:8], dtype=torch.float32),
+                                 torch.tensor(G[:8], dtype=torch.float32), (8,), 0.1)  # fmt: skip
+        np.testing.assert_allclose(np.asarray(params["out"] + u["out"]), whole.numpy(), atol=2e-5)
+        with pytest.raises(ValueError, match="do not split the 8 rows of leaf"):
+            tx.init(params)
+    with pytest.raises(ValueError, match="split_sizes must be positive integers"):
+        hl.jax.muon(split_sizes=(0, 3))

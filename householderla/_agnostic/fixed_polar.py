@@ -21,6 +21,7 @@ __all__ = [
     "fixed_step_polar",
     "fixed_step_schedule",
     "orthogonalize",
+    "step_coefficients",
 ]
 
 #: Steps of every schedule by default: Muon's (``torch.optim.Muon``: ``ns_steps=5``).
@@ -58,11 +59,35 @@ def _iterate(xp: Any, X: Any, sched: Any, eps: float = 0.0) -> Any:
     return fixed_polar(X, xp, sched, eps)
 
 
+def step_coefficients(coefficients: Any, steps: Any) -> tuple[tuple[float, float, float], ...]:
+    """``coefficients`` as one quintic (a, b, c) per step: one triple repeated ``steps`` times
+    (``torch.optim.Muon``'s ``ns_coefficients``), or a sequence of triples, one per step
+    (optax's ``ns_coeffs`` schedules), whose length must then match ``steps`` when given."""
+    try:
+        rows = [tuple(float(v) for v in row) for row in coefficients]
+        per_step = len(rows) > 0 and all(len(r) == 3 for r in rows)
+    except TypeError:  # one triple of numbers
+        per_step = False
+    if not per_step:
+        if len(coefficients) != 3:
+            raise ValueError(
+                "coefficients must be (a, b, c) or a sequence of (a, b, c), one per step; "
+                f"got {coefficients!r}"
+            )
+        steps = DEFAULT_STEPS if steps is None else steps
+        fixed_step_schedule("muon", steps, 1e-3, 0.0, 1)  # validates steps
+        return (tuple(float(v) for v in coefficients),) * int(steps)  # type: ignore[return-value]
+    if steps is not None and int(steps) != len(rows):
+        raise ValueError(f"steps={steps!r} but coefficients has {len(rows)} (a, b, c) rows")
+    fixed_step_schedule("muon", len(rows), 1e-3, 0.0, 1)  # validates the count
+    return tuple(rows)  # type: ignore[return-value]
+
+
 def orthogonalize(
     G: Any,
     name: str,
-    steps: int,
-    coefficients: tuple[float, float, float] | None = None,
+    steps: int | None,
+    coefficients: Any = None,
     *,
     eps: float = 0.0,
     min_sv: float = 1e-3,
@@ -70,12 +95,11 @@ def orthogonalize(
 ) -> Any:
     """The optimizers' orthogonalisation: the fixed-step polar factor of G (..., A, B) in
     G's dtype, without value checks (NaN propagates, as in ``torch.optim.Muon``), with
-    ``coefficients`` a fixed quintic every step when given. ``G=None`` only validates;
-    ``xp`` (G's namespace, when the caller knows it) skips the namespace lookup."""
+    ``coefficients`` (:func:`step_coefficients`) fixed quintics when given. ``G=None`` only
+    validates; ``xp`` (G's namespace, when the caller knows it) skips the namespace lookup."""
     if coefficients is not None:
-        a, b, c = (float(v) for v in coefficients)
-        fixed_step_schedule("muon", steps, min_sv, 0.0, 1)  # validates steps
-        make = lambda u, m: schedule_of("muon", ((a, b, c),) * int(steps), 1.0, min_sv, u, m)  # noqa: E731
+        coeffs = step_coefficients(coefficients, steps)
+        make = lambda u, m: schedule_of("muon", coeffs, 1.0, min_sv, u, m)  # noqa: E731
     else:
         fixed_step_schedule(name, steps, min_sv, 0.0, 1)  # validates name and steps
         make = lambda u, m: fixed_step_schedule(name, steps, min_sv, 2 * u, m)  # noqa: E731

@@ -41,6 +41,7 @@ def muon(
     *,
     schedule: str = "certified",
     ns_dtype: Any = jnp.bfloat16,
+    split_sizes: Any = None,
 ) -> Any:
     """Muon as an optax transformation (Jordan et al., Muon, 2024; ``torch.optim.Muon``'s
     hyperparameters, see :class:`householderla.torch.Muon`).
@@ -53,6 +54,10 @@ def muon(
         As :class:`householderla.torch.Muon`.
     ns_dtype : dtype
         Precision of the orthogonalisation (default ``jnp.bfloat16``).
+    split_sizes : sequence of int, or callable, optional
+        Row blocks orthogonalised each on its own (:class:`householderla.torch.Muon`): one
+        sequence for every leaf (each must have that many rows), or ``leaf -> sizes or
+        None`` choosing per leaf (a fused QKV weight split, the others whole).
 
     Returns
     -------
@@ -83,6 +88,42 @@ def muon(
             raise ValueError("ns_coefficients replaces the schedule: leave schedule unset")
         schedule = "muon"
     orthogonalize(None, schedule, ns_steps, ns_coefficients)  # validates now
+    if split_sizes is not None and not callable(split_sizes):
+        fixed = tuple(split_sizes)
+        if not fixed or any(isinstance(a, bool) or int(a) != a or a < 1 for a in fixed):
+            raise ValueError(f"split_sizes must be positive integers; got {split_sizes!r}")
+
+    def sizes_of(i: int, leaf: Any) -> tuple[int, ...] | None:
+        sizes = split_sizes(leaf) if callable(split_sizes) else split_sizes
+        if sizes is None:
+            return None
+        sizes = tuple(int(a) for a in sizes)
+        if sum(sizes) != leaf.shape[-2] or min(sizes) < 1:
+            raise ValueError(
+                f"split_sizes {sizes} do not split the {leaf.shape[-2]} rows of leaf {i} "
+                f"(shape {tuple(leaf.shape)}) into positive blocks"
+            )
+        return sizes
+
+    def polar_step(u: Any, p: Any, lr: Any, sizes: tuple[int, ...] | None) -> Any:
+        """η·adjust·polar(u), whole or per row block (equal blocks in one batched call)."""
+
+        def polar(x: Any) -> Any:
+            return orthogonalize(x, schedule, ns_steps, ns_coefficients, eps=eps)
+
+        B = p.shape[-1]
+        if sizes is None:
+            return adjusted_lr(lr, adjust_lr_fn, tuple(p.shape)) * polar(u).astype(p.dtype)
+        if len(set(sizes)) == 1:
+            ub = u.reshape(*u.shape[:-2], len(sizes), sizes[0], B)
+            O = polar(ub).reshape(u.shape).astype(p.dtype)
+            return adjusted_lr(lr, adjust_lr_fn, (sizes[0], B)) * O
+        blocks, start = [], 0
+        for a in sizes:
+            O = polar(u[..., start : start + a, :]).astype(p.dtype)
+            blocks.append(adjusted_lr(lr, adjust_lr_fn, (a, B)) * O)
+            start += a
+        return jnp.concatenate(blocks, axis=-2)
 
     def init(params: Any) -> MuonState:
         for i, leaf in enumerate(jax.tree_util.tree_leaves(params)):
@@ -91,6 +132,7 @@ def muon(
                     f"muon optimises matrices; leaf {i} has shape {tuple(leaf.shape)}: route "
                     "it to another transformation (optax.multi_transform / optax.partition)"
                 )
+            sizes_of(i, leaf)  # a wrong split is named at init, not inside a jitted update
         zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
         return MuonState(jnp.zeros((), jnp.int32), zeros)
 
@@ -99,21 +141,22 @@ def muon(
             raise ValueError("muon needs params (decoupled weight decay)")
         lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
 
-        def one(g: Any, buf: Any, p: Any) -> tuple[Any, Any]:
+        def one(i: int, g: Any, buf: Any, p: Any) -> tuple[Any, Any]:
             buf = buf + (1.0 - momentum) * (g - buf)  # lerp, as torch.optim.Muon
             u = g + momentum * (buf - g) if nesterov else buf
-            O = orthogonalize(u.astype(ns_dtype), schedule, ns_steps, ns_coefficients, eps=eps)
-            step = adjusted_lr(lr, adjust_lr_fn, tuple(p.shape))
-            return -(lr * weight_decay) * p - step * O.astype(p.dtype), buf
+            step = polar_step(u.astype(ns_dtype), p, lr, sizes_of(i, p))
+            return -(lr * weight_decay) * p - step, buf
 
         tdef = jax.tree_util.tree_structure(params)
         pairs = [
-            one(g, b, p)
-            for g, b, p in zip(
-                tdef.flatten_up_to(grads),
-                tdef.flatten_up_to(state.momentum),
-                tdef.flatten_up_to(params),
-                strict=True,
+            one(i, g, b, p)
+            for i, (g, b, p) in enumerate(
+                zip(
+                    tdef.flatten_up_to(grads),
+                    tdef.flatten_up_to(state.momentum),
+                    tdef.flatten_up_to(params),
+                    strict=True,
+                )
             )
         ]
         updates = tdef.unflatten([u for u, _ in pairs])

@@ -50,7 +50,7 @@ from ..retractions import cayley_retraction, polar, polar_retraction, qr_retract
 from ._layer import OrthogonalLinear
 
 # -- optimizers: Muon (torch/_muon.py), StiefelSGD / StiefelAdam (torch/_optim.py)
-from ._muon import Muon
+from ._muon import Muon, orthogonalize
 from ._optim import StiefelAdam, StiefelSGD
 
 # -- the orthogonal parametrization (torch/_param.py) --------------------------------------------
@@ -76,6 +76,7 @@ __all__ = [
     "householder_apply",
     "householder_product",
     "orthogonal",
+    "orthogonalize",
     "polar",
     "polar_retraction",
     "qr_retraction",

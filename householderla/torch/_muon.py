@@ -6,23 +6,93 @@ G + μ(B − G), decoupled weight decay θ ← (1 − ηλ)θ, the learning-rate
 ``adjust_lr_fn`` ("original": √max(1, A/B); "match_rms_adamw": 0.2√max(A, B)), the state key
 ``momentum_buffer`` — and orthogonalises the update with ``hl.polar(update,
 schedule=...)`` in bfloat16: ``schedule="muon"`` is torch's own iteration (Jordan et al.'s
-quintic), the default ``"certified"`` the schedule whose singular values stay bounded under
-bfloat16 rounding (``docs/theory/lowprec.rst``). Re-exported as ``householderla.torch.Muon``.
+quintic), the default ``"certified"`` the schedule bounded under bfloat16 rounding
+(``docs/theory/lowprec.rst``). :func:`orthogonalize`, that step as a plug-in: both public.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import array_api_compat
 import torch
 
-from .._agnostic.fixed_polar import ADJUST_LR, DEFAULT_STEPS, adjusted_lr, orthogonalize
+from .._agnostic.fixed_polar import ADJUST_LR, DEFAULT_STEPS, adjusted_lr
+from .._agnostic.fixed_polar import orthogonalize as _orthogonalize
 
-__all__ = ["Muon"]
+__all__ = ["Muon", "orthogonalize"]
 
 _xp = array_api_compat.array_namespace(torch.empty(0))
+
+
+def orthogonalize(
+    G: torch.Tensor,
+    epsilon: float | None = None,
+    *,
+    schedule: str = "certified",
+    steps: int | None = None,
+    coefficients: Any = None,
+    dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
+    """The orthogonalised update of Muon-family optimizers: the fixed-step polar factor of
+    ``G`` (..., A, B), each matrix of the batch on its own, as :class:`Muon` computes it.
+
+    O = polar(G / max(‖G‖_F, ε)) by ``steps`` odd quintic steps of ``schedule`` (the
+    schedules of :func:`householderla.polar`), in ``dtype``, returned in G's dtype.
+
+    Parameters
+    ----------
+    G : torch.Tensor, shape (..., A, B)
+        Updates (momentum-averaged gradients): a matrix or a batch of them (per head, per
+        expert); any real floating dtype.
+    epsilon : float, optional
+        Floor of the normalising norm (Dion's ``epsilon``; default 1e-7, torch.optim.Muon's).
+    schedule : {"certified", "polar_express", "muon", "newton_schulz"}
+        The steps' coefficients (``docs/theory/lowprec.rst``); ignored with ``coefficients``.
+    steps : int, optional
+        Number of steps (default 5, or the number of rows of ``coefficients``).
+    coefficients : (a, b, c) or sequence of (a, b, c), optional
+        Fixed quintics x ↦ ax + bx³ + cx⁵: one triple for every step (torch.optim.Muon's
+        ``ns_coefficients``) or one per step (optax's ``ns_coeffs`` schedules).
+    dtype : torch.dtype
+        Precision of the iteration (default bfloat16, as the optimizers'; the Gram matrices
+        accumulate in float32).
+
+    Returns
+    -------
+    torch.Tensor
+        O, shape and dtype of ``G``: its singular values lie in the schedule's interval
+        (``hl.polar(..., return_info=True)`` reports it), its singular vectors are G's.
+
+    Notes
+    -----
+    The signatures other optimizers call: Dion (microsoft/dion) takes
+    ``newton_schulz_func=hl.torch.orthogonalize`` as is (``func(input, epsilon)``);
+    NVIDIA's Emerging-Optimizers take ``scaled_orthogonalize_fn=lambda g: scale(g) *
+    hl.torch.orthogonalize(g)`` with their own scale factor. Cost per matrix:
+    ``steps`` × (4·A·B·min(A, B) + 2·min(A, B)³) flops.
+
+    Examples
+    --------
+    >>> import torch, householderla as hl
+    >>> G = torch.randn(4, 16, 32)  # four heads' updates
+    >>> O = hl.torch.orthogonalize(G, coefficients=[(3.4445, -4.775, 2.0315)] * 5)
+    >>> O.shape, O.dtype
+    (torch.Size([4, 16, 32]), torch.float32)
+    """
+    if not isinstance(G, torch.Tensor):
+        raise TypeError(f"G must be a torch.Tensor; got {type(G).__name__}")
+    if G.ndim < 2:
+        raise ValueError(f"G must have shape (..., A, B); got shape {tuple(G.shape)}")
+    if not (G.dtype.is_floating_point or G.dtype.is_complex):
+        raise TypeError(f"G has dtype {G.dtype}; expected a floating dtype")
+    eps = 1e-7 if epsilon is None else float(epsilon)
+    if not eps >= 0:
+        raise ValueError(f"epsilon must be >= 0; got {epsilon!r}")
+    name = "muon" if coefficients is not None else schedule
+    O = _orthogonalize(G.to(dtype), name, steps, coefficients, eps=eps, xp=_xp)
+    return O.to(G.dtype)
 
 
 class Muon(torch.optim.Optimizer):
@@ -45,6 +115,12 @@ class Muon(torch.optim.Optimizer):
     ns_dtype : torch.dtype
         Precision of the orthogonalisation (default ``torch.bfloat16``, as torch.optim.Muon;
         ``torch.float32`` for exactness studies).
+    split_sizes : sequence of int, optional
+        Row blocks of each parameter (A, B) orthogonalised each on its own, with its own
+        learning-rate adjustment adjust(a_i, B): a fused QKV weight (3d, d) with
+        ``(d, d, d)``, or per-head blocks ``[d_head] * heads``. The sizes must sum to A for
+        every parameter of the group (a group option: give fused weights their own group).
+        Default: each matrix whole, as torch.optim.Muon.
 
     Notes
     -----
@@ -82,6 +158,7 @@ class Muon(torch.optim.Optimizer):
         *,
         schedule: str = "certified",
         ns_dtype: torch.dtype = torch.bfloat16,
+        split_sizes: Sequence[int] | None = None,
     ) -> None:
         if isinstance(lr, torch.Tensor) and lr.numel() != 1:
             raise ValueError("Tensor lr must be 1-element")
@@ -110,6 +187,7 @@ class Muon(torch.optim.Optimizer):
             "adjust_lr_fn": adjust_lr_fn,
             "schedule": schedule,
             "ns_dtype": ns_dtype,
+            "split_sizes": None if split_sizes is None else tuple(split_sizes),
         }
         super().__init__(params, defaults)
         for group in self.param_groups:
@@ -125,6 +203,7 @@ class Muon(torch.optim.Optimizer):
                 fixed = group.get("ns_coefficients") is not None
                 group["schedule"] = "muon" if fixed else self.defaults["schedule"]
             group.setdefault("ns_dtype", torch.bfloat16)
+            group.setdefault("split_sizes", None)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
@@ -141,8 +220,20 @@ class Muon(torch.optim.Optimizer):
                 )
             if torch.is_complex(p):
                 raise RuntimeError("Muon does not support complex parameters")
+        sizes = group.get("split_sizes")
+        if sizes is not None:
+            sizes = group["split_sizes"] = tuple(sizes)
+            if not sizes or any(isinstance(a, bool) or int(a) != a or a < 1 for a in sizes):
+                raise ValueError(f"split_sizes must be positive integers; got {sizes!r}")
+            for i, p in enumerate(group["params"]):
+                if p.ndim >= 2 and sum(sizes) != p.shape[-2]:
+                    raise ValueError(
+                        f"split_sizes {sizes} sum to {sum(sizes)}, but parameter {i} has "
+                        f"{p.shape[-2]} rows (shape {tuple(p.shape)}): give each fused "
+                        "parameter its own group"
+                    )
         # validates schedule and ns_steps now (ValueError naming them), not at the first step
-        orthogonalize(None, group["schedule"], group["ns_steps"], group["ns_coefficients"])
+        _orthogonalize(None, group["schedule"], group["ns_steps"], group["ns_coefficients"])
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -167,14 +258,30 @@ class Muon(torch.optim.Optimizer):
                 buf = state["momentum_buffer"]
                 buf.lerp_(g, 1 - mu)
                 update = g.lerp(buf, mu) if group["nesterov"] else buf
-                O = orthogonalize(
-                    update.to(group["ns_dtype"]),
-                    group["schedule"],
-                    group["ns_steps"],
-                    group["ns_coefficients"],
-                    eps=group["eps"],
-                    xp=_xp,
-                )
                 p.mul_(1 - lr * wd)
-                p.add_(O, alpha=-adjusted_lr(lr, group["adjust_lr_fn"], tuple(p.shape)))
+                self._orthogonal_step(p, update.to(group["ns_dtype"]), lr, group)
         return loss
+
+    @staticmethod
+    def _orthogonal_step(p: torch.Tensor, U: torch.Tensor, lr: Any, group: dict) -> None:
+        """p ← p − η·adjust·polar(U), or per row block of ``split_sizes`` (each block its
+        own matrix, its own adjustment): equal blocks in one batched call."""
+
+        def polar(X: torch.Tensor) -> torch.Tensor:
+            return _orthogonalize(
+                X, group["schedule"], group["ns_steps"], group["ns_coefficients"],
+                eps=group["eps"], xp=_xp,
+            )  # fmt: skip
+
+        fn, sizes, B = group["adjust_lr_fn"], group["split_sizes"], p.shape[-1]
+        if sizes is None:
+            p.add_(polar(U), alpha=-adjusted_lr(lr, fn, tuple(p.shape)))
+        elif len(set(sizes)) == 1:
+            O = polar(U.unflatten(-2, (len(sizes), sizes[0]))).flatten(-3, -2)
+            p.add_(O, alpha=-adjusted_lr(lr, fn, (sizes[0], B)))
+        else:
+            start = 0
+            for a in sizes:
+                rows = slice(start, start + a)
+                p[..., rows, :].add_(polar(U[..., rows, :]), alpha=-adjusted_lr(lr, fn, (a, B)))
+                start += a
