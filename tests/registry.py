@@ -7,7 +7,8 @@ differences need), which directions a dot-product test must hold fixed (a zero r
 part of a trapezoid that is not a parameter) and what the map supports (``kinds``, ``half``,
 ``dask``). ``tests/test_vjp.py`` runs the one dot-product test over every (entry, kind) pair
 on every backend, and checks the support columns: half precision accepted (bfloat16
-cotangents) or refused with the error that lists what takes it; Dask operands refused.
+cotangents) or refused with the error that lists what takes it; Dask operands refused;
+forward mode (the JVP against the VJP by the same dot-product identity) or its error.
 
 ``neutral`` marks a variant that differs from another entry only in its batch shape, on code
 that does not depend on the backend (the batch axes are broadcast by the same Array API
@@ -58,6 +59,8 @@ class Entry:
     half: bool = True
     #: Dask operands accepted (no VJP takes them: they raise, naming the mixed namespaces)
     dask: bool = False
+    #: forward mode (torch.func.jvp, jacfwd, forward-AD dual tensors) through torch
+    forward: bool = True
     #: run under these test-time patches (a monkeypatch callable), e.g. the blocked kernels
     patch: Callable[[Any], None] | None = None
     #: frameworks ("jax", "torch", or a backend name) where the entry's path does not exist
@@ -431,6 +434,7 @@ def _retractions() -> list[Entry]:
                     f"{name}{label}{unbatched}",
                     _fixed(f, vjp),
                     draw,
+                    forward=name != "cayley_retraction",
                     # the unbatched case and the batch with one step are the batched
                     # array-step case's code with other broadcasting: NumPy only here
                     neutral=not batch or (step == "scalar" and name != "polar"),

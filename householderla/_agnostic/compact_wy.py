@@ -338,3 +338,37 @@ def is_lower_trapezoidal(V: Any, xp: Any) -> bool:
     """Whether V (..., N, L) has only zeros above its diagonal (LAPACK's and oRNN's layout);
     eager arrays only (one N·L comparison)."""
     return is_eager(V) and bool(xp.all(xp.triu(V, k=1) == 0))
+
+
+# -- forward mode (JVPs): the derivations are in docs/theory/vjp.rst, "Forward mode" ----------
+
+
+def factors_jvp(U: Any, T: Any, r: Any, dV: Any, xp: Any) -> tuple[Any, Any, Any]:
+    """(dU, dT, dr) of V ↦ (U, T, r) along dV: dr = Re(uᴴdv), du = (dv − u dr)/‖v‖ (0 for
+    zero columns, whose reflection H(0) = I is held fixed), dS = striu(dUᴴU + UᴴdU) (the
+    diagonal of S is constant), dT = −T dS T. Cost 4·N·L² + 2·L³ flops."""
+    dr = real_dot(U, dV, xp)
+    nonzero = r > 0
+    dU = where0(xp, nonzero, (dV - U * dr) / xp.where(nonzero, r, xp.ones_like(r)))
+    G = mH(dU, xp) @ U
+    dS = xp.triu(G + mH(G, xp), k=1)
+    return dU, -(T @ (dS @ T)), dr
+
+
+def lowrank_jvp(
+    U: Any, T: Any, h: Any, dU: Any, dT: Any, dh: Any, xp: Any, *, transpose: bool, mode: str
+) -> Any:
+    """dy of y = R(h) − U_out M U_inᴴ h along (dU, dT, dh) (None: no tangent): the roles
+    are linear in (U, T), so dy = R(dh) − dU_out b − U_out (dM a + M da), a = U_inᴴh,
+    b = M a, da = dU_inᴴh + U_inᴴdh. Cost ≈ 2× :func:`lowrank_apply`."""
+    M, U_in, U_out = _roles(U, T, transpose, mode, xp)
+    dU = xp.zeros_like(U) if dU is None else dU
+    dM, dU_in, dU_out = _roles(dU, xp.zeros_like(T) if dT is None else dT, transpose, mode, xp)
+    a = mH(U_in, xp) if h is None else mH(U_in, xp) @ h
+    da = mH(dU_in, xp) if h is None else mH(dU_in, xp) @ h
+    if dh is not None:
+        da = da + mH(U_in, xp) @ dh
+    dub = dU_out @ (M @ a) + U_out @ (dM @ a + M @ da)
+    if dh is None:  # R(0) = 0 in every mode: dy = −dU_out b − U_out db
+        return -dub
+    return _residual(dh, dub, U_out.shape[-2], mode, xp)

@@ -240,6 +240,41 @@ def polar_vjp(X: Any, Qbar: Any, xp: Any) -> tuple[Any, Any]:
     return Xbar, sig
 
 
+def polar_jvp(X: Any, dX: Any, xp: Any) -> Any:
+    """dQ of Q = X P⁻¹, P = (XᴴX)^{1/2}, along dX: dQ = dX P⁻¹ − X P⁻¹ dP P⁻¹ with
+    P dP + dP P = dXᴴX + XᴴdX = E, in the eigenbasis of XᴴX = V diag(σ²) Vᴴ:
+    dQ = dX P⁻¹ − X V (Ẽ_ij / (σ_iσ_j(σ_i + σ_j))) Vᴴ, Ẽ = VᴴEV (ᴴ = ᵀ for real X).
+    Wide X: the transpose's (polar(Xᴴ) = polar(X)ᴴ). 8·N·M² + O(M³) flops."""
+    if X.shape[-2] < X.shape[-1]:
+        return mH(polar_jvp(mH(X, xp), mH(dX, xp), xp), xp)
+    lam, V = xp.linalg.eigh(gram(X, xp))
+    sig = xp.sqrt(xp.maximum(lam, xp.zeros_like(lam)))
+    Vh = mH(V, xp)
+    W = mH(dX, xp) @ X
+    Et = Vh @ ((W + mH(W, xp)) @ V)
+    si, sj = sig[..., :, None], sig[..., None, :]
+    den = si * sj * (si + sj)
+    D = Et / xp.where(den > 0, den, xp.ones_like(den))  # rank-deficient X: caller raises
+    Pinv = (V / xp.where(sj > 0, sj, xp.ones_like(sj))) @ Vh
+    return dX @ Pinv - X @ (V @ (D @ Vh))
+
+
+def qr_jvp(Y: Any, dY: Any, xp: Any) -> Any:
+    """dQ of Y ↦ qf(Y) (diag(R) real ≥ 0) along dY: C = QᴴdY R⁻¹ = Ω + dR R⁻¹ with Ω = QᴴdQ
+    skew-Hermitian and dR R⁻¹ upper triangular with a real diagonal, so Ω = L − Lᴴ + i·Im
+    diag(C), L = tril(C, −1); then dQ = dY R⁻¹ − Q (C − Ω). 2·M²(N − M/3)·2 (QR) + 6·N·M²."""
+    Q, R = qr_positive(Y, xp)
+    Rinv = inv_upper_triangular(R, xp)
+    A = dY @ Rinv
+    C = mH(Q, xp) @ A
+    Lo = xp.tril(C, k=-1)
+    Om = Lo - mH(Lo, xp)
+    if is_complex(C.dtype):  # the diagonal's imaginary part: the phase of column k moves
+        eye = eye_like(xp, C.shape[-1], C.dtype, device_of(C))
+        Om = Om + 0.5 * (C - mH(C, xp)) * eye
+    return A - Q @ (C - Om)
+
+
 def riemannian_gradient(X: Any, G: Any, euclidean: bool, xp: Any) -> Any:
     """A X with A = G̃Xᴴ − XG̃ᴴ: G P − X Wᴴ (canonical), G P − X(Wᴴ + ½(W − Wᴴ)P)
     (Euclidean), W = XᴴG, P = XᴴX (ᴴ = ᵀ for real X). 8·N·M² flops."""

@@ -45,6 +45,12 @@ class CWYFactors(torch.autograd.Function):
     def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
         U, T, r = output
         ctx.save_for_backward(U, T, r)
+        ctx.save_for_forward(U, T, r)
+
+    @staticmethod
+    def jvp(ctx: Any, dV: Any) -> Any:
+        U, T, r = ctx.saved_tensors
+        return K.factors_jvp(U, T, r, dV, _xp)
 
     @staticmethod
     def backward(ctx: Any, U_bar: torch.Tensor, T_bar: torch.Tensor, r_bar: Any) -> Any:
@@ -67,6 +73,11 @@ class CWYFactorsDiag(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
         ctx.save_for_backward(*output)  # sdiag gets no cotangent (None below)
+        ctx.save_for_forward(*output)
+
+    @staticmethod
+    def jvp(ctx: Any, dV: Any, _dsdiag: Any) -> Any:
+        return CWYFactors.jvp(ctx, dV)  # sdiag is a constant: only the strict upper part moves
 
     @staticmethod
     def backward(ctx: Any, U_bar: torch.Tensor, T_bar: torch.Tensor, r_bar: Any) -> Any:
@@ -117,7 +128,15 @@ class LowRankApply(torch.autograd.Function):
     def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
         U, T, h, transpose, mode = inputs[:5]  # (``out``: the dense matrix's dtype, or absent)
         ctx.save_for_backward(U, T, h)
+        ctx.save_for_forward(U, T, h)
         ctx.transpose, ctx.mode = transpose, mode
+        ctx.out = inputs[5] if len(inputs) > 5 else None
+
+    @staticmethod
+    def jvp(ctx: Any, dU: Any, dT: Any, dh: Any, *_: Any) -> Any:
+        U, T, h = ctx.saved_tensors
+        dy = K.lowrank_jvp(U, T, h, dU, dT, dh, _xp, transpose=ctx.transpose, mode=ctx.mode)
+        return dy if ctx.out is None else dy.to(ctx.out)
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> Any:
@@ -143,7 +162,14 @@ class LowRankApplyKept(torch.autograd.Function):
         _, a, b = output
         ctx.mark_non_differentiable(a, b)
         ctx.save_for_backward(U, T, h, a, b)
+        ctx.save_for_forward(U, T, h)
         ctx.transpose, ctx.mode = transpose, mode
+
+    @staticmethod
+    def jvp(ctx: Any, dU: Any, dT: Any, dh: Any, *_: Any) -> Any:
+        U, T, h = ctx.saved_tensors[:3]
+        dy = K.lowrank_jvp(U, T, h, dU, dT, dh, _xp, transpose=ctx.transpose, mode=ctx.mode)
+        return dy, None, None  # a and b are not differentiable outputs
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor, _a: Any, _b: Any) -> Any:
@@ -238,11 +264,28 @@ class HouseholderApply(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
         ctx.save_for_backward(*inputs)
+        ctx.save_for_forward(*inputs)
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> Any:
         V, h = ctx.saved_tensors
         return householder_apply_vjp(V, h, g, _xp)
+
+    @staticmethod
+    def jvp(ctx: Any, dV: Any, dh: Any) -> Any:
+        return _sequential_jvp(*ctx.saved_tensors, dV, dh)
+
+
+def _sequential_jvp(V: Any, h: Any, dV: Any, dh: Any) -> Any:
+    """The tangent of H(v₁)…H(v_L) h: the product is the compact WY map (Likhosherstov et
+    al., AISTATS 2021, Theorem 2), so its JVP is that of the factors and the low-rank apply
+    (N·L² + 4·N·L·B flops, against the sequential 4·N·L·B forward)."""
+    U, T, r = K.cwy_factors(V, _xp, check=False)
+    if dV is None:
+        dU = dT = None
+    else:
+        dU, dT, _ = K.factors_jvp(U, T, r, dV, _xp)
+    return K.lowrank_jvp(U, T, h, dU, dT, dh, _xp, transpose=False, mode="square")
 
 
 class HouseholderApplyNumba(torch.autograd.Function):
@@ -261,6 +304,11 @@ class HouseholderApplyNumba(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
         ctx.save_for_backward(*inputs)
+        ctx.save_for_forward(*inputs)
+
+    @staticmethod
+    def jvp(ctx: Any, dV: Any, dh: Any) -> Any:
+        return _sequential_jvp(*ctx.saved_tensors, dV, dh)
 
     @staticmethod
     @once_differentiable
@@ -287,11 +335,20 @@ class Polar(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
         ctx.save_for_backward(inputs[0])
+        ctx.save_for_forward(inputs[0])
 
     @staticmethod
     def backward(ctx: Any, G: torch.Tensor) -> Any:
         (X,) = ctx.saved_tensors
         return polar_backward(X, G, _xp), None, None, None
+
+    @staticmethod
+    def jvp(ctx: Any, dX: Any, *_: Any) -> Any:
+        (X,) = ctx.saved_tensors
+        work = torch.float64 if X.dtype == torch.float32 and X.device.type == "cpu" else X.dtype
+        work = torch.complex128 if X.dtype == torch.complex64 and work != X.dtype else work
+        dQ = RK.polar_jvp(X.to(work), dX.to(work), _xp)
+        return dQ.to(X.dtype)
 
     @staticmethod
     def vmap(info: Any, in_dims: tuple, X: torch.Tensor, num_iters: Any, restart: Any, box: Any):
@@ -347,11 +404,17 @@ class QRPositive(torch.autograd.Function):
         # the backward recomputes Q, R from Y (one more QR) so that double backward sees
         # R's dependence on Y through torch.linalg.qr's own derivative
         ctx.save_for_backward(inputs[0])
+        ctx.save_for_forward(inputs[0])
 
     @staticmethod
     def backward(ctx: Any, Qbar: torch.Tensor) -> Any:
         (Y,) = ctx.saved_tensors
         return RK.qr_vjp(Y, Qbar, _xp)
+
+    @staticmethod
+    def jvp(ctx: Any, dY: Any) -> Any:
+        (Y,) = ctx.saved_tensors
+        return RK.qr_jvp(Y, dY, _xp)
 
 
 # -- the rule table ---------------------------------------------------------------------------

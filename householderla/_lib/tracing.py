@@ -40,16 +40,29 @@ def is_vmapped(x: Any) -> bool:
 
 def needs_graph(*tensors: Any) -> bool:
     """Whether a torch call must go through the autograd ``Function``s: grad is enabled and
-    an input requires grad, or a ``torch.func`` transform wraps an input. False for anything
-    that is not a torch tensor (None included)."""
+    an input requires grad, a ``torch.func`` transform wraps an input, or an input is a
+    forward-mode dual tensor. False for anything that is not a torch tensor (None included)."""
     torch = sys.modules.get("torch")
     if torch is None:
         return False
     grad = torch.is_grad_enabled()
+    dual = _forward_level(torch) >= 0
     return any(
-        isinstance(t, torch.Tensor) and ((grad and t.requires_grad) or is_transformed(t))
+        isinstance(t, torch.Tensor)
+        and ((grad and t.requires_grad) or is_transformed(t) or (dual and _is_dual(torch, t)))
         for t in tensors
     )
+
+
+def _forward_level(torch: Any) -> int:
+    """The innermost ``torch.autograd.forward_ad.dual_level`` (−1 outside one)."""
+    return torch.autograd.forward_ad._current_level
+
+
+def _is_dual(torch: Any, t: Any) -> bool:
+    """Whether ``t`` carries a forward-mode tangent (a dual tensor of ``forward_ad``): its
+    products must go through the ``Function``s, whose ``jvp`` carries the tangent on."""
+    return torch.autograd.forward_ad.unpack_dual(t).tangent is not None
 
 
 def is_eager(x: Any) -> bool:
