@@ -48,7 +48,7 @@ class CWYFactors(torch.autograd.Function):
         ctx.save_for_forward(U, T, r)
 
     @staticmethod
-    def jvp(ctx: Any, dV: Any) -> Any:
+    def _jvp(ctx: Any, dV: Any) -> Any:
         U, T, r = ctx.saved_tensors
         return K.factors_jvp(U, T, r, dV, _xp)
 
@@ -76,8 +76,8 @@ class CWYFactorsDiag(torch.autograd.Function):
         ctx.save_for_forward(*output)
 
     @staticmethod
-    def jvp(ctx: Any, dV: Any, _dsdiag: Any) -> Any:
-        return CWYFactors.jvp(ctx, dV)  # sdiag is a constant: only the strict upper part moves
+    def _jvp(ctx: Any, dV: Any, _dsdiag: Any) -> Any:
+        return CWYFactors._jvp(ctx, dV)  # sdiag is a constant: only the strict upper part moves
 
     @staticmethod
     def backward(ctx: Any, U_bar: torch.Tensor, T_bar: torch.Tensor, r_bar: Any) -> Any:
@@ -133,7 +133,7 @@ class LowRankApply(torch.autograd.Function):
         ctx.out = inputs[5] if len(inputs) > 5 else None
 
     @staticmethod
-    def jvp(ctx: Any, dU: Any, dT: Any, dh: Any, *_: Any) -> Any:
+    def _jvp(ctx: Any, dU: Any, dT: Any, dh: Any, *_: Any) -> Any:
         U, T, h = ctx.saved_tensors
         dy = K.lowrank_jvp(U, T, h, dU, dT, dh, _xp, transpose=ctx.transpose, mode=ctx.mode)
         return dy if ctx.out is None else dy.to(ctx.out)
@@ -166,7 +166,7 @@ class LowRankApplyKept(torch.autograd.Function):
         ctx.transpose, ctx.mode = transpose, mode
 
     @staticmethod
-    def jvp(ctx: Any, dU: Any, dT: Any, dh: Any, *_: Any) -> Any:
+    def _jvp(ctx: Any, dU: Any, dT: Any, dh: Any, *_: Any) -> Any:
         U, T, h = ctx.saved_tensors[:3]
         dy = K.lowrank_jvp(U, T, h, dU, dT, dh, _xp, transpose=ctx.transpose, mode=ctx.mode)
         return dy, None, None  # a and b are not differentiable outputs
@@ -180,8 +180,8 @@ class LowRankApplyKept(torch.autograd.Function):
 
 def _lowrank(xp: Any, U: Any, T: Any, h: Any, transpose: bool, mode: str, out: Any = None) -> Any:
     if out is None and h is not None and h.dtype == U.dtype == T.dtype:
-        return LowRankApplyKept.apply(U, T, h, transpose, mode)[0]
-    return LowRankApply.apply(U, T, h, transpose, mode, out)
+        return with_jvp(LowRankApplyKept).apply(U, T, h, transpose, mode)[0]
+    return with_jvp(LowRankApply).apply(U, T, h, transpose, mode, out)
 
 
 class CWYLinear(torch.autograd.Function):
@@ -272,7 +272,7 @@ class HouseholderApply(torch.autograd.Function):
         return householder_apply_vjp(V, h, g, _xp)
 
     @staticmethod
-    def jvp(ctx: Any, dV: Any, dh: Any) -> Any:
+    def _jvp(ctx: Any, dV: Any, dh: Any) -> Any:
         return _sequential_jvp(*ctx.saved_tensors, dV, dh)
 
 
@@ -307,7 +307,7 @@ class HouseholderApplyNumba(torch.autograd.Function):
         ctx.save_for_forward(*inputs)
 
     @staticmethod
-    def jvp(ctx: Any, dV: Any, dh: Any) -> Any:
+    def _jvp(ctx: Any, dV: Any, dh: Any) -> Any:
         return _sequential_jvp(*ctx.saved_tensors, dV, dh)
 
     @staticmethod
@@ -343,7 +343,7 @@ class Polar(torch.autograd.Function):
         return polar_backward(X, G, _xp), None, None, None
 
     @staticmethod
-    def jvp(ctx: Any, dX: Any, *_: Any) -> Any:
+    def _jvp(ctx: Any, dX: Any, *_: Any) -> Any:
         (X,) = ctx.saved_tensors
         work = torch.float64 if X.dtype == torch.float32 and X.device.type == "cpu" else X.dtype
         work = torch.complex128 if X.dtype == torch.complex64 and work != X.dtype else work
@@ -353,7 +353,7 @@ class Polar(torch.autograd.Function):
     @staticmethod
     def vmap(info: Any, in_dims: tuple, X: torch.Tensor, num_iters: Any, restart: Any, box: Any):
         # polar is batched over leading axes: run it once on the real (unbatched) tensor
-        return Polar.apply(X.movedim(in_dims[0], 0), num_iters, restart, box), 0
+        return with_jvp(Polar).apply(X.movedim(in_dims[0], 0), num_iters, restart, box), 0
 
 
 class CayleySMW(torch.autograd.Function):
@@ -412,9 +412,34 @@ class QRPositive(torch.autograd.Function):
         return RK.qr_vjp(Y, Qbar, _xp)
 
     @staticmethod
-    def jvp(ctx: Any, dY: Any) -> Any:
+    def _jvp(ctx: Any, dY: Any) -> Any:
         (Y,) = ctx.saved_tensors
         return RK.qr_jvp(Y, dY, _xp)
+
+
+# -- forward mode: the same Functions with their ``jvp`` ----------------------------------------
+
+#: Dynamo cannot trace a Function that defines ``jvp`` (torch 2.13: "Unsupported custom jvp"):
+#: eager calls take these twins (forward mode works: ``torch.func.jvp``, dual tensors), calls
+#: traced by ``torch.compile`` the Functions above (one graph, no forward mode there).
+_FORWARD = {
+    cls: type(cls.__name__, (cls,), {"jvp": staticmethod(cls._jvp), "__module__": __name__})
+    for cls in (
+        CWYFactors,
+        CWYFactorsDiag,
+        LowRankApply,
+        LowRankApplyKept,
+        HouseholderApply,
+        HouseholderApplyNumba,
+        Polar,
+        QRPositive,
+    )
+}
+
+
+def with_jvp(cls: Any) -> Any:
+    """``cls`` with its ``jvp`` outside ``torch.compile``, ``cls`` itself while tracing."""
+    return cls if torch.compiler.is_compiling() else _FORWARD[cls]
 
 
 # -- the rule table ---------------------------------------------------------------------------
@@ -422,16 +447,16 @@ class QRPositive(torch.autograd.Function):
 
 def _polar(xp: Any, X: Any, num_iters: Any, restart: Any) -> tuple[Any, dict[str, Any]]:
     box: dict[str, Any] = {}
-    return Polar.apply(X, num_iters, restart, box), box
+    return with_jvp(Polar).apply(X, num_iters, restart, box), box
 
 
 RULES = {
     "cwy_factors": lambda xp, V, sdiag=None: (
-        CWYFactors.apply(V) if sdiag is None else CWYFactorsDiag.apply(V, sdiag)
+        with_jvp(CWYFactors).apply(V) if sdiag is None else with_jvp(CWYFactorsDiag).apply(V, sdiag)
     ),
     "lowrank": _lowrank,
-    "householder_apply": lambda xp, V, h: HouseholderApply.apply(V, h),
+    "householder_apply": lambda xp, V, h: with_jvp(HouseholderApply).apply(V, h),
     "polar": _polar,
     "cayley": lambda xp, X, Z, step: CayleySMW.apply(X, Z, step),
-    "qr_q": lambda xp, Y: QRPositive.apply(Y),
+    "qr_q": lambda xp, Y: with_jvp(QRPositive).apply(Y),
 }

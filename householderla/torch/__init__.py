@@ -38,6 +38,7 @@ from .._autodiff.torch import (
     LowRankApply,
     Polar,
     QRPositive,
+    with_jvp,
 )
 from .._kernels import load_numba
 from .._lib.checks import as_matrix_operand, check_finite_norms, check_reflectors
@@ -122,7 +123,7 @@ def householder_apply(V: Any, h: Any, *, kernel: str = "torch") -> torch.Tensor:
     hm, vector = as_matrix_operand(h, N)
     check_finite_norms(xp.max(xp.abs(V), axis=-2, keepdims=True), xp)
     _check_numba_operands(V, hm)
-    y = HouseholderApplyNumba.apply(V, hm)
+    y = with_jvp(HouseholderApplyNumba).apply(V, hm)
     return y[..., 0] if vector else y
 
 
