@@ -3,7 +3,7 @@ QR retractions, Riemannian gradients, and their VJPs (docs/theory/complex.rst, "
 gradients").
 
 Oracles: ``scipy.linalg.polar`` (the unitary factor), ``scipy.stats.unitary_group``, dense
-Cayley transforms and NumPy's QR. Cotangent conventions as in tests/test_complex_vjp.py:
+Cayley transforms and NumPy's QR. Cotangent conventions as in tests/test_vjp.py:
 ``hl.vjp`` and torch take ḡ = ∂L/∂Re + i ∂L/∂Im, JAX its conjugate.
 
 Tolerances. Orthonormality: ‖QᴴQ − I‖_F ≤ 20·M·eps of the result's dtype: complex128 results
@@ -459,7 +459,7 @@ def _jax_maps():
 def test_jax_grad_against_real_and_imaginary_differences(name, jit):
     """``jax.grad`` of a real loss is ∂L/∂Re − i ∂L/∂Im: Re Σ grad·δ must equal the central
     difference along a real δ and along an imaginary iδ (a missing conjugation flips the sign
-    of the second; 1e-7 relative as in tests/test_complex_vjp.py)."""
+    of the second; 1e-7 relative as in tests/test_vjp.py)."""
     jax = _jax()
     jnp = jax.numpy
     f = _jax_maps()[name]

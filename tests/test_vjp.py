@@ -1,8 +1,9 @@
 """Every explicit VJP by the dot-product test against central differences, on every backend:
 one test over the registry of differentiable maps (tests/registry.py: CWY, T-CWY, the
 Householder products, the phased unitary maps, oRNN, SVD-Householder, bounded σ and the
-retractions, each in float64 and, where it takes them, complex128); then the torch and JAX
-wiring through the operators.
+retractions, each in float64 and, where it takes them, complex128), the forward-mode JVPs
+against them; then the torch and JAX wiring through the operators, for real, complex and
+phased (``theta=``) maps and the retractions.
 
 Dot-product test: for random directions δ and cotangent g, the central difference
 (⟨g, f(x + εδ)⟩ − ⟨g, f(x − εδ)⟩)/2ε equals ⟨vjp(g), δ⟩ up to O(ε²)·|f'''| + O(eps/ε).
@@ -15,7 +16,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import FRAMEWORKS, LONG, get_backend, require, to_numpy
-from helpers import EPS_FD, assert_vjp_matches_central_differences, stable_seed
+from helpers import (
+    EPS_FD,
+    assert_jax_grad_matches_real_and_imaginary_differences,
+    assert_vjp_matches_central_differences,
+    stable_seed,
+)
 from registry import COMPLEX, ENTRIES, REAL
 
 import householderla as hl
@@ -321,3 +327,343 @@ def test_jax_closures_over_concrete_and_numpy_operands():
         for tf in (lambda f: f, jax.jit):
             gV = tf(jax.grad(lambda V, h=h: (hl.cwy(V) @ h).sum()))(V)
             np.testing.assert_allclose(np.asarray(gV), Vref, atol=1e-12)
+
+
+# == complex maps: the theorems their gradients obey, and each framework's convention ============
+# hl.vjp and torch use the cotangent ḡ = ∂L/∂Re + i ∂L/∂Im, so dL = Re⟨ḡ, dz⟩ = Re Σ conj(ḡ)·dz;
+# JAX's cotangent is its conjugate, dL = Re Σ g_jax·dz (docs/theory/complex.rst). Central
+# differences with ε = 1e-6 in complex128 are accurate to ~1e-9 relative; the bounds are 1e-7
+# relative, while a missing conjugate flips the sign of the imaginary-direction derivative.
+
+C128 = np.complex128
+
+
+def crandn(rng, *shape):
+    return rng.standard_normal(shape) + 1j * rng.standard_normal(shape)
+
+
+C128 = np.complex128
+
+
+def _complex_maps():
+    """name -> (forward f(V, *others), hl.vjp function, shapes of the others for (N, L))."""
+    return {
+        "cwy_apply": (lambda V, h: hl.cwy(V) @ h, hl.vjp.cwy_apply, lambda N, L: [(N, 3)]),
+        "cwy_apply_vector": (lambda V, h: hl.cwy(V) @ h, hl.vjp.cwy_apply, lambda N, L: [(N,)]),
+        "cwy_transpose_apply": (
+            lambda V, h: hl.cwy(V).H @ h,
+            hl.vjp.cwy_transpose_apply,
+            lambda N, L: [(N, 2)],
+        ),
+        "cwy_matrix": (lambda V: hl.cwy(V).matrix(), hl.vjp.cwy_matrix, lambda N, L: []),
+        "tcwy_apply": (lambda V, x: hl.tcwy(V) @ x, hl.vjp.tcwy_apply, lambda N, L: [(L, 2)]),
+        "tcwy_transpose_apply": (
+            lambda V, y: hl.tcwy(V).H @ y,
+            hl.vjp.tcwy_transpose_apply,
+            lambda N, L: [(N, 3)],
+        ),
+        "tcwy_matrix": (lambda V: hl.tcwy(V).matrix(), hl.vjp.tcwy_matrix, lambda N, L: []),
+        "householder_apply": (
+            hl.householder_apply,
+            hl.vjp.householder_apply,
+            lambda N, L: [(N, 2)],
+        ),
+        "householder_product": (
+            hl.householder_product,
+            hl.vjp.householder_product,
+            lambda N, L: [],
+        ),
+    }
+
+
+@pytest.mark.parametrize("name", ["cwy_apply", "cwy_matrix", "tcwy_transpose_apply"])
+def test_cotangent_is_orthogonal_to_v_and_iv(bk_eager, name):
+    """H(cv) = H(v) for every complex c ≠ 0, so the loss is constant along v ↦ (1 + t)v and
+    v ↦ e^{it}v: Re⟨v̄_k, v_k⟩ = 0 and Re⟨v̄_k, i v_k⟩ = 0 for every column (to rounding,
+    ~eps·‖v̄‖‖v‖)."""
+    bk = bk_eager
+    f, vjp, other_shapes = _complex_maps()[name]
+    rng = np.random.default_rng(stable_seed("phase", name))
+    V = crandn(rng, 7, 4)
+    others = [crandn(rng, *s) for s in other_shapes(7, 4)]
+    g = crandn(rng, *np.shape(to_numpy(f(*(bk.asarray(a, C128) for a in [V, *others])))))
+    out = vjp(*(bk.asarray(a, C128) for a in [V, *others, g]))
+    Vb = to_numpy(out[0] if isinstance(out, tuple) else out)
+    scale = np.linalg.norm(Vb, axis=0) * np.linalg.norm(V, axis=0)
+    for c in (1.0, 1.0j):
+        radial = np.sum(np.real(np.conj(Vb) * (c * V)), axis=0)
+        assert np.all(np.abs(radial) <= 1e-13 * scale), (c, radial)
+    assert np.max(np.abs(Vb)) > 0.1  # not vacuous
+
+
+def test_real_inputs_get_real_cotangents():
+    """V real, h complex: V̄ is real and equals the real part of V̄ at the same (complex-typed)
+    point, since only real perturbations of V are allowed."""
+    rng = np.random.default_rng(1)
+    V, h, g = rng.standard_normal((6, 3)), crandn(rng, 6, 2), crandn(rng, 6, 2)
+    Vb, hb = hl.vjp.cwy_apply(V, h, g)
+    Vb_c, hb_c = hl.vjp.cwy_apply(V.astype(C128), h, g)
+    assert Vb.dtype == np.float64 and hb.dtype == C128
+    np.testing.assert_allclose(Vb, Vb_c.real, atol=1e-14)
+    np.testing.assert_allclose(hb, hb_c, atol=1e-14)
+    Gb = hl.vjp.householder_product(V, crandn(rng, 6, 6))
+    assert Gb.dtype == np.float64
+
+
+# -- torch: conjugate Wirtinger derivatives ------------------------------------------------
+
+
+def _complex_torch_maps():
+    return {
+        "cwy_apply": (lambda V, h: hl.cwy(V) @ h, "h"),
+        "cwy_H_apply": (lambda V, h: hl.cwy(V).H @ h, "h"),
+        "cwy_T_apply": (lambda V, h: hl.cwy(V).T @ h, "h"),
+        "cwy_matrix": (lambda V: hl.cwy(V).matrix(), None),
+        "tcwy_apply": (lambda V, x: hl.tcwy(V) @ x, "x"),
+        "tcwy_H_apply": (lambda V, h: hl.tcwy(V).H @ h, "h"),
+        "tcwy_matrix": (lambda V: hl.tcwy(V).matrix(), None),
+        "householder_apply": (hl.householder_apply, "h"),
+    }
+
+
+@pytest.mark.parametrize("name", list(_complex_torch_maps()))
+def test_complex_torch_gradcheck_and_gradgradcheck(name):
+    torch = require("torch")
+    f, other = _complex_torch_maps()[name]
+    rng = np.random.default_rng(stable_seed("torch", name))
+    N, L = 5, 3
+    args = [torch.tensor(crandn(rng, N, L), requires_grad=True)]
+    if other is not None:
+        shape = (L, 2) if other == "x" else (N, 2)
+        args.append(torch.tensor(crandn(rng, *shape), requires_grad=True))
+    assert torch.autograd.gradcheck(f, tuple(args))
+    if LONG or name in ("cwy_apply", "cwy_matrix", "tcwy_apply", "householder_apply"):
+        # second order for the maps issue 15 names; the transposed variants (same Functions,
+        # 7-12 s each) in `make test-long`
+        assert torch.autograd.gradgradcheck(f, tuple(args))
+
+
+def test_complex_torch_grad_is_the_plain_vjp():
+    """``.grad`` after ``backward(g)`` is ``hl.vjp``'s cotangent: one convention for both."""
+    torch = require("torch")
+    rng = np.random.default_rng(2)
+    V, h, g = crandn(rng, 6, 4), crandn(rng, 6, 2), crandn(rng, 6, 2)
+    Vt, ht = (torch.tensor(a, requires_grad=True) for a in (V, h))
+    (hl.cwy(Vt) @ ht).backward(torch.tensor(g))
+    Vb, hb = hl.vjp.cwy_apply(V, h, g)
+    np.testing.assert_allclose(Vt.grad.numpy(), Vb, atol=1e-13)
+    np.testing.assert_allclose(ht.grad.numpy(), hb, atol=1e-13)
+
+
+# -- JAX: the conjugate convention ----------------------------------------------------------
+
+
+def _jax():
+    jax = require("jax")
+    jax.config.update("jax_enable_x64", True)  # as the jax backends of conftest do
+    return jax
+
+
+def _loss(f, W):
+    """A real loss of a complex output that is not holomorphic in it (Re⟨W, y⟩ + 0.3‖y‖²)."""
+    jnp = _jax().numpy
+
+    def loss(*args):
+        y = f(*args)
+        return jnp.sum(jnp.real(jnp.conj(W) * y)) + 0.3 * jnp.sum(jnp.abs(y) ** 2)
+
+    return loss
+
+
+@pytest.mark.parametrize("name", ["cwy_apply", "cwy_matrix", "tcwy_transpose_apply"])
+@pytest.mark.parametrize("jit", [False, True])
+def test_jax_grad_against_real_and_imaginary_differences(name, jit):
+    """``jax.grad`` of a real loss is ∂L/∂Re − i ∂L/∂Im (JAX's convention): its pairing
+    Re Σ grad·δ with a real δ and with an imaginary iδ must equal the central differences
+    along each. A rule that skipped the conjugation passes the real direction and fails the
+    imaginary one by a sign."""
+    jax = _jax()
+    jnp = jax.numpy
+    f, _, other_shapes = _complex_maps()[name]
+    rng = np.random.default_rng(stable_seed("jax", name))
+    N, L = 5, 3
+    args = [crandn(rng, N, L), *(crandn(rng, *s) for s in other_shapes(N, L))]
+    W = jnp.asarray(crandn(rng, *np.shape(f(*args))))
+    loss = _loss(f, W)
+    grad = jax.grad(loss, argnums=tuple(range(len(args))))
+    grads = (jax.jit(grad) if jit else grad)(*map(jnp.asarray, args))
+    assert_jax_grad_matches_real_and_imaginary_differences(loss, args, grads, rng)
+
+
+def test_jax_grad_is_the_conjugate_of_the_plain_vjp():
+    jax = _jax()
+    jnp = jax.numpy
+    rng = np.random.default_rng(3)
+    V, h, g = crandn(rng, 6, 4), crandn(rng, 6, 2), crandn(rng, 6, 2)
+    _, pullback = jax.vjp(lambda V, h: hl.cwy(V) @ h, jnp.asarray(V), jnp.asarray(h))
+    Vj, hj = pullback(jnp.asarray(np.conj(g)))
+    Vb, hb = hl.vjp.cwy_apply(V, h, g)
+    np.testing.assert_allclose(np.asarray(Vj), np.conj(Vb), atol=1e-13)
+    np.testing.assert_allclose(np.asarray(hj), np.conj(hb), atol=1e-13)
+
+
+@pytest.mark.parametrize("name", ["cwy_apply", "tcwy_matrix", "householder_apply"])
+def test_jax_check_grads_order_2(name):
+    """``jax.test_util.check_grads``: reverse mode against numerical derivatives, and the
+    reverse of the reverse (the backward rules are written in jnp, so differentiable)."""
+    jax = _jax()
+    from jax.test_util import check_grads
+
+    f, _, other_shapes = _complex_maps()[name]
+    rng = np.random.default_rng(stable_seed("check_grads", name))
+    args = [crandn(rng, 5, 3), *(crandn(rng, *s) for s in other_shapes(5, 3))]
+    check_grads(f, tuple(map(jax.numpy.asarray, args)), order=2, modes=["rev"])
+
+
+# == the phased unitary maps (theta=): torch's gradcheck through the operators, jax.grad ==========
+# θ̄ is real: a formula that returned Re instead of −Im (or dropped the sign of the adjoint phase)
+# is off by O(1) along θ's direction; tolerances as for the complex maps.
+
+
+PN, PL, PB = 6, 4, 2  # the phased maps' sizes
+
+
+def test_phase_gradient_is_zero_for_a_phase_invariant_loss():
+    """‖cwy(V, theta=θ) h‖² does not depend on θ (or V): every cotangent is 0 to rounding,
+    while Re⟨w, Q h⟩ does, along θ."""
+    rng = np.random.default_rng(1)
+    V, h, theta = crandn(rng, PN, PL), crandn(rng, PN, PB), rng.standard_normal(PN)
+    y = hl.cwy(V, theta=theta) @ h
+    Vb, hb, tb = hl.vjp.cwy_apply(V, h, 2 * y, theta=theta)  # ∂‖y‖²: ȳ = 2y
+    np.testing.assert_allclose(tb, 0, atol=1e-12)
+    np.testing.assert_allclose(Vb, 0, atol=1e-12)
+    np.testing.assert_allclose(hb, 2 * h, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "name", ["cwy_apply", "cwy_H_apply", "tcwy_matrix", "ornn_apply", "svd_apply"]
+)
+def test_phased_torch_gradcheck_and_gradgradcheck(name):
+    """Through the operators: the CWY rules with the phase factor differentiated natively
+    (gradgradcheck for cwy_apply here, all of them in ``make test-long``)."""
+    torch = require("torch")
+    rng = np.random.default_rng(stable_seed("torch-theta", name))
+    t = lambda a: torch.tensor(a, requires_grad=True)  # noqa: E731
+    V, h, th_N, th_L = (
+        t(crandn(rng, 5, 3)),
+        t(crandn(rng, 5, 2)),
+        t(rng.random(5)),
+        t(rng.random(3)),
+    )
+    cases = {
+        "cwy_apply": (lambda V, h, t: hl.cwy(V, theta=t) @ h, (V, h, th_N)),
+        "cwy_H_apply": (lambda V, h, t: hl.cwy(V, theta=t).H @ h, (V, h, th_N)),
+        "tcwy_matrix": (lambda V, t: hl.tcwy(V, theta=t).matrix(), (V, th_L)),
+        "ornn_apply": (
+            lambda U, h, t: hl.ornn(U, theta=t) @ h,
+            (t(np.tril(crandn(rng, 5, 4))), h, th_N),
+        ),
+        "svd_apply": (
+            lambda U, s, W, x, t: hl.svd_householder(U, s, W, theta=t) @ x,
+            (V, t(rng.random(3)), t(crandn(rng, 3, 2)), t(crandn(rng, 3, 2)), th_L),
+        ),
+    }
+    f, args = cases[name]
+    assert torch.autograd.gradcheck(f, args)
+    if name == "cwy_apply" or LONG:  # second order through the phase; the others (5-40 s
+        assert torch.autograd.gradgradcheck(f, args)  # each) in `make test-long`
+
+
+def test_phased_jax_grad_matches_the_plain_vjp():
+    """``jax.vjp`` with the conjugated cotangent returns the conjugates of ``hl.vjp``'s
+    complex cotangents and the same real θ̄ (eager and under ``jax.jit``)."""
+    jax = require("jax")
+    jax.config.update("jax_enable_x64", True)  # as the jax backends of conftest do
+    jnp = jax.numpy
+    rng = np.random.default_rng(2)
+    V, h, theta, g = (
+        crandn(rng, PN, PL),
+        crandn(rng, PN, PB),
+        rng.standard_normal(PN),
+        crandn(rng, PN, PB),
+    )
+    ref = hl.vjp.cwy_transpose_apply(V, h, g, theta=theta)
+    fwd = lambda V, h, t: hl.cwy(V, theta=t).H @ h  # noqa: E731
+    for wrap in (lambda f: f, jax.jit):
+        _, pull = jax.vjp(wrap(fwd), *map(jnp.asarray, (V, h, theta)))
+        Vj, hj, tj = pull(jnp.asarray(np.conj(g)))
+        np.testing.assert_allclose(np.asarray(Vj), np.conj(ref[0]), atol=1e-12)
+        np.testing.assert_allclose(np.asarray(hj), np.conj(ref[1]), atol=1e-12)
+        np.testing.assert_allclose(np.asarray(tj), ref[2], atol=1e-12)
+
+
+# == the retractions: steps, float32, bad input, memory, and autodiff through the plain maps ======
+# Cayley is differentiated without its drift guard (drift_tol=inf): perturbed X leave the manifold
+# by ε, and the VJP is that of the SMW map itself.
+
+INF = float("inf")
+
+
+def test_retraction_vjps_take_python_float_steps_and_float32():
+    rng = np.random.default_rng(20)
+    X = np.linalg.qr(rng.standard_normal((5, 2)))[0].astype(np.float32)
+    Z = rng.standard_normal((5, 2)).astype(np.float32)
+    g = rng.standard_normal((5, 2)).astype(np.float32)
+    for vjp in (hl.vjp.cayley_retraction, hl.vjp.qr_retraction, hl.vjp.polar_retraction):
+        Xb, Zb, tb = vjp(X, Z, 0.3, g)
+        assert Xb.dtype == Zb.dtype == tb.dtype == np.float32 and tb.shape == ()
+        Xb64, _, tb64 = vjp(X.astype(np.float64), Z.astype(np.float64), 0.3, g.astype(np.float64))
+        np.testing.assert_allclose(Xb, Xb64, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(tb, tb64, rtol=1e-5, atol=1e-5)
+
+
+def test_retraction_vjps_bad_input():
+    X, g = np.eye(4, 2), np.ones((4, 2))
+    with pytest.raises(ValueError, match="Ybar must have the shape"):
+        hl.vjp.cayley_retraction(X, X, 0.1, np.ones((4, 3)))
+    with pytest.raises(ValueError, match="G must have the shape"):
+        hl.vjp.polar(X, np.ones((2, 4)))
+    with pytest.raises(ValueError, match="Z must have the shape"):
+        hl.vjp.cayley_retraction(X, np.ones((4, 3)), 0.1, g)
+    with pytest.raises(ValueError, match="rank deficient"):
+        hl.vjp.polar(np.zeros((4, 2)), g)
+
+
+def test_no_n_by_n_intermediate_in_cayley_vjp():
+    """Memory: the VJP at N = 4096, M = 4 stays O(N·M) (an N×N float64 would be 134 MB)."""
+    import tracemalloc
+
+    rng = np.random.default_rng(21)
+    N, M = 4096, 4
+    X = np.linalg.qr(rng.standard_normal((N, M)))[0]
+    G, g = rng.standard_normal((N, M)), rng.standard_normal((N, M))
+    tracemalloc.start()
+    hl.vjp.cayley_retraction(X, G, 0.1, g)
+    hl.vjp.polar(X, g)
+    hl.vjp.qr_retraction(X, G, 0.1, g)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 40 * N * M * 8, peak
+
+
+def test_retraction_plain_autodiff_agrees_with_explicit_vjps():
+    """Until the adapters wire these VJPs (torch.autograd.Function / jax.custom_vjp), torch
+    and JAX differentiate through the array operations; both agree with hl.vjp, warning-free."""
+    torch = require("torch")
+    jax = require("jax")
+    jax.config.update("jax_enable_x64", True)
+    rng = np.random.default_rng(22)
+    X = np.linalg.qr(rng.standard_normal((7, 3)))[0]
+    G, g = rng.standard_normal((7, 3)), rng.standard_normal((7, 3))
+    ref_p = hl.vjp.polar(X + 0.3 * G, g)
+    Xt = torch.tensor(X + 0.3 * G, requires_grad=True)
+    (hl.polar(Xt) * torch.tensor(g)).sum().backward()
+    np.testing.assert_allclose(Xt.grad.numpy(), ref_p, atol=1e-12)
+    gj = jax.grad(lambda x: (hl.polar(x) * g).sum())(jax.numpy.asarray(X + 0.3 * G))
+    np.testing.assert_allclose(np.asarray(gj), ref_p, atol=1e-12)
+    ref_c = hl.vjp.cayley_retraction(X, G, 0.3, g)
+    Xt, Gt = (torch.tensor(a, requires_grad=True) for a in (X, G))
+    Y = hl.cayley_retraction(Xt, Gt, 0.3, drift_tol=INF)
+    (Y * torch.tensor(g)).sum().backward()
+    np.testing.assert_allclose(Xt.grad.numpy(), ref_c[0], atol=1e-12)
+    np.testing.assert_allclose(Gt.grad.numpy(), ref_c[1], atol=1e-12)
