@@ -136,8 +136,18 @@ ROWS = {
         "error": [
             "test_retractions.py::test_cayley_smw_equals_dense_cayley",
             "test_retractions.py::test_cayley_drift_guard",
+            "test_cayley_edges.py::test_the_basis_path_equals_the_dense_cayley",
+            "test_cayley_edges.py::test_huge_steps_under_jax_jit",
+            "test_cayley_edges.py::test_peak_memory_at_most_two_times_x",
         ],
-        "scaling": ["test_reliability.py::test_retractions_and_polar_are_scale_invariant"],
+        "degenerate": [
+            "test_cayley_edges.py::test_huge_steps_never_raise_and_stay_on_the_manifold",
+            "test_cayley_edges.py::test_the_limit_of_a_huge_step_is_the_reflection_on_the_range_of_w",
+        ],
+        "scaling": [
+            "test_reliability.py::test_retractions_and_polar_are_scale_invariant",
+            "test_cayley_edges.py::test_columns_of_very_different_scales_stay_on_the_manifold",
+        ],
     },
     "householderla.riemannian_gradient": {
         "error": ["test_retractions.py::test_riemannian_gradient_definition"],
