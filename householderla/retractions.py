@@ -328,7 +328,7 @@ def cayley_retraction(
     exactly the Cayley step of that metric (the canonical lift of its gradient is its own skew
     matrix). The map is orthogonal, so the result inherits XᵀX; the guard compares the already
     formed XᵀX (O(M²)) with I. The output is checked by one more Gram product (‖YᵀY − XᵀX‖_F
-    ≤ 64·√M·eps·max(1, ‖XᵀX‖_F)); when it fails, and for |t|·‖Z‖ beyond eps^(-1/4), Y is
+    ≤ 64·√M·eps·max(1, ‖XᵀX‖_F)); when it fails, and for abs(t)·‖Z‖ > eps^(-1/4), Y is
     recomputed in an orthonormal basis of [X, Ẑ] (a QR and the eigenvalues of a 2M × 2M skew
     matrix, about 20·N·M² flops), orthogonal to rounding for every t; t → ∞ gives the
     reflection (I − 2Π)X, Π the projector onto the range of W (``docs/theory/retractions.rst``,
