@@ -327,8 +327,14 @@ def cayley_retraction(
     the Riemannian gradient of either metric, ``Z = -riemannian_gradient(X, G, metric=m)`` gives
     exactly the Cayley step of that metric (the canonical lift of its gradient is its own skew
     matrix). The map is orthogonal, so the result inherits XᵀX; the guard compares the already
-    formed XᵀX (O(M²)) with I. Z = 0 or t = 0 returns X exactly. Complex X: ᴴ for ᵀ throughout
-    (W skew-Hermitian, Cayley(tW) unitary, t real; ``docs/theory/complex.rst``).
+    formed XᵀX (O(M²)) with I. The output is checked by one more Gram product (‖YᵀY − XᵀX‖_F
+    ≤ 64·√M·eps·max(1, ‖XᵀX‖_F)); when it fails, and for abs(t)·‖Z‖ > eps^(-1/4), Y is
+    recomputed in an orthonormal basis of [X, Ẑ] (a QR and the eigenvalues of a 2M × 2M skew
+    matrix, about 20·N·M² flops), orthogonal to rounding for every t; t → ∞ gives the
+    reflection (I − 2Π)X, Π the projector onto the range of W (``docs/theory/retractions.rst``,
+    "Cayley at the edges"). Peak memory: two N × M arrays. Z = 0 or t = 0 returns X exactly.
+    Complex X: ᴴ for ᵀ throughout (W skew-Hermitian, Cayley(tW) unitary, t real;
+    ``docs/theory/complex.rst``).
 
     Examples
     --------
@@ -354,9 +360,19 @@ def cayley_retraction(
     wr = real_dtype(xp, work)  # the step is real
     tw = t if isinstance(t, float) or t.dtype == wr else xp.astype(t, wr)
     # tZ enters only as a product: Z/c and tc (c a power of two near max|Z|) give the same
-    # map with Gram products of unit scale (Z at 1e±160 used to give NaN or 1e-4 errors)
+    # map with Gram products of unit scale (Z at 1e±160 used to give NaN or 1e-4 errors);
+    # Z within 2^(±emax/4) is used as it is (its Gram products cannot overflow or lose a
+    # unit-scale Z to underflow), which saves the N × M copy Z/c. tc is capped at the
+    # largest finite number (the map there is its t → ∞ limit to rounding)
     c = RK.power_of_two_max(Zw, xp)
-    Y, drift = call(r, "cayley", xp, Xw, Zw / c, tw * c)
+    fin = xp.finfo(wr)
+    lim = 2.0 ** (math.log2(fin.max) // 4)
+    if not is_eager(c) or bool(xp.any(c > lim)) or bool(xp.any(c < 1 / lim)):
+        at = abs(tw) if isinstance(tw, float) else xp.abs(tw)
+        # (half the largest float: fin.max / |t| · |t| may round above fin.max)
+        cap = 0.5 * fin.max / (max(at, 1.0) if isinstance(at, float) else xp.maximum(at, 1.0))
+        Zw, tw = Zw / c, tw * xp.minimum(c, cap)
+    Y, drift = call(r, "cayley", xp, Xw, Zw, tw)
     if drift_tol is None:
         drift_tol = DRIFT_FACTOR * X.shape[-1] ** 0.5 * float(xp.finfo(real_dtype(xp, dtype)).eps)
     # a Python branch when the drift is concrete; lax.cond / where when any input is traced

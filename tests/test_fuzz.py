@@ -596,3 +596,175 @@ def test_constructive_inverse_at_every_power_of_two_scale(bk_eager, seed, n, fra
     ref = to_numpy(hl.householder_vectors(bk.asarray(A)))
     got = to_numpy(hl.householder_vectors(bk.asarray(_ldexp(A, k))))
     assert np.array_equal(ref, got), (k, np.max(np.abs(ref - got)))
+
+
+# -- non-finite operands, complex lineax solves, Cayley at the edges ---------------------------
+
+_OPERAND_KINDS = ("cwy", "cwy.T", "cwy.H", "tcwy", "tcwy.T", "from_lapack", "svd", "apply")
+
+
+def _operand_map(kind: str, V: np.ndarray, s: np.ndarray):
+    """(map h ↦ result, rows of h) for a fresh operator of ``kind`` on V (n, L) (and σ = s
+    for SVD-Householder)."""
+    n, L = V.shape
+    if kind == "apply":
+        return (lambda h: hl.householder_apply(V, h)), n
+    if kind == "tcwy":
+        return hl.tcwy(V).__matmul__, L
+    if kind == "tcwy.T":
+        return hl.tcwy(V).T.__matmul__, n
+    if kind == "from_lapack":
+        a = V + 0 * 1j if np.iscomplexobj(V) else V
+        a, tau = scipy.linalg.qr(a, mode="raw")[0]
+        return hl.from_lapack(np.asfortranarray(a), tau).__matmul__, n
+    if kind == "svd":
+        return hl.svd_householder(V, s, V[:, ::-1]).__matmul__, n
+    op = hl.cwy(V)
+    return {"cwy": op, "cwy.T": op.T, "cwy.H": op.H}[kind].__matmul__, n
+
+
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    n=st.integers(1, 8),
+    B=st.integers(2, 6),
+    kind=st.sampled_from(_OPERAND_KINDS),
+    value=st.sampled_from([np.nan, np.inf, -np.inf]),
+    complex_=st.booleans(),
+    products=st.integers(1, 4),
+    data=st.data(),
+)
+@examples(40)
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # as A @ h
+def test_non_finite_operand_columns_propagate_on_every_path(
+    seed, n, B, kind, value, complex_, products, data
+):
+    """docs/guarantees.rst, "Non-finite operands": a NaN or ±Inf anywhere in column j of h
+    makes column j of the result non-finite and leaves the other columns as they are without
+    it, for every operator kind, real and complex, over up to four products of one operator
+    (the first by sequential reflections or LAPACK's panels, then the factors, then the dense
+    Q or W = UT once the columns add up to N). Clean columns: against the same kind of
+    operator applied to the clean columns alone, to 50·n·u·‖h‖ (another path's rounding)."""
+    rng = np.random.default_rng(seed)
+    L = n if kind in ("svd", "from_lapack") else data.draw(st.integers(0, n))
+    if kind in ("tcwy", "tcwy.T"):
+        L = max(L, 1)
+    V = rng.standard_normal((n, L))
+    if complex_:
+        V = V + 1j * rng.standard_normal((n, L))
+    s = rng.standard_normal(n)
+    apply, rows = _operand_map(kind, V, s)
+    ref_apply, _ = _operand_map(kind, V, s)
+    bad = sorted(set(data.draw(st.lists(st.integers(0, B - 1), min_size=1, max_size=B - 1))))
+    h = rng.standard_normal((rows, B)) + (1j * rng.standard_normal((rows, B)) if complex_ else 0)
+    for j in bad:
+        h[data.draw(st.integers(0, rows - 1)), j] = value
+    good = [j for j in range(B) if j not in bad]
+    ref = ref_apply(h[:, good])
+    tol = 50 * max(n, 1) * EPS[np.float64] * np.max(np.abs(h[:, good]))
+    for call in range(products):
+        y = apply(h)
+        for j in bad:
+            assert not np.isfinite(y[:, j]).all(), (kind, call, j)
+        np.testing.assert_allclose(y[:, good], ref, rtol=0, atol=tol, err_msg=f"{kind} {call}")
+
+
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    kind=st.sampled_from(["cwy", "cwy theta.T", "tcwy", "tcwy.T", "from_lapack", "svd"]),
+    solver=st.sampled_from(["QR", "LU", "Auto", "Orthogonal"]),
+)
+@examples(12)
+def test_complex_lineax_solves_equal_lineax_on_the_dense_matrix(seed, kind, solver):
+    """hl.lineax.operator of a complex operator solves as lineax does on its dense matrix
+    (complex128, N = 6: one shape, so JAX compiles once per kind and solver); 50·N·u·κ, as
+    tests/test_lineax.py says why."""
+    require("jax")
+    lx = require("lineax")
+    import jax
+    import jax.numpy as jnp
+
+    jax.config.update("jax_enable_x64", True)
+    N = 6
+    rng = np.random.default_rng(seed)
+
+    def c(*shape):
+        return jnp.asarray(rng.standard_normal(shape) + 1j * rng.standard_normal(shape))
+
+    theta = jnp.asarray(rng.uniform(-np.pi, np.pi, N))
+    if kind == "cwy":
+        op = hl.cwy(c(N, 3))
+    elif kind == "cwy theta.T":
+        op = hl.cwy(c(N, 3), theta=theta).T
+    elif kind == "tcwy":
+        op = hl.tcwy(c(N, 3), theta=theta[:3])
+    elif kind == "tcwy.T":
+        op = hl.tcwy(c(N, 3)).T
+    elif kind == "from_lapack":
+        a, tau = scipy.linalg.qr(np.asarray(c(N, N)), mode="raw")[0]
+        op = hl.from_lapack(jnp.asarray(a), jnp.asarray(tau))
+    else:
+        op = hl.svd_householder(c(N, N), jnp.linspace(2.0, 1.0, N), c(N, N), theta=theta)
+    M = jnp.asarray(op.matrix())
+    m, n_ = M.shape
+    A = hl.lineax.operator(op)
+    assume(solver not in ("LU", "Auto") or m == n_)
+    assume(solver != "Orthogonal" or hl.lineax.is_orthogonal(A))
+    make = {
+        "QR": lx.QR,
+        "LU": lx.LU,
+        "Auto": lambda: lx.AutoLinearSolver(well_posed=True),
+        "Orthogonal": hl.lineax.Orthogonal,
+    }[solver]
+    b = c(m)
+    dense = lx.MatrixLinearOperator(M)
+    ref = lx.linear_solve(dense, b, lx.QR() if solver == "Orthogonal" else make()).value
+    got = lx.linear_solve(A, b, make()).value
+    kappa = np.linalg.cond(np.asarray(M))
+    err = float(jnp.linalg.norm(got - ref) / jnp.linalg.norm(ref))
+    assert err <= 50 * N * EPS[np.float64] * kappa, (kind, solver, err)
+
+
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    n=st.integers(1, 10),
+    data=st.data(),
+    t_exp=st.integers(-300, 300),
+    t_sign=st.sampled_from([1.0, -1.0]),
+    complex_=st.booleans(),
+)
+@examples(60)
+def test_cayley_at_random_column_scales_and_steps_stays_on_the_manifold(
+    seed, n, data, t_exp, t_sign, complex_
+):
+    """cayley_retraction with the columns of Z at 10^k each (k ∈ [−300, 300], some zero) and
+    t = ±10^j (j ∈ [−300, 300]): a finite point of the manifold to 70·M·u (the output check's
+    64·√M·u·‖XᴴX‖_F and X's own error), no error and no warning; when every column has the
+    same scale and t·‖Z‖ ≤ 1, the dense Cayley solve to 50·N·u·κ (κ ≤ √(1 + 1/4))."""
+    import warnings
+
+    M = data.draw(st.integers(1, n))
+    exps = data.draw(st.lists(st.integers(-300, 300), min_size=M, max_size=M))
+    zero = data.draw(st.lists(st.booleans(), min_size=M, max_size=M))
+    rng = np.random.default_rng(seed)
+    dt = np.complex128 if complex_ else np.float64
+    A = rng.standard_normal((n, M)) + (1j * rng.standard_normal((n, M)) if complex_ else 0)
+    X = np.linalg.qr(A)[0].astype(dt)
+    G = rng.standard_normal((n, M)) + (1j * rng.standard_normal((n, M)) if complex_ else 0)
+    Z0 = -hl.riemannian_gradient(X, G.astype(dt))
+    scale = np.array([0.0 if z else 10.0**e for e, z in zip(exps, zero, strict=True)])
+    with np.errstate(over="ignore", under="ignore"):
+        Z = Z0 * scale  # (a subnormal or zero column is still a column of Z)
+    t = t_sign * 10.0**t_exp
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Y = hl.cayley_retraction(X, Z, t)
+    assert Y.dtype == dt and np.all(np.isfinite(Y))
+    assert np.linalg.norm(Y.conj().T @ Y - np.eye(M)) <= 70 * M * EPS[np.float64]
+    nz = scale[scale > 0]
+    if nz.size == M and np.all(nz == nz[0]) and 1e-200 < nz[0] < 1e200:
+        if t_exp + np.log10(nz[0]) + np.log10(max(np.linalg.norm(Z0), 1e-300)) <= 0:
+            Zh = Z - 0.5 * X @ (X.conj().T @ Z)
+            W = Zh @ X.conj().T - X @ Zh.conj().T
+            eye = np.eye(n)
+            ref = np.linalg.solve(eye - 0.5 * t * W, (eye + 0.5 * t * W) @ X)
+            np.testing.assert_allclose(Y, ref, rtol=0, atol=50 * n * EPS[np.float64] * 1.2)

@@ -71,6 +71,14 @@ ROWS = {
             "test_reliability.py::test_subnormal_reflectors_on_every_eager_backend",
         ],
     },
+    "hl.lineax.operator": {
+        "error": [
+            "test_lineax.py::test_solves_equal_dense_least_squares",
+            "test_lineax.py::test_complex_operators_equal_lineax_on_the_dense_matrix",
+            "test_lineax.py::test_complex_orthogonal_solve_is_one_application_of_the_adjoint",
+            "test_lineax.py::test_grad_of_a_complex_solve_matches_central_differences",
+        ],
+    },
     "householderla.householder_apply": {
         "error": ["test_householder.py::test_sequential_product_matches_dense_and_batches"],
         "degenerate": ["test_bad_input.py::test_zero_reflectors_is_the_identity"],
@@ -128,8 +136,18 @@ ROWS = {
         "error": [
             "test_retractions.py::test_cayley_smw_equals_dense_cayley",
             "test_retractions.py::test_cayley_drift_guard",
+            "test_cayley_edges.py::test_the_basis_path_equals_the_dense_cayley",
+            "test_cayley_edges.py::test_huge_steps_under_jax_jit",
+            "test_cayley_edges.py::test_peak_memory_at_most_two_times_x",
         ],
-        "scaling": ["test_reliability.py::test_retractions_and_polar_are_scale_invariant"],
+        "degenerate": [
+            "test_cayley_edges.py::test_huge_steps_never_raise_and_stay_on_the_manifold",
+            "test_cayley_edges.py::test_the_limit_of_a_huge_step_is_the_reflection_on_the_range_of_w",
+        ],
+        "scaling": [
+            "test_reliability.py::test_retractions_and_polar_are_scale_invariant",
+            "test_cayley_edges.py::test_columns_of_very_different_scales_stay_on_the_manifold",
+        ],
     },
     "householderla.riemannian_gradient": {
         "error": ["test_retractions.py::test_riemannian_gradient_definition"],

@@ -264,6 +264,7 @@ NOT_TUNING = {
     "FRESH_PAGES_BYTES",  # _lib/linalg: glibc's default M_MMAP_THRESHOLD
     "JAX_ALIGNMENT",  # _interop/dlpack: the alignment JAX requires
     "DRIFT_FACTOR",  # retractions: Cayley's drift tolerance, in units of √M·eps
+    "SMW_CHECK",  # _agnostic/retraction: Cayley's output check, in units of √M·eps
     "CERT_CUSHION",  # _agnostic/polar_schedules: the certified schedule's margin
     "DEFAULT_STEPS",  # _agnostic/fixed_polar: an argument's default
     "MAX_STEPS",  # _agnostic/fixed_polar: an argument's bound

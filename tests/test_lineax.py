@@ -241,3 +241,195 @@ def test_bad_operators_say_why():
     torch = require("torch")
     with pytest.raises(TypeError, match="lineax operators need JAX"):
         hlx.operator(hl.cwy(torch.ones(N, 2, dtype=torch.float64)))
+
+
+# -- complex operators -----------------------------------------------------------------------
+#
+# Each lineax operator is checked against lineax's own answer for the dense matrix
+# ``op.matrix()`` (``lx.MatrixLinearOperator``), in its dtype. Bound: C_CPLX·eps·N relative,
+# C_CPLX = 50 as PROD_TOL (a few GEMMs of O(1) entries, the triangular inverse of S and one
+# LU/QR of the dense matrix, each ≲ N·eps; the library forms the reference in the same
+# precision), times κ(W) ≤ 3 for SVD-Householder's solves. The defects this catches (Qᴴ for
+# Qᵀ, dropped phases or conjugation, LAPACK's τ read as a reflection) are O(1) errors.
+
+C_CPLX = 50
+
+
+def _cplx(rng: np.random.Generator, dtype, *shape):
+    z = rng.standard_normal(shape) + 1j * rng.standard_normal(shape)
+    return jnp.asarray(z.astype(dtype))
+
+
+def _complex_ops(rng: np.random.Generator, dtype) -> dict:
+    """Every kind of complex operator of the library (with and without phases, transposed,
+    conjugate-transposed, conjugated), on JAX arrays of ``dtype``."""
+    c = lambda *shape: _cplx(rng, dtype, *shape)  # noqa: E731
+    rdt = np.float32 if dtype == np.complex64 else np.float64
+    th = lambda k: jnp.asarray(rng.uniform(-np.pi, np.pi, k).astype(rdt))  # noqa: E731
+    (qa, tau), _ = scipy.linalg.qr(np.asarray(c(N, 4)), mode="raw")
+    qa, tau = jnp.asarray(qa.astype(dtype)), jnp.asarray(tau.astype(dtype))
+    sig = jnp.linspace(3.0, 1.0, N, dtype=rdt)
+    sig4 = jnp.asarray([3.0, 2.0, 1.5, 1.0], dtype=rdt)
+    ops = {
+        "cwy": hl.cwy(c(N, 5)),
+        "cwy.T": hl.cwy(c(N, 5)).T,
+        "cwy.H": hl.cwy(c(N, 5)).H,
+        "cwy.conj": hl.cwy(c(N, 5)).conj(),
+        "cwy theta": hl.cwy(c(N, 5), theta=th(N)),
+        "cwy theta.T": hl.cwy(c(N, 5), theta=th(N)).T,
+        "cwy theta.H": hl.cwy(c(N, N), theta=th(N)).H,
+        "tcwy": hl.tcwy(c(N, 4)),
+        "tcwy.T": hl.tcwy(c(N, 4)).T,
+        "tcwy theta": hl.tcwy(c(N, 4), theta=th(4)),
+        "tcwy theta.T": hl.tcwy(c(N, 4), theta=th(4)).T,
+        "from_lapack": hl.from_lapack(qa, tau),
+        "from_lapack.T": hl.from_lapack(qa, tau).T,
+        "from_lapack thin": hl.from_lapack(qa, tau, thin=True),
+        "svd": hl.svd_householder(c(N, N), sig, c(N, N)),
+        "svd theta": hl.svd_householder(c(N, N), sig, c(N, N), theta=th(N)),
+        "svd theta.T": hl.svd_householder(c(N, N), sig, c(N, N), theta=th(N)).T,
+        "svd tall": hl.svd_householder(c(N, N), sig4, c(4, 4), theta=th(4)),
+        "svd wide.H": hl.svd_householder(c(4, 4), sig4, c(N, 6)).H,
+    }
+    ops["product"] = ops["cwy theta"] @ ops["tcwy.T"].T
+    return ops
+
+
+def _rel(x, ref) -> float:
+    x, ref = np.asarray(x), np.asarray(ref)
+    return float(np.linalg.norm(x - ref) / np.linalg.norm(ref))
+
+
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128], ids=lambda d: d.__name__)
+def test_complex_operators_equal_lineax_on_the_dense_matrix(dtype):
+    """mv, transpose (Qᵀ, not Qᴴ), conj, diagonal, materialise, as_matrix and the solves
+    (AutoLinearSolver(well_posed=True), QR, LU, Orthogonal) against the same lineax calls on
+    lx.MatrixLinearOperator(op.matrix())."""
+    rng = _rng(10)
+    tol = C_CPLX * EPS[dtype] * N
+    solvers = {
+        "Auto": lambda: lx.AutoLinearSolver(well_posed=True),
+        "QR": lx.QR,
+        "LU": lx.LU,
+        "Orthogonal": hlx.Orthogonal,
+    }
+    checked = 0
+    for name, op in _complex_ops(rng, dtype).items():
+        A = hlx.operator(op)
+        M = jnp.asarray(op.matrix())
+        assert M.dtype == dtype, name
+        D = lx.MatrixLinearOperator(M)
+        m, n = M.shape
+        assert A.in_structure() == jax.ShapeDtypeStruct((n,), dtype), name
+        assert A.out_structure() == jax.ShapeDtypeStruct((m,), dtype), name
+        x, y = _cplx(rng, dtype, n), _cplx(rng, dtype, m)
+        assert _rel(A.mv(x), D.mv(x)) <= tol, name
+        assert _rel(A.as_matrix(), M) <= tol, name
+        assert _rel(lx.materialise(A).as_matrix(), M) <= tol, name
+        assert _rel(A.transpose().mv(y), D.transpose().mv(y)) <= tol, name
+        assert _rel(A.T.as_matrix(), M.T) <= tol, name
+        assert _rel(lx.conj(A).mv(x), lx.conj(D).mv(x)) <= tol, name
+        assert _rel(lx.conj(A.transpose()).as_matrix(), M.conj().T) <= tol, name
+        assert _rel(lx.diagonal(A), lx.diagonal(D)) <= tol, name
+        kappa = float(np.linalg.cond(np.asarray(M, np.complex128)))
+        for sname, make in solvers.items():
+            if sname in ("Auto", "LU") and m != n:
+                continue  # lineax's LU and well_posed=True need a square operator
+            if sname == "Orthogonal" and not hlx.is_orthogonal(A):
+                continue
+            ref = lx.linear_solve(D, y, lx.QR() if sname == "Orthogonal" else make()).value
+            got = lx.linear_solve(A, y, make()).value
+            assert got.dtype == dtype
+            assert _rel(got, ref) <= tol * kappa, f"{sname} on {name}"
+            checked += 1
+    assert checked >= 50
+
+
+def test_complex_orthogonal_solve_is_one_application_of_the_adjoint():
+    """Complex: x = Qᴴb (the inverse; Qᵀb would be wrong), in the same three products as for
+    real V plus the phase scaling, and no factorisation."""
+    rng = _rng(11)
+    for op in (
+        hl.cwy(_cplx(rng, np.complex128, N, 5)),
+        hl.cwy(_cplx(rng, np.complex128, N, 5), theta=jnp.asarray(rng.standard_normal(N))).T,
+        hl.tcwy(_cplx(rng, np.complex128, N, 3)),
+    ):
+        A = hlx.operator(op)
+        b = _cplx(rng, np.complex128, op.shape[0])
+        text = _program(A, b, hlx.Orthogonal())
+        assert text.count("stablehlo.dot_general") == 3
+        assert "lapack" not in text
+        x = lx.linear_solve(A, b, hlx.Orthogonal()).value
+        M = np.asarray(op.matrix())
+        np.testing.assert_allclose(x, M.conj().T @ np.asarray(b), atol=PROD_TOL)
+        assert _rel(A.mv(x)[: min(M.shape)], np.asarray(b)[: min(M.shape)]) <= PROD_TOL or (
+            M.shape[0] > M.shape[1]
+        )
+
+
+def _complex_build(kind: str, phi):
+    """A complex operator from real parameters (Re V, Im V, θ or σ): the function whose
+    derivative the next test checks. LAPACK: τ = (1 + e^{iφ})/‖v‖² makes I − τvvᴴ unitary
+    (eigenvalue λ = −e^{iφ} on v), a generalised reflector as ``zgeqrf`` returns."""
+
+    def build(re, im, theta):
+        V = re + 1j * im
+        if kind == "cwy":
+            return hl.cwy(V, theta=theta)
+        if kind == "tcwy.T":
+            return hl.tcwy(V[:, :4], theta=theta[:4]).T
+        if kind == "lapack":
+            a = jnp.tril(V[:, :4], -1)
+            v = a + jnp.eye(N, 4)
+            tau = (1 + jnp.exp(1j * phi)) / jnp.sum(jnp.abs(v) ** 2, axis=0)
+            return hl.from_lapack(a, tau)
+        sigma = jnp.linspace(3.0, 1.0, N)
+        return hl.svd_householder(V, sigma, V[:, ::-1] * 0.5, theta=theta)
+
+    return build
+
+
+@pytest.mark.parametrize(
+    ("kind", "solver"),
+    [("cwy", "QR"), ("cwy", "Orthogonal"), ("tcwy.T", "QR"), ("lapack", "LU"), ("svd", "LU")],
+)
+def test_grad_of_a_complex_solve_matches_central_differences(kind, solver):
+    """jax.grad of a real loss of x = A⁻¹b (A⁺b for the wide T-CWY transpose) with respect to
+    the real parameters Re V, Im V, θ and Re b, against a central difference along a random
+    direction (complex128; the loss is real, so no Wirtinger convention enters), and jax.jvp
+    against the same difference."""
+    rng = _rng(12)
+    re, im = (jnp.asarray(rng.standard_normal((N, N if kind != "lapack" else 4))) for _ in "ri")
+    if kind in ("cwy", "tcwy.T"):
+        re, im = re[:, :5], im[:, :5]
+    theta = jnp.asarray(rng.uniform(-np.pi, np.pi, N))
+    phi = jnp.asarray(rng.uniform(-np.pi, np.pi, 4))
+    b_re = jnp.asarray(rng.standard_normal(N if kind != "tcwy.T" else 4))
+    b_im = jnp.asarray(rng.standard_normal(b_re.shape))
+    make = {"QR": lx.QR, "Orthogonal": hlx.Orthogonal, "LU": lx.LU}[solver]
+    build = _complex_build(kind, phi)
+    w = _cplx(rng, np.complex128, N)
+
+    def loss(p):
+        A = hlx.operator(build(p[0], p[1], p[2]))
+        x = lx.linear_solve(A, p[3] + 1j * b_im, make()).value
+        return jnp.real(jnp.sum(w[: x.shape[0]] * x**3))
+
+    p = (re, im, theta, b_re)
+    g = jax.jit(jax.grad(loss))(p)
+    d = tuple(jnp.asarray(rng.standard_normal(q.shape)) for q in p)
+    e = 1e-6
+    fd = (
+        loss(jax.tree.map(lambda a, b: a + e * b, p, d))
+        - loss(jax.tree.map(lambda a, b: a - e * b, p, d))
+    ) / (2 * e)
+    gd = sum(float(jnp.sum(a * b)) for a, b in zip(g, d, strict=True))
+    gn = float(jnp.sqrt(sum(jnp.sum(a * a) for a in g)))
+    dn = float(jnp.sqrt(sum(jnp.sum(b * b) for b in d)))
+    scale = 1.0 + gn * dn
+    assert abs(gd - float(fd)) <= 1e-7 * scale
+    used = g[:2] + g[3:] if kind == "lapack" else g  # (from_lapack has no θ)
+    for q in used:  # every parameter has a derivative (a dropped term would leave zeros)
+        assert float(jnp.max(jnp.abs(q))) > 0
+    _, tangent = jax.jvp(loss, (p,), (d,))
+    assert abs(float(tangent) - float(fd)) <= 1e-7 * scale

@@ -11,8 +11,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._lib.linalg import abs2, eye_like, inv_upper_triangular, real_dot
-from .._lib.namespace import accumulation_dtype, device_of, is_complex, is_half, mH
+import array_api_compat as aac
+import numpy as np
+
+from .._lib.jit import select
+from .._lib.linalg import abs2, eye_like, inv_upper_triangular, own_numpy, real_dot
+from .._lib.namespace import (
+    accumulation_dtype,
+    complex_dtype,
+    device_of,
+    is_complex,
+    is_half,
+    mH,
+    real_dtype,
+)
+from .._lib.tracing import is_eager
 
 
 def gram(X: Any, xp: Any) -> Any:
@@ -78,18 +91,26 @@ def cayley_parts(X: Any, G: Any, step: Any, euclidean: bool, xp: Any) -> dict[st
         GtG = 0.5 * (GtG + mH(GtG, xp))
     else:
         W, GtG = W0, GG
+    d = _smw(P, W, GtG, step, xp)
+    # U = G̃W₁ + sXW₂ = G W₁ + X c,  c = sW₂ − ½ε W₀W₁
+    if euclidean:
+        d["c"] = d["c"] - 0.5 * (W0 @ d["W1"])
+    return {**d, "W0": W0, "GG": GG}
+
+
+def _smw(P: Any, W: Any, GtG: Any, step: Any, xp: Any) -> dict[str, Any]:
+    """The 2M × 2M solve of the SMW Cayley step from P = XᴴX, W = XᴴG̃ and G̃ᴴG̃: K, the
+    halves W₁, W₂ of K⁻¹[P; −Wᴴ/s], c = sW₂ and the balance s."""
     s = _balance(GtG, xp)
-    M = X.shape[-1]
-    eye2 = eye_like(xp, 2 * M, X.dtype, device_of(X))
+    M = P.shape[-1]
+    eye2 = eye_like(xp, 2 * M, P.dtype, device_of(P))
     Wh = mH(W, xp)
     CtB = xp.concat([xp.concat([W, s * P], axis=-1), xp.concat([-GtG / s, -Wh], axis=-1)], axis=-2)
     K = eye2 + (0.5 * step) * CtB
     R0 = xp.concat([P, -Wh / s], axis=-2)
     Sol = xp.linalg.solve(K, R0)
     W1, W2 = Sol[..., :M, :], Sol[..., M:, :]
-    # U = G̃W₁ + sXW₂ = G W₁ + X c,  c = sW₂ − ½ε W₀W₁
-    c = s * W2 - 0.5 * (W0 @ W1) if euclidean else s * W2
-    return {"P": P, "W0": W0, "GG": GG, "s": s, "K": K, "W1": W1, "W2": W2, "c": c}
+    return {"P": P, "s": s, "K": K, "W1": W1, "W2": W2, "c": s * W2}
 
 
 def cayley_forward(X: Any, G: Any, step: Any, euclidean: bool, xp: Any) -> tuple[Any, Any]:
@@ -113,9 +134,109 @@ def tangent_lift_vjp(X: Any, Z: Any, G_bar: Any, xp: Any) -> tuple[Any, Any]:
 
 
 def cayley_along(X: Any, Z: Any, step: Any, xp: Any) -> tuple[Any, Any]:
-    """(Cayley(step·W) X along the direction Z, max ‖XᵀX − I‖_F): the SMW map of
-    :func:`tangent_lift` (the primal of every autodiff rule of ``cayley_retraction``)."""
-    return cayley_with_drift(X, tangent_lift(X, Z, xp), step, False, xp)
+    """(Cayley(step·W) X along the direction Z, max ‖XᴴX − I‖_F): the primal of every
+    autodiff rule of ``cayley_retraction``.
+
+    SMW from Gram products only: with A = XᴴZ and G = ½XA − Z (:func:`tangent_lift`),
+    XᴴG = ½PA − A and GᴴG = ¼AᴴPA − AᴴA + ZᴴZ, so Y = X − step(GW₁ + Xc) =
+    X + (X(−step(½AW₁ + c)) + Z(step·W₁)): two N × M products, G never formed (peak memory
+    two N × M arrays). Checked: Cayley(step·W) is unitary, so YᴴY = XᴴX; when
+    ‖YᴴY − XᴴX‖_F exceeds :data:`SMW_CHECK`·√M·u·max(1, ‖XᴴX‖_F) (a singular or
+    ill-conditioned K: columns of Z at very different scales), the solve fails, or
+    |step|·‖G‖_F > u^(-1/4) (huge steps), Y is recomputed by :func:`cayley_basis`
+    (2·N·M² more flops for the check).
+    """
+    P = gram(X, xp)
+    A = mH(X, xp) @ Z
+    ZZ = gram(Z, xp)
+    Ah = mH(A, xp)
+    AhPA = Ah @ (P @ A)
+    GG = 0.25 * AhPA - Ah @ A + ZZ
+    GG = 0.5 * (GG + mH(GG, xp))
+    eye = eye_like(xp, P.shape[-1], P.dtype, device_of(P))
+    drift = xp.max(xp.sqrt(sq_norm(P - eye, xp)))
+    eager = is_eager(X) and is_eager(Z) and (isinstance(step, float) or is_eager(step))
+    # a huge step may overflow K or Y: the check below then fails (NaN) and Y is recomputed,
+    # so NumPy's warnings on the way are not the caller's business
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        try:
+            d = _smw(P, 0.5 * (P @ A) - A, GG, step, xp)
+        except Exception as e:  # a singular K (NumPy's LinAlgError, torch's _LinAlgError)
+            if not eager or not any("LinAlgError" in k.__name__ for k in type(e).__mro__):
+                raise
+            return cayley_basis(X, Z, step, xp), drift
+        # Y = X + (X·a + Z·b): the step's part summed first, so the rounding stays
+        # proportional to step·‖U‖ (Z = 0 or step = 0 returns X bit for bit); NumPy in place
+        Y = X @ (-step * (0.5 * (A @ d["W1"]) + d["c"]))
+        Zb = Z @ (step * d["W1"])
+        if own_numpy(Y, Zb, X):
+            Y += Zb
+            del Zb
+            Y += X
+        else:
+            Y = (Y + Zb) + X
+        err = xp.max(xp.sqrt(sq_norm(gram(Y, xp) - P, xp)))
+    scale = xp.maximum(xp.sqrt(xp.max(sq_norm(P, xp))), xp.ones_like(err))
+    eps = xp.finfo(real_dtype(xp, X.dtype)).eps
+    good = err <= SMW_CHECK * P.shape[-1] ** 0.5 * eps * scale  # False for NaN
+    # beyond |t|·‖G‖_F = u^(-1/4) the SMW result, orthogonal or not, is Cayley of a W
+    # perturbed by u·t‖W‖, which turns W's null space (N odd, or 2M < N) by up to u^(3/4)
+    # and at t‖W‖ ≳ 1/u reflects it: the basis path keeps that null space fixed
+    gn = xp.sqrt(xp.abs(_trace(GG, xp)))
+    with np.errstate(over="ignore"):
+        tg = abs(step) * gn if isinstance(step, float) else xp.abs(step) * gn[..., None, None]
+    good = good & (xp.max(tg) <= eps**-0.25)
+    if not eager and not aac.is_jax_namespace(xp):
+        # torch.func.vmap / torch.compile (lazy values, where would run both branches):
+        # the check is skipped, as the library's value checks are there
+        return Y, drift
+    return select(xp, eager, good, lambda: Y, lambda: cayley_basis(X, Z, step, xp)), drift
+
+
+#: :func:`cayley_along` recomputes Y when ‖YᴴY − XᴴX‖_F > SMW_CHECK·√M·u·max(1, ‖XᴴX‖_F).
+SMW_CHECK = 64.0
+
+
+def cayley_basis(X: Any, Z: Any, step: Any, xp: Any) -> Any:
+    """Cayley(step·W)X, W = ẐXᴴ − XẐᴴ, in an orthonormal basis of span[X, Ẑ]: unitary to
+    rounding for every step (``docs/theory/retractions.rst``, "Cayley at the edges").
+
+    [X, Ẑ] = QR (thin), S = R₂R₁ᴴ − R₁R₂ᴴ, so W = QSQᴴ and Cayley(tW)X = X + Q(C − I)R₁
+    with C = Cayley(tS); iS = V diag(μ) Vᴴ (``eigh``) gives C − I = V diag(δ) Vᴴ,
+    δ = −2iτ/(1 + iτ), τ = μt/2, evaluated without overflow (δ → −2 as |τ| → ∞: the limit
+    I − 2Π on the range of W; δ = 0 for |μ| ≤ k·u·max|μ|, zero to rounding). Real X: C's
+    real part and its polar factor (O(M³)). About 20·N·M² flops."""
+    M = X.shape[-1]
+    Zh = Z - 0.5 * (X @ (mH(X, xp) @ Z))
+    Q, R = xp.linalg.qr(xp.concat([X, Zh], axis=-1))
+    R1, R2 = R[..., :M], R[..., M:]
+    S = R2 @ mH(R1, xp) - R1 @ mH(R2, xp)
+    cdt = complex_dtype(xp, X.dtype)
+    H = 1j * xp.astype(S, cdt)
+    mu, V = xp.linalg.eigh(0.5 * (H + mH(H, xp)))
+    hs = 0.5 * (step if isinstance(step, float) or step.ndim < 2 else step[..., 0])
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        tau = mu * hs  # ±inf beyond the range: the limit
+        big = xp.abs(tau) > 1
+        a = xp.where(big, 1 / xp.where(big, tau, xp.ones_like(tau)), tau)
+        den = 1 + a * a
+        re = xp.where(big, -2 * xp.ones_like(a), -2 * a * a) / den
+        delta = xp.astype(re, cdt) + 1j * xp.astype(-2 * a / den, cdt)
+    # |μ| ≤ k·u·max|μ| is zero to rounding (S's numerical null space): Cayley is I there,
+    # which defines the t → ∞ limit (a huge t would turn the rounding into a reflection)
+    k, u = S.shape[-1], xp.finfo(real_dtype(xp, X.dtype)).eps
+    null = xp.abs(mu) <= (k * u) * xp.max(xp.abs(mu), axis=-1, keepdims=True)
+    delta = xp.where(null, xp.zeros_like(delta), delta)
+    if is_complex(X.dtype):
+        F = V @ (delta[..., :, None] * (mH(V, xp) @ R1))
+        return X + Q @ F
+    # real: C = I + V diag(δ) Vᴴ is real only up to the eigenvectors' rounding, which a huge
+    # t amplifies (by t·u·‖S‖ on S's numerical null space); its real part, made orthogonal
+    # by its polar factor (an SVD of 2M × 2M), is a real orthogonal C to rounding
+    eye = eye_like(xp, S.shape[-1], S.dtype, device_of(S))
+    C = eye + xp.real(V @ (delta[..., :, None] * mH(V, xp)))
+    Uc, _, Wch = xp.linalg.svd(C, full_matrices=False)
+    return X + Q @ ((Uc @ Wch - eye) @ R1)
 
 
 def cayley_along_vjp(X: Any, Z: Any, step: Any, Ybar: Any, xp: Any) -> tuple[Any, Any, Any]:
