@@ -100,7 +100,7 @@ def cwy_factors(V: Any, xp: Any, *, check: bool = True, sdiag: Any = None) -> tu
     return U, T, r
 
 
-def _roles(U: Any, T: Any, transpose: bool, mode: str, xp: Any) -> tuple[Any, Any, Any]:
+def roles(U: Any, T: Any, transpose: bool, mode: str, xp: Any) -> tuple[Any, Any, Any]:
     m = T.shape[-1]
     M = mH(T, xp) if transpose else T
     U_in = U[..., :m, :] if mode == "embed" else U
@@ -146,7 +146,7 @@ def lowrank_apply_parts(
     """(y, a, b) with y = R(h) − U_out b, a = U_inᴴ h, b = M a: :func:`lowrank_apply` for
     factors and h of one dtype, with the two small products its backward reads again
     (:func:`lowrank_vjp`'s ``parts``: 2·N·L·B + 2·L²·B flops it then skips)."""
-    M, U_in, U_out = _roles(U, T, transpose, mode, xp)
+    M, U_in, U_out = roles(U, T, transpose, mode, xp)
     a = mH(U_in, xp) if h is None else mH(U_in, xp) @ h
     b = M @ a
     ub = U_out @ b
@@ -154,10 +154,10 @@ def lowrank_apply_parts(
     if h is None:
         n_in = U_in.shape[-2]
         h = eye_like(xp, n_in, U.dtype, device_of(U))
-    return _residual(h, ub, n_out, mode, xp), a, b
+    return residual(h, ub, n_out, mode, xp), a, b
 
 
-def _residual(h: Any, ub: Any, n_out: int, mode: str, xp: Any) -> Any:
+def residual(h: Any, ub: Any, n_out: int, mode: str, xp: Any) -> Any:
     """R(h) − U b: h − Ub ("square"), [h; 0] − Ub ("embed"), h[:n_out] − Ub ("project")."""
     if mode == "square":
         return h - ub
@@ -171,10 +171,10 @@ def _half_apply(U: Any, T: Any, h: Any, xp: Any, *, transpose: bool, mode: str) 
     """:func:`lowrank_apply` for half-precision h and real float32 factors: a = U_inᵀh with
     h read in its dtype and float32 accumulation, b = M a and U_out b in float32, R(h) − U b
     in float32 (h's values are exact there), one rounding to h's dtype."""
-    M, U_in, U_out = _roles(U, T, transpose, mode, xp)
+    M, U_in, U_out = roles(U, T, transpose, mode, xp)
     a = mT(matmul_split(xp, mT(h), U_in))  # (hᵀ U_in)ᵀ: half operand, float32 result
     ub = U_out @ (M @ a)
-    y = _residual(xp.astype(h, U.dtype), ub, U_out.shape[-2], mode, xp)
+    y = residual(xp.astype(h, U.dtype), ub, U_out.shape[-2], mode, xp)
     return xp.astype(y, h.dtype)
 
 
@@ -234,7 +234,7 @@ def lowrank_vjp(
         # values are exact there) and h̄ is rounded once to h's dtype
         g = g if g.dtype == U.dtype else xp.astype(g, U.dtype)
         h = h if h is None or h.dtype == U.dtype else xp.astype(h, U.dtype)
-    M, U_in, U_out = _roles(U, T, transpose, mode, xp)
+    M, U_in, U_out = roles(U, T, transpose, mode, xp)
     fused = (
         fuse
         and parts is None
@@ -338,37 +338,3 @@ def is_lower_trapezoidal(V: Any, xp: Any) -> bool:
     """Whether V (..., N, L) has only zeros above its diagonal (LAPACK's and oRNN's layout);
     eager arrays only (one N·L comparison)."""
     return is_eager(V) and bool(xp.all(xp.triu(V, k=1) == 0))
-
-
-# -- forward mode (JVPs): the derivations are in docs/theory/vjp.rst, "Forward mode" ----------
-
-
-def factors_jvp(U: Any, T: Any, r: Any, dV: Any, xp: Any) -> tuple[Any, Any, Any]:
-    """(dU, dT, dr) of V ↦ (U, T, r) along dV: dr = Re(uᴴdv), du = (dv − u dr)/‖v‖ (0 for
-    zero columns, whose reflection H(0) = I is held fixed), dS = striu(dUᴴU + UᴴdU) (the
-    diagonal of S is constant), dT = −T dS T. Cost 4·N·L² + 2·L³ flops."""
-    dr = real_dot(U, dV, xp)
-    nonzero = r > 0
-    dU = where0(xp, nonzero, (dV - U * dr) / xp.where(nonzero, r, xp.ones_like(r)))
-    G = mH(dU, xp) @ U
-    dS = xp.triu(G + mH(G, xp), k=1)
-    return dU, -(T @ (dS @ T)), dr
-
-
-def lowrank_jvp(
-    U: Any, T: Any, h: Any, dU: Any, dT: Any, dh: Any, xp: Any, *, transpose: bool, mode: str
-) -> Any:
-    """dy of y = R(h) − U_out M U_inᴴ h along (dU, dT, dh) (None: no tangent): the roles
-    are linear in (U, T), so dy = R(dh) − dU_out b − U_out (dM a + M da), a = U_inᴴh,
-    b = M a, da = dU_inᴴh + U_inᴴdh. Cost ≈ 2× :func:`lowrank_apply`."""
-    M, U_in, U_out = _roles(U, T, transpose, mode, xp)
-    dU = xp.zeros_like(U) if dU is None else dU
-    dM, dU_in, dU_out = _roles(dU, xp.zeros_like(T) if dT is None else dT, transpose, mode, xp)
-    a = mH(U_in, xp) if h is None else mH(U_in, xp) @ h
-    da = mH(dU_in, xp) if h is None else mH(dU_in, xp) @ h
-    if dh is not None:
-        da = da + mH(U_in, xp) @ dh
-    dub = dU_out @ (M @ a) + U_out @ (dM @ a + M @ da)
-    if dh is None:  # R(0) = 0 in every mode: dy = −dU_out b − U_out db
-        return -dub
-    return _residual(dh, dub, U_out.shape[-2], mode, xp)

@@ -18,6 +18,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .._agnostic import compact_wy as K
+from .._agnostic import compact_wy_jvp as KJ
 from .._agnostic import cwy_rows as R
 from .._agnostic import retraction as RK
 from .._agnostic.newton_schulz import polar_backward, polar_forward
@@ -50,7 +51,7 @@ class CWYFactors(torch.autograd.Function):
     @staticmethod
     def _jvp(ctx: Any, dV: Any) -> Any:
         U, T, r = ctx.saved_tensors
-        return K.factors_jvp(U, T, r, dV, _xp)
+        return KJ.factor_tangents(U, T, r, dV, _xp)
 
     @staticmethod
     def backward(ctx: Any, U_bar: torch.Tensor, T_bar: torch.Tensor, r_bar: Any) -> Any:
@@ -135,7 +136,7 @@ class LowRankApply(torch.autograd.Function):
     @staticmethod
     def _jvp(ctx: Any, dU: Any, dT: Any, dh: Any, *_: Any) -> Any:
         U, T, h = ctx.saved_tensors
-        dy = K.lowrank_jvp(U, T, h, dU, dT, dh, _xp, transpose=ctx.transpose, mode=ctx.mode)
+        dy = KJ.lowrank_jvp(U, T, h, dU, dT, dh, _xp, transpose=ctx.transpose, mode=ctx.mode)
         return dy if ctx.out is None else dy.to(ctx.out)
 
     @staticmethod
@@ -168,7 +169,7 @@ class LowRankApplyKept(torch.autograd.Function):
     @staticmethod
     def _jvp(ctx: Any, dU: Any, dT: Any, dh: Any, *_: Any) -> Any:
         U, T, h = ctx.saved_tensors[:3]
-        dy = K.lowrank_jvp(U, T, h, dU, dT, dh, _xp, transpose=ctx.transpose, mode=ctx.mode)
+        dy = KJ.lowrank_jvp(U, T, h, dU, dT, dh, _xp, transpose=ctx.transpose, mode=ctx.mode)
         return dy, None, None  # a and b are not differentiable outputs
 
     @staticmethod
@@ -284,8 +285,8 @@ def _sequential_jvp(V: Any, h: Any, dV: Any, dh: Any) -> Any:
     if dV is None:
         dU = dT = None
     else:
-        dU, dT, _ = K.factors_jvp(U, T, r, dV, _xp)
-    return K.lowrank_jvp(U, T, h, dU, dT, dh, _xp, transpose=False, mode="square")
+        dU, dT, _ = KJ.factor_tangents(U, T, r, dV, _xp)
+    return KJ.lowrank_jvp(U, T, h, dU, dT, dh, _xp, transpose=False, mode="square")
 
 
 class HouseholderApplyNumba(torch.autograd.Function):
