@@ -307,18 +307,25 @@ def _svd_matrix(U, s, V):
     return svd_householder(U, s, V).matrix()
 
 
+def svd_vjp_inputs(m: int, n: int, k1: int, k2: int, rng: np.random.Generator) -> tuple:
+    """(U, σ, V) of an SVD-Householder map (batch 2) with a zero reflector on each side that
+    has one to spare (zero gradient, held fixed by the entry's ``freeze``)."""
+    U = rng.standard_normal((2, m, k1))
+    V = rng.standard_normal((2, n, k2))
+    if k1 > 1:
+        U[..., 1] = 0.0
+    if k2 > 0:
+        V[..., 0] = 0.0
+    s = rng.standard_normal(min(m, n))  # broadcast against the batch of U and V
+    return U, s, V
+
+
 def _svd() -> list[Entry]:
     out = []
     for i, ((m, n, k1, k2), form) in enumerate(SVD_CASES):
 
         def draw(rng, cx, m=m, n=n, k1=k1, k2=k2, form=form):
-            U = rng.standard_normal((2, m, k1))
-            V = rng.standard_normal((2, n, k2))
-            if k1 > 1:
-                U[..., 1] = 0.0  # a zero reflector: zero gradient, held fixed by freeze
-            if k2 > 0:
-                V[..., 0] = 0.0
-            s = rng.standard_normal(min(m, n))  # broadcast against the batch of U and V
+            U, s, V = svd_vjp_inputs(m, n, k1, k2, rng)
             if form == "matrix":
                 return [U, s, V]
             return [U, s, V, rng.standard_normal((n,) if form == "apply_vector" else (n, 3))]

@@ -28,6 +28,7 @@ from helpers import (
 )
 from hypothesis import given
 from hypothesis import strategies as st
+from registry import svd_vjp_inputs
 
 import householderla as hl
 from householderla.svd import (
@@ -345,17 +346,6 @@ def test_rank_deficient_w_documented_behaviour(bk_eager):
 # -- explicit VJPs --------------------------------------------------------------------------------
 
 
-def _vjp_inputs(m, n, k1, k2, rng):
-    U = rng.standard_normal((2, m, k1))
-    V = rng.standard_normal((2, n, k2))
-    if k1 > 1:
-        U[..., 1] = 0.0  # a zero reflector: zero gradient, held fixed by freeze
-    if k2 > 0:
-        V[..., 0] = 0.0
-    s = rng.standard_normal(min(m, n))  # broadcast against the batch of U and V
-    return U, s, V
-
-
 # the dot-product test of both VJPs at every side shape: tests/test_vjp.py, over the registry
 
 
@@ -389,7 +379,7 @@ def test_torch_autograd_matches_explicit_vjps(shape):
     torch = require("torch")
     m, n, k1, k2 = shape
     rng = np.random.default_rng(6)
-    U0, s0, V0 = _vjp_inputs(m, n, k1, k2, rng)
+    U0, s0, V0 = svd_vjp_inputs(m, n, k1, k2, rng)
     x0, g0, G0 = (rng.standard_normal(sh) for sh in ((n, 3), (2, m, 3), (2, m, n)))
     U, s, V, x = (torch.asarray(a, requires_grad=True) for a in (U0, s0, V0, x0))
     W = svd_householder(U, s, V)
@@ -413,7 +403,7 @@ def test_jax_grad_matches_explicit_vjps(shape):
     jnp = jax.numpy
     m, n, k1, k2 = shape
     rng = np.random.default_rng(7)
-    U0, s0, V0 = _vjp_inputs(m, n, k1, k2, rng)
+    U0, s0, V0 = svd_vjp_inputs(m, n, k1, k2, rng)
     x0, g0, G0 = (rng.standard_normal(sh) for sh in ((n, 3), (2, m, 3), (2, m, n)))
 
     def loss_apply(U, s, V, x):
