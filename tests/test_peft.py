@@ -277,3 +277,158 @@ def test_unsupported_layer():
     model = torch.nn.Sequential(torch.nn.Embedding(10, 4))
     with pytest.raises(TypeError, match="not supported"):
         peft.get_peft_model(model, hl.peft.HRAConfig(r=2, target_modules=["0"]))
+
+
+# -- OFT ---------------------------------------------------------------------------------------
+
+OFT_CASES = [
+    dict(oft_block_size=16),
+    dict(r=4, oft_block_size=0),
+    dict(oft_block_size=16, block_share=True),
+    dict(oft_block_size=16, coft=True, eps=1e-3),
+]
+
+
+def _oft_pair(base, seed=1, **kw):
+    """PEFT's OFT on its exact path and ours, with identical parameters."""
+    kw = dict(kw, init_weights=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _pair(
+            base,
+            hl.peft.OFTConfig(**kw),
+            peft.OFTConfig(use_cayley_neumann=False, **kw),
+            seed=seed,
+        )
+
+
+@pytest.mark.parametrize("kw", OFT_CASES, ids=str)
+def test_oft_equals_peft_exact_path(kw):
+    theirs, ours = _oft_pair(_llama(), target_modules=TARGETS, **kw)
+    layer = ours.base_model.model.model.layers[0].self_attn.q_proj
+    assert isinstance(layer.oft_R["default"], hl.peft.ExactOFTRotation)
+    assert theirs.state_dict().keys() == ours.state_dict().keys()
+    _check_same(theirs, ours, IDS)
+
+
+def test_oft_conv2d_equals_peft():
+    torch.manual_seed(0)
+    base = _Convs()
+    x = torch.randn(2, 3, 9, 9)
+    theirs, ours = _oft_pair(base, target_modules=["conv1", "conv2"], oft_block_size=9)
+    _check_same(theirs, ours, x, out=lambda m, x: m(x))
+
+
+def _rotation(block_size=16, n_blocks=8, dtype=torch.float32):
+    from peft.tuners.oft.layer import OFTRotationModule
+
+    mod = OFTRotationModule(n_blocks, block_size * (block_size - 1) // 2, block_size,
+                            block_size * n_blocks)  # fmt: skip
+    mod.__class__ = hl.peft.ExactOFTRotation
+    return mod.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("norm", [0.1, 1.0, 10.0, 100.0])
+def test_oft_blocks_are_orthogonal(dtype, norm):
+    """‖RᵀR − I‖₂ ≤ 10·eps of the compute dtype (float32; bfloat16 weights accumulate in
+    float32) at every parameter size: R is rounded once from a float64 solve, so its error is
+    float32 rounding of O(1) entries (≈ eps), not cond(I + Q)·eps."""
+    mod = _rotation(dtype=dtype)
+    g = torch.Generator().manual_seed(int(norm * 10))
+    with torch.no_grad():
+        w = torch.randn(mod.weight.shape, generator=g, dtype=torch.float64)
+        mod.weight.copy_((norm * w / w.norm(dim=1, keepdim=True)).to(dtype))
+    R = mod._cayley_batch(mod.weight, mod.block_size)
+    assert R.dtype == torch.float32
+    R = R.double()
+    err = torch.linalg.matrix_norm(R.mT @ R - torch.eye(16, dtype=torch.float64), ord=2).max()
+    assert err <= 10 * EPS32
+    # and the rotation of the tokens is the one of those blocks, in float32
+    x = torch.randn(5, 128, generator=g).to(dtype)
+    y = mod(x)
+    assert y.dtype == dtype
+    ref = torch.einsum("nrk,rkc->nrc", x.double().reshape(5, 8, 16), R).reshape(5, 128)
+    # float32 accumulation (16 terms), then one rounding to the output dtype
+    tol = 16 * EPS32 + (EPS[np.float32] if dtype == torch.float32 else 2.0**-8)
+    assert _rel(y.double(), ref) <= tol
+
+
+def test_peft_neumann_series_is_not_orthogonal():
+    """Why the exact transform: PEFT's default 5-term series drifts off O(b) already at
+    ‖Q‖ = 0.1 and diverges for ‖Q‖ ≥ 1 (the contrast to the test above)."""
+    from peft.tuners.oft.layer import OFTRotationModule
+
+    mod = OFTRotationModule(8, 120, 16, 128)
+    g = torch.Generator().manual_seed(0)
+    eye = torch.eye(16, dtype=torch.float64)
+    errs = []
+    for norm in (0.1, 1.0):
+        w = torch.randn(8, 120, generator=g)
+        w = norm * w / w.norm(dim=1, keepdim=True)
+        R = mod._cayley_batch(w, 16, use_cayley_neumann=True).double()
+        errs.append(torch.linalg.matrix_norm(R.mT @ R - eye, ord=2).max().item())
+    assert errs[0] > 100 * EPS32 and errs[1] > 1e-2
+
+
+def test_oft_merge_unmerge():
+    base = _llama()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = peft.get_peft_model(
+            copy.deepcopy(base),
+            hl.peft.OFTConfig(oft_block_size=16, target_modules=TARGETS, init_weights=False),
+        )
+    layer = model.base_model.model.model.layers[0].mlp.down_proj
+    w0 = layer.base_layer.weight.detach().clone()
+    y = model(IDS).logits
+    model.base_model.merge_adapter()
+    # W Rᵀ vs rotating the tokens: the same float32 products, grouped differently
+    assert _rel(model(IDS).logits, y) <= 100 * EPS32
+    model.base_model.unmerge_adapter()
+    assert _rel(layer.base_layer.weight, w0) <= 100 * EPS32
+
+
+def test_oft_starts_at_the_base_model():
+    base = _llama()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = peft.get_peft_model(
+            copy.deepcopy(base), hl.peft.OFTConfig(oft_block_size=16, target_modules=TARGETS)
+        )
+    torch.testing.assert_close(model(IDS).logits, base(IDS).logits, rtol=0, atol=0)
+
+
+def test_oft_registered_and_neumann_flag_ignored():
+    from peft.mapping import PEFT_TYPE_TO_TUNER_MAPPING
+
+    cfg = hl.peft.OFTConfig(oft_block_size=16, target_modules=TARGETS)
+    assert PEFT_TYPE_TO_TUNER_MAPPING[cfg.peft_type] is hl.peft.OFTModel
+    assert cfg.use_cayley_neumann is False
+    with pytest.warns(UserWarning, match="exact Cayley"):
+        hl.peft.OFTConfig(oft_block_size=16, use_cayley_neumann=True)
+
+
+def test_oft_checkpoint_moves_both_ways():
+    base = _llama()
+    kw = dict(oft_block_size=16, target_modules=TARGETS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = peft.get_peft_model(
+            copy.deepcopy(base), peft.OFTConfig(use_cayley_neumann=False, **kw)
+        )
+        ours = peft.get_peft_model(copy.deepcopy(base), hl.peft.OFTConfig(**kw))
+    for src, dst in ((theirs, ours), (ours, theirs)):
+        opt = torch.optim.SGD([p for p in src.parameters() if p.requires_grad], lr=1.0)
+        src(IDS).logits.square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        sd = peft.get_peft_model_state_dict(src)
+        assert any("oft_R" in k for k in sd)
+        peft.set_peft_model_state_dict(dst, sd)
+        assert _rel(dst(IDS).logits, src(IDS).logits) <= REL
+
+
+def test_oft_bad_block_size():
+    with pytest.raises(ValueError, match="only specify either r"):
+        hl.peft.OFTConfig(r=4, oft_block_size=16)

@@ -27,11 +27,21 @@ from __future__ import annotations
 import peft as _peft  # noqa: F401 -- first: a missing PEFT is named as the extra by ``householderla.__getattr__``
 
 from ._hra import HRAConfig, HRAConv2d, HRALinear, HRAModel
+from ._oft import ExactOFTRotation, OFTConfig, OFTModel
 from ._registry import register
 
-__all__ = ["HRAConfig", "HRAConv2d", "HRALinear", "HRAModel"]
+__all__ = [
+    "ExactOFTRotation",
+    "HRAConfig",
+    "HRAConv2d",
+    "HRALinear",
+    "HRAModel",
+    "OFTConfig",
+    "OFTModel",
+]
 
 register("hl_hra", HRAConfig, HRAModel)
+register("hl_oft", OFTConfig, OFTModel)
 
 
 def __dir__() -> list[str]:
