@@ -9,8 +9,8 @@ fields, defaults and state-dict keys), so ::
 adapts ``model`` and a checkpoint saved by PEFT's HRA or OFT loads into it, and back.
 
 =======================  ====================================================================
-:class:`HRAConfig`       Householder reflection adaptation (Yuan, Wang, Fu, Xu & Yang, NeurIPS
-                         2024): W ↦ W H(u₁)…H(u_r), applied as one compact WY operator to the
+:class:`HRAConfig`       Householder reflection adaptation (Yuan, Liu & Xu, NeurIPS 2024,
+                         Section 3.1): W ↦ W H(u₁)…H(u_r), applied as one compact WY operator to the
                          activations — O(d·r) per token — instead of PEFT's d×d matrix built by
                          r rank-1 updates every forward (O(d²·r)).
 :class:`OFTConfig`       Orthogonal finetuning (Qiu et al., NeurIPS 2023) with PEFT's block

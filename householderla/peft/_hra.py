@@ -133,8 +133,9 @@ class _HRAMixin:
 
 
 class HRALinear(_HRAMixin, _PeftHRALinear):
-    """HRA on ``nn.Linear``: y = x (W Δ)ᵀ + b, Δ = H(u₁)…H(u_r) (Yuan et al., NeurIPS 2024,
-    eq. 4), applied to the activations (or to W when it has fewer rows than the batch)."""
+    """HRA on ``nn.Linear``: y = x (W Δ)ᵀ + b, Δ = H(u₁)…H(u_r) (Yuan, Liu & Xu, NeurIPS
+    2024, Section 3.1), applied to the activations (or to W when it has fewer rows than the
+    batch)."""
 
     def update_layer(self, adapter_name: str, r: int, config: Any, **kwargs: Any) -> None:
         super().update_layer(adapter_name, r, config=config, **kwargs)
