@@ -432,3 +432,37 @@ def test_oft_checkpoint_moves_both_ways():
 def test_oft_bad_block_size():
     with pytest.raises(ValueError, match="only specify either r"):
         hl.peft.OFTConfig(r=4, oft_block_size=16)
+
+
+def test_registration_survives_a_fresh_import(monkeypatch):
+    import importlib
+    import sys
+
+    from peft.mapping import PEFT_TYPE_TO_TUNER_MAPPING
+
+    monkeypatch.setattr(hl, "peft", hl.peft)  # the import below rebinds it; undo restores
+    for name in [m for m in sys.modules if m.startswith("householderla.peft")]:
+        monkeypatch.delitem(sys.modules, name)
+    fresh = importlib.import_module("householderla.peft")
+    cfg = fresh.HRAConfig(r=2, target_modules=["0"])
+    assert PEFT_TYPE_TO_TUNER_MAPPING[cfg.peft_type] is fresh.HRAModel
+    model = peft.get_peft_model(torch.nn.Sequential(torch.nn.Linear(4, 4)), cfg)
+    assert isinstance(model.base_model, fresh.HRAModel)
+    monkeypatch.undo()
+    cfg = hl.peft.HRAConfig(r=2, target_modules=["0"])
+    importlib.import_module("householderla.peft._registry").register(
+        "hl_hra", hl.peft.HRAConfig, hl.peft.HRAModel
+    )
+    assert PEFT_TYPE_TO_TUNER_MAPPING[cfg.peft_type] is hl.peft.HRAModel
+
+
+def test_oft_float64_blocks_are_orthogonal():
+    """float64 weights: the float64 solve, then one Newton–Schulz step, ≤ 10·eps64."""
+    mod = _rotation(dtype=torch.float64)
+    with torch.no_grad():
+        w = torch.randn(mod.weight.shape, generator=torch.Generator().manual_seed(0))
+        mod.weight.copy_(100 * w / w.norm(dim=1, keepdim=True))
+    R = mod._cayley_batch(mod.weight, mod.block_size)
+    assert R.dtype == torch.float64
+    err = torch.linalg.matrix_norm(R.mT @ R - torch.eye(16, dtype=torch.float64), ord=2).max()
+    assert err <= 10 * EPS[np.float64]

@@ -54,6 +54,14 @@ class _Reflections:
             return h - 2 * self.W @ (self.W.T @ h)
         return (self.Q.T if transpose else self.Q) @ h
 
+    def apply_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """x Δᵀ for tokens x (n, d) in their own row layout: x − ((x U) Tᵀ) Uᵀ with the
+        operator's differentiable factors U, T = S⁻¹ (no transposed copies of x)."""
+        if self.gs:
+            return torch.addmm(x, x @ self.W, self.W.T, alpha=-2)
+        U = self.Q.U
+        return torch.addmm(x, (x @ U) @ self.Q.T_factor.T, U.T, alpha=-1)
+
 
 class _HRAMixin:
     """What :class:`HRALinear` and :class:`HRAConv2d` share (forward, merge, unmerge)."""
@@ -153,11 +161,10 @@ class HRALinear(_HRAMixin, _PeftHRALinear):
             bias = self._cast_input_dtype(base.bias, dtype)
             x = self._cast_input_dtype(x, dtype)
             rows = x.reshape(-1, x.shape[-1])
-            if rows.shape[0] <= w.shape[0]:  # Δ on the tokens: zᵀ = Δ₁ … Δ_k xᵀ
-                zt = rows.T
+            if rows.shape[0] <= w.shape[0]:  # Δ on the tokens: z = x Δ_kᵀ … Δ₁ᵀ
                 for op in reversed(ops):
-                    zt = op.apply(zt)
-                result = F.linear(zt.T.reshape(x.shape), w, bias)
+                    rows = op.apply_rows(rows)
+                result = F.linear(rows.reshape(x.shape), w, bias)
             else:  # Δ on W, once
                 result = F.linear(x, self._adapted_weight(ops, w), bias)
         return result.to(previous_dtype)

@@ -4,7 +4,7 @@ maps, as its metaclass builds them), then the public registration runs once per 
 
 from __future__ import annotations
 
-from peft.mapping import PEFT_TYPE_TO_TUNER_MAPPING
+from peft.mapping import PEFT_TYPE_TO_CONFIG_MAPPING, PEFT_TYPE_TO_TUNER_MAPPING
 from peft.utils import PeftType, register_peft_method
 
 __all__ = ["peft_type", "register"]
@@ -27,7 +27,15 @@ def peft_type(name: str) -> PeftType:
 def register(name: str, config_cls: type, model_cls: type) -> None:
     """``register_peft_method`` for ``name`` (lower case), once per process."""
     member = peft_type(name.upper())
-    if PEFT_TYPE_TO_TUNER_MAPPING.get(member) is model_cls:
+    old = PEFT_TYPE_TO_TUNER_MAPPING.get(member)
+    if old is model_cls:
+        return
+    if old is not None and (old.__module__, old.__qualname__) == (
+        model_cls.__module__,
+        model_cls.__qualname__,
+    ):  # this module imported afresh (importlib.reload): PEFT gets the new classes
+        PEFT_TYPE_TO_TUNER_MAPPING[member] = model_cls
+        PEFT_TYPE_TO_CONFIG_MAPPING[member] = config_cls
         return
     register_peft_method(
         name=name, config_cls=config_cls, model_cls=model_cls, prefix=model_cls.prefix
