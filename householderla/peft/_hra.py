@@ -1,10 +1,11 @@
 """HRA layers whose r reflections are applied as one compact WY operator, never as d×d matrices.
 
 PEFT's layer forms Δ = H(u₁)…H(u_r) by r rank-1 updates of a d×d matrix every forward (O(d²·r))
-and multiplies W·Δ; here Δ is ``cwy(U)`` (I − U S⁻¹ Uᵀ) applied to the tokens (Δ xᵀ, 4·d·r per
-token) or to W once (Δᵀ Wᵀ, 4·d·r per output row), whichever has fewer rows; gradients go through
-the library's explicit VJPs. ``apply_GS``: Δ = I − 2 W Wᵀ with W the orthonormalised U (QR spans
-the same columns as Gram–Schmidt, and Δ depends only on the span).
+and multiplies W·Δ; here Δ is ``cwy(U)`` (I − U S⁻¹ Uᵀ) applied to the tokens in their row
+layout (x − ((x U) Tᵀ) Uᵀ, 4·d·r per token) or to W once (Δᵀ Wᵀ, 4·d·r per output row),
+whichever has fewer rows; gradients go through the library's explicit VJPs. ``apply_GS``:
+Δ = I − 2 W Wᵀ with W the orthonormalised U (QR spans the same columns as Gram–Schmidt, and Δ
+depends only on the span).
 """
 
 from __future__ import annotations
