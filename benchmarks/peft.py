@@ -17,19 +17,22 @@ ratios are medians of per-round ratios, so a slow spell of the machine cancels):
   Cayley–Neumann series; ``peft OFT (exact)``: ``use_cayley_neumann=False``
   (``torch.linalg.solve``); ``hl OFT``: ``hl.peft.OFTConfig(oft_block_size=32)``.
 
-Peak memory of a step: the growth of the process's peak resident set over one step, each
-method in a fresh subprocess (its model and input built first). ``‖RᵀR − I‖₂``: the largest
-over the blocks at the timed parameters (every adapter entry drawn from N(0, 0.05²), half of
-PEFT's ``init_weights=False`` spread). ``--quick`` skips the memory column (a subprocess a
-method). Issue 21's targets: HRA step ≥ 8× faster than PEFT's and ≤ 1.6× the plain layer's,
-peak memory ≤ 1/3 of PEFT's; OFT step ≤ 1.2× PEFT's Neumann OFT.
+Peak memory of a step: how far the resident set peaks above its level before a warm step
+(``VmHWM`` after resetting it by ``/proc/self/clear_refs``; Linux), each method in a fresh
+subprocess with every large block mmapped so that freed memory is returned at once.
+``‖RᵀR − I‖₂``: the largest over the blocks at the timed parameters (every adapter entry
+drawn from N(0, 0.05²), half of PEFT's ``init_weights=False`` spread). ``--quick`` skips the
+memory column (a subprocess a method). Issue 21's targets: HRA step ≥ 8× faster than PEFT's
+and ≤ 1.6× the plain layer's, peak memory ≤ 1/3 of PEFT's; OFT step ≤ 1.2× PEFT's Neumann
+OFT.
 """
 
 from __future__ import annotations
 
 import copy
+import gc
 import json
-import resource
+import os
 import subprocess
 import sys
 import time
@@ -106,23 +109,37 @@ class _Step:
         (self.layer(self.x) * self.G).sum().backward()
 
 
+def _status_bytes(key: str) -> int:
+    with open("/proc/self/status", encoding="ascii") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
+
+
 def _peak_growth(method: str, d: int, r: int, block: int, tokens: int) -> int:
-    """Bytes the peak RSS grows over one step (run in a fresh process)."""
+    """Bytes the resident set peaks above its level before one (warm) step, Linux only: the
+    peak is reset through ``/proc/self/clear_refs`` and read as ``VmHWM``."""
     step = _Step(make_layer(method, d, r, block), d, tokens)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     step()
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
+    gc.collect()
+    with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+        f.write("5")  # reset VmHWM to the current RSS
+    before = _status_bytes("VmRSS:")
+    step()
+    return _status_bytes("VmHWM:") - before
 
 
 def peak_memory(method: str, d: int, r: int, block: int, tokens: int, threads: int) -> int:
+    """:func:`_peak_growth` in a fresh process whose large blocks are all mmapped (glibc's
+    ``MALLOC_MMAP_THRESHOLD_``), so that freed memory leaves the resident set at once."""
     code = (
         "import json, sys, torch; from benchmarks import peft as P; "
         f"torch.set_num_threads({threads}); "
         f"print(json.dumps(P._peak_growth({method!r}, {d}, {r}, {block}, {tokens})))"
     )
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
     out = subprocess.run(
-        [sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=H.ROOT
-    )
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=H.ROOT,
+        env=env,
+    )  # fmt: skip
     return int(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
@@ -198,6 +215,7 @@ def run_llama(cfg: dict[str, Any]) -> dict[str, Any]:
             conf = peft.LoraConfig(r=cfg["r"], target_modules=TARGETS)
         else:
             conf = _config(m, cfg["r"], cfg["block"], TARGETS)
+        torch.manual_seed(5)  # the same adapter draws for the methods that share a layout
         model = peft.get_peft_model(copy.deepcopy(base), conf)
         opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
         losses, times = [], []
@@ -212,7 +230,7 @@ def run_llama(cfg: dict[str, Any]) -> dict[str, Any]:
             loss.backward()
             opt.step()
             times.append(time.perf_counter() - t0)
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
         out[m] = {"loss": losses, "step_s": sorted(times)[len(times) // 2]}
     return out
 
@@ -233,8 +251,8 @@ def report_md(res: dict[str, Any], threads: str) -> str:
         "",
         f"One adapted `nn.Linear(d, d)`, {cfg['tokens']} tokens, forward + backward (input "
         f"gradient included); HRA r = {cfg['r']}, OFT blocks of {cfg['block']}. Median ms per "
-        "step; ratios are medians of per-round ratios; peak = growth of the peak RSS over one "
-        "step in a fresh process.",
+        "step; ratios are medians of per-round ratios; peak = how far the RSS peaks above its "
+        "level before a warm step (fresh process, large blocks mmapped).",
         "",
         "| d | method | step (ms) | / plain | / PEFT's HRA | / PEFT's OFT (Neumann) | "
         "peak (MiB) | ‖RᵀR − I‖₂ |",
