@@ -466,3 +466,18 @@ def test_oft_float64_blocks_are_orthogonal():
     assert R.dtype == torch.float64
     err = torch.linalg.matrix_norm(R.mT @ R - torch.eye(16, dtype=torch.float64), ord=2).max()
     assert err <= 10 * EPS[np.float64]
+
+
+def test_hra_bfloat16_base_layer_equals_peft():
+    """bfloat16 base weights, float32 reflectors: both compute in float32 and round the
+    output once to bfloat16 (so the float32 difference, ≤ 1e-5 rel., rarely shows)."""
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(64, 32)).to(torch.bfloat16)
+    x = torch.randn(8, 64).to(torch.bfloat16)
+    kw = dict(r=8, target_modules=["0"], init_weights=False)
+    theirs, ours = _pair(base, hl.peft.HRAConfig(**kw), peft.HRAConfig(**kw))
+    assert ours.base_model.model[0].hra_u["default"].dtype == torch.float32
+    a, b = theirs(x), ours(x)
+    assert a.dtype == b.dtype == torch.bfloat16
+    # one bfloat16 rounding of float32 results that differ by ≤ 1e-5: at most 1 ulp apart
+    assert _rel(b.float(), a.float()) <= 2.0**-8
