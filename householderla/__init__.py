@@ -72,6 +72,7 @@ _LAZY_SUBMODULES = {
     "torch": (("torch",), "torch"),
     "jax": (("jax", "jaxlib"), "jax"),
     "lineax": (("lineax", "equinox", "jax", "jaxlib"), "lineax"),
+    "peft": (("peft", "transformers", "torch"), "peft"),
 }
 
 

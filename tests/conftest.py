@@ -356,6 +356,9 @@ FRAMEWORKS = {
     "jax": ("jax", "jax_jit", "jax_gpu"),
     # the lineax adapter (householderla.lineax) is part of the JAX support
     "lineax": ("jax", "jax_jit", "jax_gpu"),
+    # the PEFT adapters (householderla.peft) are part of the torch support
+    "peft": ("torch", "torch_cuda"),
+    "transformers": ("torch", "torch_cuda"),
     "dask": ("dask",),
     "cupy": ("cupy",),
     "array_api_strict": ("array_api_strict",),

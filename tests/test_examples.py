@@ -186,6 +186,19 @@ def test_every_script_takes_quick(module: str, capsys: pytest.CaptureFixture[str
         assert flag in out, (module, flag)
 
 
+# -- PEFT fine-tuning ------------------------------------------------------------------------------
+def test_peft_finetuning_script(tmp_path: Path) -> None:
+    """The five methods run; PEFT's HRA and ours, seeded alike, follow the same curve."""
+    require("peft")
+    require("transformers")
+    res = _run("peft_finetuning", tmp_path, "--quick", "--steps", "3")
+    methods = res["methods"]
+    assert list(methods) == ["LoRA", "peft HRA", "hl HRA", "peft OFT (Neumann)", "hl OFT"]
+    assert all(len(v["loss"]) == 3 for v in methods.values())
+    # the same function to float32 rounding, 3 Adam steps: the losses agree closely
+    np.testing.assert_allclose(methods["hl HRA"]["loss"], methods["peft HRA"]["loss"], rtol=1e-4)
+
+
 # -- copying task --------------------------------------------------------------------------------
 def test_copying_task_script(tmp_path: Path) -> None:
     cp = pytest.importorskip("copying_task")

@@ -8,7 +8,8 @@
     2  _autodiff/                        route/call and one rule table per framework
     3  _operator/                        the CWY operator machinery
     4  public modules                    the top-level names ``__init__`` imports
-    5  adapters                          the top-level names it does not (torch/, jax/, lineax)
+    5  adapters                          the top-level names it does not (torch/, jax/, lineax,
+                                         peft/)
     6  __init__
 
 The package top holds ``__init__``, the layer packages and public (unprefixed) modules or
@@ -57,8 +58,24 @@ FRAMEWORK_MODULES = {
     "householderla.torch._param": {"torch"},
     "householderla.torch._layer": {"torch"},
     "householderla.jax._optax": {"jax"},
+    "householderla.peft": {"peft"},
+    "householderla.peft._registry": {"peft"},
+    "householderla.peft._hra": {"torch", "peft"},
+    "householderla.peft._oft": {"torch", "peft"},
 }
-FRAMEWORKS = {"torch", "jax", "jaxlib", "cupy", "cupyx", "numba", "dask", "lineax", "equinox"}
+FRAMEWORKS = {
+    "torch",
+    "jax",
+    "jaxlib",
+    "cupy",
+    "cupyx",
+    "numba",
+    "dask",
+    "lineax",
+    "equinox",
+    "peft",
+    "transformers",
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -394,7 +411,7 @@ def test_the_timing_rule_can_fail(tmp_path):
 
 def test_adapters_are_not_imported_by_init():
     """torch/ and jax/ (and lineax) import a framework: ``__init__`` must not import them."""
-    assert {"torch", "jax", "lineax"}.isdisjoint(PUBLIC)
+    assert {"torch", "jax", "lineax", "peft"}.isdisjoint(PUBLIC)
     assert {"cwy", "householder", "lapack", "ornn", "svd", "retractions", "stiefel"} <= PUBLIC
 
 

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_dir_lists_the_public_names_only():
     names = dir(hl)
-    assert names == sorted({*hl.__all__, "torch", "jax", "lineax"})
+    assert names == sorted({*hl.__all__, "torch", "jax", "lineax", "peft"})
     for name in ("Any", "importlib", "_importlib", "annotations", "householder", "_kernels"):
         assert name not in names
     assert not hasattr(hl, "Any") and not hasattr(hl, "importlib")
@@ -58,7 +58,12 @@ def _forget(monkeypatch, adapter: str) -> None:
 
 @pytest.mark.parametrize(
     ("adapter", "blocked", "extra"),
-    [("lineax", "equinox", "lineax"), ("torch", "torch", "torch"), ("jax", "jax", "jax")],
+    [
+        ("lineax", "equinox", "lineax"),
+        ("torch", "torch", "torch"),
+        ("jax", "jax", "jax"),
+        ("peft", "peft", "peft"),
+    ],
 )
 def test_missing_framework_names_the_extra(monkeypatch, adapter, blocked, extra):
     # a fresh import of the adapter with its framework unimportable
