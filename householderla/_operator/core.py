@@ -16,12 +16,14 @@ from typing import Any
 import array_api_compat as aac
 import numpy as np
 
+from .._agnostic import cwy_rows as R
 from .._agnostic import forming as F
 from .._interop.dask import dask_matmul, dask_rmatmul, is_dask_array
 from .._interop.dlpack import from_numpy, plain_cpu_views
 from .._kernels import numba_enabled, numba_for, numba_for_torch
 from .._lib.checks import as_matrix_operand, broadcast_batch
 from .._lib.device import device_kind
+from .._lib.linalg import solve_upper_triangular
 from .._lib.modes import is_deterministic
 from .._lib.namespace import conj, device_of, is_complex, is_half, mH, mT, resolve
 from .._lib.tracing import is_eager, needs_graph
@@ -291,6 +293,8 @@ class CompactWYOperator(LinearOperatorMixin):
             v_graph=needs_graph(V),
             deterministic=is_deterministic(),
             tau=f.tau is not None and f.panels_apply(hm),
+            sdiag=f.sdiag is not None,
+            phase=f.phase is not None,
             kernels=lambda: numba_for_torch(V, h) is not None,
             trapezoidal=f.trapezoidal,
             dense_pays=f.dense_pays,
@@ -317,6 +321,9 @@ class CompactWYOperator(LinearOperatorMixin):
         if name == "lapack_panels":  # LAPACK's (a, τ): ?ormqr's panels, no whole factor built
             f.panels_used = True
             return f.run_panels(hm, self._transposed, self._mode)
+        if name == "gpu_fused":  # a GPU's first product: a Gram, one solve, two GEMMs
+            f.sequential_used = True  # (the first product is spent: later ones build U, T)
+            return _fused_product(self._V, hm, xp, self._transposed)
         phase = f.phase
         if phase is not None and not self._transposed:  # Q₀ D h
             hm = phase[..., :, None] * hm
@@ -459,6 +466,18 @@ class CompactWYOperator(LinearOperatorMixin):
             return lowrank(self._U, self._T, None, xp, True, mode, out=dt)
         out = lowrank(self._U, self._T, None, xp, False, mode, out=dt)
         return mH(out, xp) if self._transposed else out
+
+
+def _fused_product(V: Any, h: Any, xp: Any, transposed: bool) -> Any:
+    """Q h = h − V S⁻¹ (Vᵀ h) (Qᵀ h with S⁻ᵀ) from the unnormalised V (N, L) and S = ½
+    diag(‖v‖²) + striu(VᵀV) (:func:`householderla._agnostic.cwy_rows.rows_factor`: NaN
+    columns raise, zero columns are H(0) = I): ten-odd ops whatever L, nothing cached."""
+    V = V if V.dtype == h.dtype else xp.astype(V, h.dtype)
+    S = R.rows_factor(V, xp)
+    Vh = mT(V) @ h
+    acc = S.dtype
+    b = solve_upper_triangular(S, Vh if Vh.dtype == acc else xp.astype(Vh, acc), xp, transposed)
+    return h - V @ (b if b.dtype == h.dtype else xp.astype(b, h.dtype))
 
 
 def _backend(xp: Any) -> str:

@@ -22,8 +22,8 @@ __all__ = ["ApplyFacts", "History", "LayerFacts", "MatrixFacts", "Path", "plan_a
            "plan_direct", "plan_layer", "plan_matrix"]  # fmt: skip
 
 #: every path name a plan may return
-APPLY_PATHS = ("direct", "dense_q", "folded", "sequential", "lapack_panels", "blocked",
-               "structured", "factors")  # fmt: skip
+APPLY_PATHS = ("direct", "dense_q", "folded", "sequential", "lapack_panels", "gpu_fused",
+               "blocked", "structured", "factors")  # fmt: skip
 MATRIX_PATHS = ("numba_stack", "lapack_panels", "structured_form", "one_shot", "factors")
 LAYER_PATHS = ("one_node", "one_node_one_block", "formed", "operator", "weight")
 
@@ -73,6 +73,8 @@ class ApplyFacts:
     v_graph: bool = False  # torch autograd records V (the blocks' rule)
     deterministic: bool = False
     tau: bool = False  # LAPACK's τ known (from_lapack) and h of V's dtype, eager
+    sdiag: bool = False  # generalised reflectors (from_lapack's complex τ)
+    phase: bool = False  # a right phase factor diag(e^{iθ})
     kernels: bool | Callable[[], bool] = False  # Numba serves these arrays (CPU, no trace)
     trapezoidal: bool | Callable[[], bool] = False  # V lower trapezoidal (declared/detected)
     dense_pays: bool = False  # L > N/2: the repeat factor is the dense Q
@@ -83,7 +85,8 @@ def plan_apply(f: ApplyFacts) -> Path:
     """The path of ``Q @ h`` (see the module docstring; one branch a former branch point).
 
     First product (nothing built, not deterministic): ``sequential`` (CPU, real, kernels
-    available, the measured crossover), else ``lapack_panels`` (CPU, τ known). Then
+    available, the measured crossover), else ``lapack_panels`` (CPU, τ known), on CUDA
+    ``gpu_fused`` (real, plain: h − V S⁻¹ (Vᵀ h) from V unnormalised, nothing cached). Then
     ``blocked`` (CPU, square, ``use_blocks`` or blocks built already), ``structured``
     (CPU, lower-trapezoidal V, ``use_structured``), else the factor pair: ``dense_q`` /
     ``folded`` once the repeat switch has paid (plain square products), ``factors``
@@ -103,6 +106,8 @@ def plan_apply(f: ApplyFacts) -> Path:
         return Path("sequential")
     if cpu and f.tau and not (f.deterministic or h.panels_used or h.factors or h.blocks):
         return Path("lapack_panels")
+    if not cpu and first and square and f.kernel_dtype and not (f.graph or f.sdiag or f.phase):
+        return _GPU_FUSED
     if cpu and square:
         rule = use_blocks(f.L, f.B, f.v_graph)
         if rule if f.deterministic else (h.blocks or (rule and not h.factors)):
@@ -115,6 +120,7 @@ def plan_apply(f: ApplyFacts) -> Path:
 
 
 _DIRECT = Path("direct", record=True)
+_GPU_FUSED = Path("gpu_fused")
 _DENSE_Q, _FOLDED = Path("dense_q"), Path("folded")
 
 
