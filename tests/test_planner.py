@@ -229,6 +229,8 @@ def test_pure_apply_facts_table():
     assert P.plan_apply(P.ApplyFacts(**base, history=later)).name == "folded"
     assert P.plan_apply(P.ApplyFacts(**base, history=later, dense_pays=True)).name == "dense_q"
     cuda = dict(base, device="cuda", L=300, N=600)
-    assert P.plan_apply(P.ApplyFacts(**cuda)).name == "factors"
+    assert P.plan_apply(P.ApplyFacts(**cuda)).name == "gpu_fused"
+    assert P.plan_apply(P.ApplyFacts(**cuda, history=built)).name == "factors"
+    assert P.plan_apply(P.ApplyFacts(**cuda, graph=True, v_graph=True)).name == "factors"
     assert P.plan_direct(64, 8, 0, False, False).name == "direct"
     assert P.plan_direct(64, 8, 56, False, True).name == "dense_q"
