@@ -393,10 +393,18 @@ class CompactWYOperator(LinearOperatorMixin):
             )
         return (self @ h[..., None])[..., 0]
 
-    def _matrix_facts(self) -> MatrixFacts:
-        """The facts :func:`~householderla._operator.plan.plan_matrix` reads."""
+    def _matrix_facts(self, box: dict[str, Any] | None = None) -> MatrixFacts:
+        """The facts :func:`~householderla._operator.plan.plan_matrix` reads; ``box`` keeps
+        the kernels' view of V if the planner asked for it (read once: a torch view costs
+        three ops)."""
         f, xp, V = self._factors, self._xp, self._V
         backend = _backend(xp)
+        box = {} if box is None else box
+
+        def kernels() -> bool:
+            box["view"] = _cpu_kernel_view(V, xp)
+            return box["view"] is not None
+
         return MatrixFacts(
             backend=backend,
             device=device_kind(V),
@@ -405,12 +413,12 @@ class CompactWYOperator(LinearOperatorMixin):
             graph=backend == "jax" or needs_graph(V),
             eager=is_eager(V),
             sdiag=f.sdiag is not None,
-            kernels=lambda: _cpu_kernel_view(V, xp) is not None,
+            kernels=kernels,
             tau=f.tau is not None and f.panels_apply(V),
             trapezoidal=f.trapezoidal,
         )
 
-    def _form(self, path: Path) -> Any:
+    def _form(self, path: Path, view: Any = None) -> Any:
         """The dense matrix by the planned path, straight from V (all but ``factors``): the
         Numba kernels on [I; 0] (``numba_stack``: every matrix of a batch in one call, eight
         at a time in the SIMD lanes, :func:`householderla._kernels.numba.hform`, orgqr's flop
@@ -419,7 +427,7 @@ class CompactWYOperator(LinearOperatorMixin):
         xp, V, f = self._xp, self._V, self._factors
         ncols = None if self._mode_forward == "square" else V.shape[-1]
         if path.name == "numba_stack":
-            nk, view = _cpu_kernel_view(V, xp)
+            nk, view = view or _cpu_kernel_view(V, xp)
             Q = nk.hform(view, ncols, trapezoidal=f.trapezoidal())
             return Q if view is V else from_numpy(Q, like=V)
         if path.name == "lapack_panels":
@@ -456,9 +464,10 @@ class CompactWYOperator(LinearOperatorMixin):
         """The dense Q₀ (or Q₀ᴴ) of the reflectors, without the phase factor."""
         mode, xp = self._mode_forward, self._xp
         if self._V is not None:
-            path = plan_matrix(self._matrix_facts())
+            box: dict[str, Any] = {}
+            path = plan_matrix(self._matrix_facts(box))
             if path.name != "factors":
-                dense = self._form(path)
+                dense = self._form(path, box.get("view"))
                 return mH(dense, xp) if self._transposed else dense
         # half-precision V: formed from its float32 factors in float32, rounded once
         dt = self._V.dtype
