@@ -83,6 +83,8 @@ MATRIX_ROWS = [
     ("torch", "cpu", "float64", 200, 200, "grad", "factors"),
     ("torch", "cuda", "float64", 200, 200, "tril", "one_shot"),
     ("torch", "cuda", "float64", 200, 200, "grad", "factors"),
+    ("torch", "cuda", "float64", 200, 200, "lapack", "native_orgqr"),
+    ("torch", "cpu", "float64", 200, 200, "lapack", "lapack_panels"),
     ("jax", "cpu", "float64", 32, 32, None, "factors"),
 ]
 

@@ -11,6 +11,7 @@ may carry a right phase factor diag(e^{iθ}) (:mod:`householderla._agnostic.phas
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import array_api_compat as aac
@@ -432,6 +433,8 @@ class CompactWYOperator(LinearOperatorMixin):
             return Q if view is V else from_numpy(Q, like=V)
         if path.name == "lapack_panels":
             return f.panel_matrix(ncols)
+        if path.name == "native_orgqr":
+            return _native_orgqr(V, f.tau, xp, V.shape[-2] if ncols is None else ncols)
         if path.name == "structured_form":
             return F.structured_matrix(V, xp, ncols, sdiag=f.sdiag)
         return F.dense_matrix(V, xp, ncols, sdiag=f.sdiag)
@@ -487,6 +490,18 @@ def _fused_product(V: Any, h: Any, xp: Any, transposed: bool) -> Any:
     acc = S.dtype
     b = solve_upper_triangular(S, Vh if Vh.dtype == acc else xp.astype(Vh, acc), xp, transposed)
     return h - V @ (b if b.dtype == h.dtype else xp.astype(b, h.dtype))
+
+
+def _native_orgqr(V: Any, tau: Any, xp: Any, ncols: int) -> Any:
+    """The first ``ncols`` columns of Q from LAPACK's (V, τ) by torch's own ``?orgqr``
+    (``torch.linalg.householder_product``, one op on a GPU); ncols > L pads V and τ with
+    zero columns (τ = 0: H = I)."""
+    torch = sys.modules["torch"]
+    pad = ncols - V.shape[-1]
+    if pad > 0:
+        V = torch.nn.functional.pad(V, (0, pad))
+        tau = torch.nn.functional.pad(tau, (0, pad))
+    return torch.linalg.householder_product(V, tau.to(V.dtype))
 
 
 def _backend(xp: Any) -> str:

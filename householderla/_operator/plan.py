@@ -24,7 +24,8 @@ __all__ = ["ApplyFacts", "History", "LayerFacts", "MatrixFacts", "Path", "plan_a
 #: every path name a plan may return
 APPLY_PATHS = ("direct", "dense_q", "folded", "sequential", "lapack_panels", "gpu_fused",
                "blocked", "structured", "factors")  # fmt: skip
-MATRIX_PATHS = ("numba_stack", "lapack_panels", "structured_form", "one_shot", "factors")
+MATRIX_PATHS = ("numba_stack", "lapack_panels", "structured_form", "one_shot", "native_orgqr",
+                "factors")  # fmt: skip
 LAYER_PATHS = ("one_node", "one_node_one_block", "formed", "operator", "weight")
 
 
@@ -163,13 +164,14 @@ def plan_matrix(f: MatrixFacts) -> Path:
     """The path of ``Q.matrix()``. Without autodiff on NumPy / CuPy / eager torch, straight
     from V: on the CPU ``numba_stack`` (N ≤ SMALL_N, reflectors, kernels), ``lapack_panels``
     (τ known), ``structured_form`` (lower-trapezoidal V, orgqr's blocking); ``one_shot``
-    (I − V S⁻¹ Vᴴ: a Gram, one solve, one GEMM) otherwise and always on CUDA. With autodiff
+    (I − V S⁻¹ Vᴴ: a Gram, one solve, one GEMM) otherwise and on CUDA, where LAPACK's τ on
+    torch goes to ``native_orgqr`` (``torch.linalg.householder_product``, one op). With autodiff
     or elsewhere: ``factors`` (I − U T Uᴴ through the rule tables)."""
     direct = f.backend in ("numpy", "cupy") or (f.backend == "torch" and not f.graph and f.eager)
     if not direct:
         return Path("factors")
     if f.device != "cpu":
-        return Path("one_shot")
+        return Path("native_orgqr" if f.tau and f.backend == "torch" else "one_shot")
     if f.N <= SMALL_N and not f.sdiag and _get(f.kernels):
         return Path("numba_stack")
     if f.tau:
