@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -138,6 +139,7 @@ def rows(cfg: dict[str, Any], paths: tuple[str, ...] = ("cpu", "cuda")) -> list[
             anchors[what, N, B] = count_ops(ref)
         out.append({"what": what, "N": N, "B": B, "path": path, "ops": ops,
                     "anchor": anchor, "anchor_ops": anchors[what, N, B]})  # fmt: skip
+        print(f"  counted {what} N={N} B={B} {path}: {ops}", file=sys.stderr, flush=True)
 
     for path in paths:
         for N, B in cfg["layer"]:
