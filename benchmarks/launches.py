@@ -110,7 +110,7 @@ def _apply(N: int, B: int, fresh: bool) -> tuple[Callable[[], Any], Callable[[],
         a, tau = torch.geqrf(V)
         return (lambda: hl.cwy(V) @ h), (lambda: torch.ormqr(a, tau, h))
     op = hl.cwy(V)
-    for _ in range(4):  # past the repeat switch: the factors it keeps are built
+    for _ in range(N // B + 1):  # past the repeat switch (N columns): its factor is built
         op @ h
     W, G = torch.randn(N, N, dtype=torch.float64), torch.randn(N, N, dtype=torch.float64)
     return (lambda: op @ h), (lambda: h - W @ (G @ h))
