@@ -17,7 +17,7 @@ from typing import Any
 import array_api_compat as aac
 import numpy as np
 
-from .device import emulated_kind
+from .device import device_kind
 from .tracing import is_eager
 
 __all__ = [
@@ -290,9 +290,10 @@ def accumulation_dtype(xp: Any, dtype: Any) -> Any:
 
 def accumulation_dtype_for(xp: Any, x: Any) -> Any:
     """:func:`accumulation_dtype` for the array ``x`` (torch decides by the tensor's device:
-    float32 itself on a GPU, also under ``emulate_device("cuda")``)."""
+    a GPU, or any device but the CPU (MPS has no float64), accumulates in the tensor's own
+    dtype, also under ``emulate_device("cuda")``)."""
     if aac.is_torch_namespace(xp) and (x.dtype == xp.float32 or x.dtype == xp.complex64):
-        if x.device.type != "cpu" or emulated_kind() == "cuda":
+        if x.device.type != "cpu" or device_kind(x) != "cpu":
             return x.dtype
         return xp.float64 if x.dtype == xp.float32 else xp.complex128
     return accumulation_dtype(xp, x.dtype)

@@ -11,27 +11,30 @@ may carry a right phase factor diag(e^{iθ}) (:mod:`householderla._agnostic.phas
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import array_api_compat as aac
 import numpy as np
 
+from .._agnostic import cwy_rows as R
 from .._agnostic import forming as F
-from .._agnostic import trapezoidal as S
-from .._autodiff import route
 from .._interop.dask import dask_matmul, dask_rmatmul, is_dask_array
 from .._interop.dlpack import from_numpy, plain_cpu_views
 from .._kernels import numba_enabled, numba_for, numba_for_torch
 from .._lib.checks import as_matrix_operand, broadcast_batch
+from .._lib.device import device_kind
+from .._lib.linalg import solve_upper_triangular
 from .._lib.modes import is_deterministic
 from .._lib.namespace import conj, device_of, is_complex, is_half, mH, mT, resolve
 from .._lib.tracing import is_eager, needs_graph
 from .._lib.tuning import SEQ_DETECT_FLOPS
 from .blocked import apply_blocks
 from .compose import compose, is_operator
-from .factors import SMALL_N, LazyFactors, lowrank
+from .factors import LazyFactors, lowrank
 from .linear_operator import LinearOperatorMixin
-from .sequential import apply_sequential, sequential_is_faster
+from .plan import ApplyFacts, History, MatrixFacts, Path, plan_apply, plan_direct, plan_matrix
+from .sequential import run_sequential
 
 __all__ = ["CompactWYOperator"]
 
@@ -204,26 +207,39 @@ class CompactWYOperator(LinearOperatorMixin):
         operator ``h`` gives the composed operator (:func:`.compose.compose`).
 
         A Dask array ``h`` gives a lazy Dask array computed chunk by chunk
-        (:mod:`householderla._interop.dask`). On NumPy, the first product of an operator whose
-        factors are not built yet may run the reflections one at a time (Numba kernel) when
-        :func:`~householderla.householder.sequential_is_faster` says so for its shape; later
-        products build and reuse U, T. A plain product (no autodiff) of an operator used
-        again and again switches, once the columns it has multiplied add up to N, to one GEMM
-        with the dense Q (L > N/2 reflectors) or to h − W (Uᴴ h) with W = U T
+        (:mod:`householderla._interop.dask`). Otherwise h is validated once and the planner
+        (:func:`~householderla._operator.plan.plan_apply`) names the path, which runs
+        unchecked: on the CPU, the first NumPy product may run the reflections one at a time
+        (Numba kernel) when :func:`~householderla.householder.sequential_is_faster` says so;
+        later products build and reuse U, T (or blocks). A plain product (no autodiff) of an
+        operator used again and again switches, once the columns it has multiplied add up to
+        N, to one GEMM with the dense Q (L > N/2 reflectors) or to h − W (Uᴴ h) with W = U T
         (:meth:`~householderla._operator.factors.LazyFactors.product_factor`).
         """
+        if self._direct_gate(h):
+            return self._run(self._plan_direct(h), h, h)
+        if is_dask_array(h):
+            return dask_matmul(self, h)
+        if is_operator(h):
+            return compose(self, h)
+        h = self._operand(h)
+        if self._conjugated:  # conj(A) h = conj(A conj(h))
+            return conj(self._variant(self._transposed, False) @ conj(h, self._xp), self._xp)
+        hm, vector = as_matrix_operand(h, self._n_rows_cols[1])
+        broadcast_batch([("the operator", self._V.shape[:-2]), ("h", hm.shape[:-2])])
+        path = plan_apply(self._apply_facts(h, hm))
+        if path.name == "sequential":  # (takes h as given: the kernels' vector loop)
+            return self._run(path, h, h)
+        y = self._run(path, hm, h)
+        return y[..., 0] if vector else y
+
+    def _direct_gate(self, h: Any) -> bool:
+        """Whether the direct factors or a built repeat factor serve this h as it is: a plain
+        single square operator, h of their type, dtype and rows (the products and nothing
+        else; the general path's checks cost 5% of a 1024 × 256 apply)."""
         f = self._factors
-        direct = f.direct
-        sc = f.shortcut
-        if is_deterministic():  # the general path alone: the same bits on every call
-            direct = sc = None
-        # the products and nothing else, for a plain single operator whose factors serve
-        # this h as they are: with few reflectors (``direct``) Q h = h − U (T (Uᴴ h)), Qᴴ h
-        # with Tᴴ, or, once they pay, the dense Q or h − W (Uᴴ h)
-        # (LazyFactors.product_factor), which is also served directly once built for more
-        # reflectors (the general path's checks cost 5% of a 1024 × 256 apply)
-        if (
-            (direct is not None or (sc is not None and self._transposed in sc))
+        return (
+            (f.direct is not None or (f.shortcut is not None and self._transposed in f.shortcut))
             and not self._conjugated
             and f.phase is None
             and type(h) is f.direct_type
@@ -233,52 +249,102 @@ class CompactWYOperator(LinearOperatorMixin):
             and h.dtype == f.U.dtype
             and h.shape[0] == f.U.shape[0]
             and (f.direct_type.__name__ == "ndarray" or self._torch_direct(h))
-        ):
-            if direct is None:
-                return _shortcut_product(sc[self._transposed], h)
-            U, T, Ut, Tt = direct
-            P = f.product_factor(1 if h.ndim == 1 else h.shape[1], self._transposed)
-            if P is None:
-                return h - U @ ((Tt if self._transposed else T) @ (Ut @ h))
-            return _shortcut_product(P, h)
-        xp = self._xp
-        if is_dask_array(h):
-            return dask_matmul(self, h)
-        if is_operator(h):
-            return compose(self, h)
+            and not is_deterministic()  # the general path alone: the same bits every call
+        )
+
+    def _plan_direct(self, h: Any) -> Path:
+        f = self._factors
+        B = 1 if h.ndim == 1 else h.shape[1]
+        return plan_direct(f.V.shape[-2], B, f.applied, f.shortcut is not None, f.dense_pays)
+
+    def planned_path(self, h: Any) -> Path:
+        """The path ``self @ h`` takes now (:mod:`householderla._operator.plan`), nothing run;
+        for tests and for looking. Dask and operator ``h`` are not planned (their own paths)."""
+        if self._direct_gate(h):
+            return self._plan_direct(h)
         h = self._operand(h)
-        if self._conjugated:  # conj(A) h = conj(A conj(h))
-            return conj(self._variant(self._transposed, False) @ conj(h, xp), xp)
-        hm, vector = as_matrix_operand(h, self._n_rows_cols[1])
-        broadcast_batch([("the operator", self._V.shape[:-2]), ("h", hm.shape[:-2])])
-        y = self._first_product_sequential(h)
-        if y is not None:
-            return y
-        y = self._factors.first_panel_product(hm, self._transposed, self._mode)
-        if y is not None:  # LAPACK's (a, τ): ?ormqr's panels, no whole factor built
-            return y[..., 0] if vector else y
-        phase = self._factors.phase
+        if self._conjugated:
+            return self._variant(self._transposed, False).planned_path(conj(h, self._xp))
+        hm, _ = as_matrix_operand(h, self._n_rows_cols[1])
+        return plan_apply(self._apply_facts(h, hm))
+
+    def planned_matrix_path(self) -> Path:
+        """The path ``self.matrix()`` takes now, nothing run."""
+        return plan_matrix(self._matrix_facts()) if self._V is not None else Path("factors")
+
+    def _apply_facts(self, h: Any, hm: Any) -> ApplyFacts:
+        """The facts :func:`~householderla._operator.plan.plan_apply` reads, for the validated
+        h and its matrix form hm."""
+        f, xp, V = self._factors, self._xp, self._V
+        backend = _backend(xp)
+        half = is_half(xp, h.dtype)
+        graph = backend == "jax" or needs_graph(V, h)
+        sc = f.shortcut
+        return ApplyFacts(
+            backend=backend,
+            device=device_kind(V),
+            N=V.shape[-2],
+            L=V.shape[-1],
+            B=hm.shape[-1],
+            batch=math.prod(V.shape[:-2]),
+            mode=self._mode,
+            kernel_dtype=not (is_complex(h.dtype) or half),
+            half=half,
+            graph=graph,
+            v_graph=needs_graph(V),
+            deterministic=is_deterministic(),
+            tau=f.tau is not None and f.panels_apply(hm),
+            sdiag=f.sdiag is not None,
+            phase=f.phase is not None,
+            kernels=lambda: numba_for_torch(V, h) is not None,
+            trapezoidal=f.trapezoidal,
+            dense_pays=f.dense_pays,
+            history=History(
+                factors=f.U is not None,
+                blocks=f.blocks is not None,
+                sequential_used=f.sequential_used,
+                panels_used=f.panels_used,
+                applied=f.applied,
+                shortcut=sc is not None,
+                direct=f.direct is not None,
+            ),
+        )
+
+    def _run(self, path: Path, hm: Any, h: Any) -> Any:
+        """Run the planned path on hm (..., K, B), unchecked (``sequential``: on h as given)."""
+        f, xp, name = self._factors, self._xp, path.name
+        if name == "direct":
+            U, T, Ut, Tt = f.direct
+            f.applied += hm.shape[-1] if hm.ndim == 2 else 1  # (planned: record)
+            return hm - U @ ((Tt if self._transposed else T) @ (Ut @ hm))
+        if name == "sequential":
+            return self._run_sequential(hm)
+        if name == "lapack_panels":  # LAPACK's (a, τ): ?ormqr's panels, no whole factor built
+            f.panels_used = True
+            return f.run_panels(hm, self._transposed, self._mode)
+        if name == "gpu_fused":  # a GPU's first product: a Gram, one solve, two GEMMs
+            f.sequential_used = True  # (the first product is spent: later ones build U, T)
+            return _fused_product(self._V, hm, xp, self._transposed)
+        phase = f.phase
         if phase is not None and not self._transposed:  # Q₀ D h
             hm = phase[..., :, None] * hm
-        blocks = self._factors.get_blocks(hm.shape[-1]) if self._mode == "square" else None
-        if blocks is not None:  # many reflectors, few columns: blocked compact WY
-            y = apply_blocks(blocks, hm, xp, self._transposed)
+        if name in ("dense_q", "folded"):  # the repeat switch: one GEMM, or two with (F, G)
+            f.get()
+            B = 1 if hm.ndim == 1 else hm.shape[-1]
+            y = _shortcut_product(f.product_factor(B, self._transposed), hm)
+        elif name == "blocked":  # many reflectors, few columns: blocked compact WY
+            y = apply_blocks(f.build_blocks(), hm, xp, self._transposed)
         else:
             U, T = self._U, self._T
-            if U.dtype != h.dtype and not is_half(xp, h.dtype):  # (half h: float32 U, T)
-                U, T = xp.astype(U, h.dtype), xp.astype(T, h.dtype)
-            structured = self._use_structured(hm.shape[-1])
-            P = None
-            if self._mode == "square" and not structured and U.dtype == hm.dtype:
-                if route(xp, U, T, hm) == "plain":  # no autodiff to record
-                    P = f.product_factor(hm.shape[-1], self._transposed)
-            if P is not None:  # one GEMM with the dense Q (Qᴴ), or two with the folded (F, G)
-                y = _shortcut_product(P, hm)
-            else:
-                y = lowrank(U, T, hm, xp, self._transposed, self._mode, structured)
+            if U.dtype != hm.dtype and not is_half(xp, hm.dtype):  # (half h: float32 U, T)
+                U, T = xp.astype(U, hm.dtype), xp.astype(T, hm.dtype)
+            if path.record:
+                f.applied += hm.shape[-1]
+            structured = name == "structured"
+            y = lowrank(U, T, hm, xp, self._transposed, self._mode, structured)
         if phase is not None and self._transposed:  # Dᴴ Q₀ᴴ h
             y = xp.conj(phase)[..., :, None] * y
-        return y[..., 0] if vector else y
+        return y
 
     def _torch_direct(self, h: Any) -> bool:
         """A torch product may skip the general path: same device, no graph to record."""
@@ -289,42 +355,21 @@ class CompactWYOperator(LinearOperatorMixin):
         """The ``structure`` given to :func:`cwy` / :func:`tcwy`: auto, trapezoidal or dense."""
         return self._factors.structure
 
-    def _use_structured(self, B: int) -> bool:
-        """Blocked trapezoidal products for ``@`` with B right-hand sides: V lower trapezoidal
-        and a shape where they were measured faster (``trapezoidal.use_structured``)."""
-        N, L = self._V.shape[-2], self._V.shape[-1]
-        return S.use_structured(N, L, B) and self._factors.trapezoidal()
-
-    def _first_product_sequential(self, h: Any) -> Any:
-        """Q h by sequential reflections (Numba) for the operator's first NumPy product, or
-        CPU torch product without autograd, when the measured crossover favours it over
-        building U, T; None otherwise."""
+    def _run_sequential(self, h: Any) -> Any:
+        """Q h by sequential reflections (Numba) for the operator's first product, as planned
+        (``sequential``): the next product builds the factors and reuses them."""
         f = self._factors
-        if f.U is not None or f.sequential_used or self._mode != "square" or is_deterministic():
-            return None
-        if is_complex(h.dtype) or is_half(self._xp, h.dtype):
-            # the Numba kernels are real float32/float64: complex and half-precision
-            # products go through U, T
-            return None
-        if not aac.is_numpy_namespace(self._xp) and not (
-            aac.is_torch_namespace(self._xp)
-            and not needs_graph(self._V, h)
-            and numba_for_torch(self._V, h) is not None
-        ):
-            return None
-        N, L = self._V.shape[-2], self._V.shape[-1]
-        B = 1 if h.ndim == 1 else h.shape[-1]
-        if not sequential_is_faster(N, L, B, h.dtype):
-            return None
-        f.sequential_used = True  # the next product builds the factors and reuses them
+        f.sequential_used = True
         V = self._V if self._V.dtype == h.dtype else self._xp.astype(self._V, h.dtype)
+        L = self._V.shape[-1]
+        B = 1 if h.ndim == 1 else h.shape[-1]
         # skipping the zeros of a trapezoidal V saves ~2L²B of the 4NLB flops per matrix;
         # "auto" detects them (an N·L comparison per matrix and a few torch calls) only
         # where that can pay off
         P = math.prod(self._V.shape[:-2])  # matrices in the batch
         worth = f.structure != "auto" or 2 * L * L * B * P >= SEQ_DETECT_FLOPS
         trap = f.trapezoidal() if worth else False
-        return apply_sequential(V, h, transpose=self._transposed, trapezoidal=trap, xp=self._xp)
+        return run_sequential(V, h, self._transposed, trap, self._xp)
 
     def __rmatmul__(self, h: Any) -> Any:
         """``h @ self`` = (selfᵀ @ hᵀ)ᵀ; h (K,) or (..., B, K), K = rows."""
@@ -349,44 +394,50 @@ class CompactWYOperator(LinearOperatorMixin):
             )
         return (self @ h[..., None])[..., 0]
 
-    def _direct_dense(self) -> Any:
-        """The dense matrix straight from V when no autodiff follows (NumPy/CuPy/torch):
-        orgqr-style for lower-trapezoidal V, else the one-shot I − V S⁻¹ Vᵀ. Not under
-        ``torch.compile``: its rescaling of extreme columns is data dependent."""
-        xp, V = self._xp, self._V
-        if V is None or not (
-            aac.is_numpy_namespace(xp)
-            or aac.is_cupy_namespace(xp)
-            or (aac.is_torch_namespace(xp) and not needs_graph(V) and is_eager(V))
-        ):
-            return None
-        ncols = None if self._mode_forward == "square" else V.shape[-1]
-        small = self._small_matrix(V, xp, ncols)
-        if small is not None:
-            return small
-        panels = self._factors.panel_matrix(ncols)  # LAPACK's (a, τ): ?orgqr's algorithm
-        if panels is not None:
-            return panels
-        sdiag = self._factors.sdiag
-        if self._factors.trapezoidal():
-            return F.structured_matrix(V, xp, ncols, sdiag=sdiag)
-        return F.dense_matrix(V, xp, ncols, sdiag=sdiag)
+    def _matrix_facts(self, box: dict[str, Any] | None = None) -> MatrixFacts:
+        """The facts :func:`~householderla._operator.plan.plan_matrix` reads; ``box`` keeps
+        the kernels' view of V if the planner asked for it (read once: a torch view costs
+        three ops)."""
+        f, xp, V = self._factors, self._xp, self._V
+        backend = _backend(xp)
+        box = {} if box is None else box
 
-    def _small_matrix(self, V: Any, xp: Any, ncols: int | None) -> Any:
-        """Small N (≤ SMALL_N = 64) on NumPy: the reflections applied to [I; 0] by the Numba
-        kernels, all matrices of a batch in one call (eight at a time in the SIMD lanes:
-        :func:`householderla._kernels.numba.hform`; no per-matrix BLAS call or factor
-        build), orgqr's flop count for lower-trapezoidal V. None otherwise (complex V, other
-        reflectors). Timings are in ``benchmarks/results/small.md``."""
-        if V.shape[-2] > SMALL_N or self._factors.sdiag is not None:
-            return None
-        nk = numba_for(xp, V)
-        views = [V] if nk is not None else plain_cpu_views(V)  # CPU torch without autograd
-        nk = nk or (numba_enabled() if views is not None else None)
-        if nk is None or views[0].dtype not in (np.float32, np.float64):
-            return None
-        Q = nk.hform(views[0], ncols, trapezoidal=self._factors.trapezoidal())
-        return Q if views[0] is V else from_numpy(Q, like=V)
+        def kernels() -> bool:
+            box["view"] = _cpu_kernel_view(V, xp)
+            return box["view"] is not None
+
+        return MatrixFacts(
+            backend=backend,
+            device=device_kind(V),
+            N=V.shape[-2],
+            L=V.shape[-1],
+            graph=backend == "jax" or needs_graph(V),
+            eager=is_eager(V),
+            sdiag=f.sdiag is not None,
+            kernels=kernels,
+            tau=f.tau is not None and f.panels_apply(V),
+            trapezoidal=f.trapezoidal,
+        )
+
+    def _form(self, path: Path, view: Any = None) -> Any:
+        """The dense matrix by the planned path, straight from V (all but ``factors``): the
+        Numba kernels on [I; 0] (``numba_stack``: every matrix of a batch in one call, eight
+        at a time in the SIMD lanes, :func:`householderla._kernels.numba.hform`, orgqr's flop
+        count for lower-trapezoidal V; ``benchmarks/results/small.md``), LAPACK's ``?orgqr``
+        panels, orgqr-style blocks for lower-trapezoidal V, or the one-shot I − V S⁻¹ Vᵀ."""
+        xp, V, f = self._xp, self._V, self._factors
+        ncols = None if self._mode_forward == "square" else V.shape[-1]
+        if path.name == "numba_stack":
+            nk, view = view or _cpu_kernel_view(V, xp)
+            Q = nk.hform(view, ncols, trapezoidal=f.trapezoidal())
+            return Q if view is V else from_numpy(Q, like=V)
+        if path.name == "lapack_panels":
+            return f.panel_matrix(ncols)
+        if path.name == "native_orgqr":
+            return _native_orgqr(V, f.tau, xp, V.shape[-2] if ncols is None else ncols)
+        if path.name == "structured_form":
+            return F.structured_matrix(V, xp, ncols, sdiag=f.sdiag)
+        return F.dense_matrix(V, xp, ncols, sdiag=f.sdiag)
 
     def matrix(self) -> Any:
         """The dense matrix, shape ``self.shape``.
@@ -399,7 +450,8 @@ class CompactWYOperator(LinearOperatorMixin):
         one GEMM). With autodiff or on other namespaces: I − U (T Uᵀ) through the differentiable
         factors (2·N²·L flops for CWY, 2·N·M² for T-CWY). float32 input is formed in float64 on CPU,
         except for N ≤ 64 on NumPy, where the reflections are applied to [I; 0] by the Numba kernel,
-        every matrix of a batch in one call (``_small_matrix``).
+        every matrix of a batch in one call. The path is
+        :func:`~householderla._operator.plan.plan_matrix`'s; on CUDA always the one-shot form.
         """
         if self._conjugated:
             return conj(self._variant(self._transposed, False).matrix(), self._xp)
@@ -414,15 +466,66 @@ class CompactWYOperator(LinearOperatorMixin):
     def _dense_unphased(self) -> Any:
         """The dense Q₀ (or Q₀ᴴ) of the reflectors, without the phase factor."""
         mode, xp = self._mode_forward, self._xp
-        dense = self._direct_dense()
-        if dense is not None:
-            return mH(dense, xp) if self._transposed else dense
+        if self._V is not None:
+            box: dict[str, Any] = {}
+            path = plan_matrix(self._matrix_facts(box))
+            if path.name != "factors":
+                dense = self._form(path, box.get("view"))
+                return mH(dense, xp) if self._transposed else dense
         # half-precision V: formed from its float32 factors in float32, rounded once
         dt = self._V.dtype
         if self._transposed and mode != "embed":
             return lowrank(self._U, self._T, None, xp, True, mode, out=dt)
         out = lowrank(self._U, self._T, None, xp, False, mode, out=dt)
         return mH(out, xp) if self._transposed else out
+
+
+def _fused_product(V: Any, h: Any, xp: Any, transposed: bool) -> Any:
+    """Q h = h − V S⁻¹ (Vᵀ h) (Qᵀ h with S⁻ᵀ) from the unnormalised V (N, L) and S = ½
+    diag(‖v‖²) + striu(VᵀV) (:func:`householderla._agnostic.cwy_rows.rows_factor`: NaN
+    columns raise, zero columns are H(0) = I): ten-odd ops whatever L, nothing cached."""
+    V = V if V.dtype == h.dtype else xp.astype(V, h.dtype)
+    S = R.rows_factor(V, xp)
+    Vh = mT(V) @ h
+    acc = S.dtype
+    b = solve_upper_triangular(S, Vh if Vh.dtype == acc else xp.astype(Vh, acc), xp, transposed)
+    return h - V @ (b if b.dtype == h.dtype else xp.astype(b, h.dtype))
+
+
+def _native_orgqr(V: Any, tau: Any, xp: Any, ncols: int) -> Any:
+    """The first ``ncols`` columns of Q from LAPACK's (V, τ) by torch's own ``?orgqr``
+    (``torch.linalg.householder_product``, one op on a GPU); ncols > L pads V and τ with
+    zero columns (τ = 0: H = I)."""
+    torch = sys.modules["torch"]
+    pad = ncols - V.shape[-1]
+    if pad > 0:
+        V = torch.nn.functional.pad(V, (0, pad))
+        tau = torch.nn.functional.pad(tau, (0, pad))
+    return torch.linalg.householder_product(V, tau.to(V.dtype))
+
+
+def _backend(xp: Any) -> str:
+    """The planner's name of a namespace."""
+    if aac.is_numpy_namespace(xp):
+        return "numpy"
+    if aac.is_torch_namespace(xp):
+        return "torch"
+    if aac.is_jax_namespace(xp):
+        return "jax"
+    if aac.is_cupy_namespace(xp):
+        return "cupy"
+    return "other"
+
+
+def _cpu_kernel_view(V: Any, xp: Any) -> tuple[Any, Any] | None:
+    """(the Numba kernels, a NumPy view of V) for real float32/float64 V on the CPU (NumPy,
+    or a torch tensor without autograd); None otherwise."""
+    nk = numba_for(xp, V)
+    views = [V] if nk is not None else plain_cpu_views(V)
+    nk = nk or (numba_enabled() if views is not None else None)
+    if nk is None or views[0].dtype not in (np.float32, np.float64):
+        return None
+    return nk, views[0]
 
 
 def _shortcut_product(P: tuple[str, Any], h: Any) -> Any:

@@ -35,7 +35,7 @@ from .._lib.modes import is_deterministic
 from .._lib.namespace import device_of, mH
 from .._lib.tracing import is_eager, needs_graph
 from .._lib.tuning import SMALL_N
-from .blocked import block_factors, use_blocks
+from .blocked import block_factors
 
 __all__ = ["SMALL_N", "LazyFactors", "factors_of", "lowrank"]
 
@@ -81,7 +81,7 @@ class LazyFactors:
     ``sdiag`` (None: reflections; see the module docstring), a constant of the operator, and
     the phases θ of a right factor diag(e^{iθ}) (None: no such factor), LAPACK's ``tau``
     (:func:`householderla.from_lapack`; None otherwise), with which the first product and
-    ``.matrix()`` run LAPACK's panel algorithms (:meth:`first_panel_product`), and the
+    ``.matrix()`` run LAPACK's panel algorithms (:meth:`run_panels`), and the
     ``shortcut`` of repeated plain products (the dense Q, or W = U T; :meth:`product_factor`).
     """
 
@@ -174,15 +174,9 @@ class LazyFactors:
             aac.is_torch_namespace(self.xp) and needs_graph(self.V) and not factor.requires_grad
         )
 
-    def get_blocks(self, B: int) -> list[tuple[int, Any, Any]] | None:
-        """The blocked factors for a product with B columns: built on the first product when
-        the single pair is not built and ``use_blocks`` says so, then reused; else None."""
-        rule = use_blocks(self.V.shape[-1], B, needs_graph(self.V))
-        if is_deterministic():  # by the shapes alone, whatever earlier products built
-            if not rule:
-                return None
-        elif self.blocks is None and (self.U is not None or not rule):
-            return None
+    def build_blocks(self) -> list[tuple[int, Any, Any]]:
+        """The blocked factors (``_operator.blocked``), built on the first product the planner
+        sends down the ``blocked`` path, then reused (rebuilt when a graph is needed)."""
         if self._stale(None if self.blocks is None else self.blocks[0][1]):
             self.blocks = block_factors(self.V, self.xp, self.trapezoidal(), self.sdiag)
         return self.blocks
@@ -200,28 +194,19 @@ class LazyFactors:
             and not needs_graph(self.V, h)
         )
 
-    def first_panel_product(self, h: Any, transposed: bool, mode: str) -> Any:
-        """Q h (Qᴴ h) for h (..., K, B) by LAPACK's panels (``?ormqr``) on the operator's first
-        product, when neither the whole factors nor the blocks exist yet: panel T's of nb
-        columns cost ≈ 2·m·L·nb flops instead of m·L² + L³/3, and nothing is cached; later
-        products build and reuse the blocked or whole factors. ``mode``: "square" (m × m
-        Q), "embed" (Q[:, :L] x) or "project" (Q[:, :L]ᴴ y). None where panels do not apply."""
-        if self.panels_used or self.U is not None or self.blocks is not None:
-            return None
-        if is_deterministic():
-            return None
-        if not self.panels_apply(h):
-            return None
-        self.panels_used = True
+    def run_panels(self, h: Any, transposed: bool, mode: str) -> Any:
+        """Q h (Qᴴ h) for h (..., K, B) by LAPACK's panels (``?ormqr``), the planner's
+        ``lapack_panels`` path of an operator's first product: panel T's of nb columns cost
+        ≈ 2·m·L·nb flops instead of m·L² + L³/3, and nothing is cached; later products build
+        and reuse the blocked or whole factors. ``mode``: "square" (m × m Q), "embed"
+        (Q[:, :L] x) or "project" (Q[:, :L]ᴴ y)."""
         V, xp = self.V, self.xp
         panels = ViewPanels(V, self.tau, xp, t_of=_compiled_larft(V))
         return apply_panels(panels, h, xp, transposed, mode)
 
     def panel_matrix(self, ncols: int | None) -> Any:
-        """The first ``ncols`` (None: all) columns of Q formed as ``?orgqr`` from LAPACK's τ,
-        or None where panels do not apply (see :meth:`panels_apply`)."""
-        if not self.panels_apply(self.V):
-            return None
+        """The first ``ncols`` (None: all) columns of Q formed as ``?orgqr`` from LAPACK's τ
+        (the planner's ``lapack_panels`` path of ``.matrix()``)."""
         V, xp = self.V, self.xp
         ncols = V.shape[-2] if ncols is None else ncols
         nb = form_panel_width(V.shape[-1])

@@ -28,6 +28,7 @@ __all__ = [
     "apply_sequential",
     "householder_apply",
     "householder_apply_vjp",
+    "run_sequential",
     "sequential_is_faster",
 ]
 
@@ -166,6 +167,12 @@ def apply_sequential(
     xp, _, _, (V, h) = resolve([("V", V), ("h", h)], xp, complex_ok=True)
     N, _ = check_reflectors(V)
     as_matrix_operand(h, N)
+    return run_sequential(V, h, transpose, trapezoidal, xp)
+
+
+def run_sequential(V: Any, h: Any, transpose: bool, trapezoidal: bool, xp: Any) -> Any:
+    """:func:`apply_sequential` on inputs the caller has validated (the planner's
+    ``sequential`` path of the CWY operator): no checks repeated."""
     nk = numba_for(xp, V, h)
     if nk is not None:
         return nk.hprod(V, h, transpose=transpose, trapezoidal=trapezoidal)

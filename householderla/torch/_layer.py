@@ -17,9 +17,11 @@ from typing import Any
 import torch
 
 from .._autodiff.torch import CWYLinear
+from .._lib.device import device_kind
 from .._lib.tracing import is_transformed, needs_graph
 from .._lib.tuning import ONE_NODE, OPERATOR_MAX_ROWS, SINGLE_BLOCK_MAX_N
 from .._operator import blocked as _blocked
+from .._operator.plan import LayerFacts, plan_layer
 from ._param import INITS, MAPS, STRUCTURES, Orthogonal
 
 __all__ = ["ONE_NODE", "OPERATOR_MAX_ROWS", "SINGLE_BLOCK_MAX_N", "OrthogonalLinear"]
@@ -151,14 +153,15 @@ class OrthogonalLinear(torch.nn.Module):
             got = "a scalar" if x.ndim == 0 else f"shape {tuple(x.shape)}"
             raise ValueError(f"x must have shape (..., {self.in_features}); got {got}")
         x2 = x.reshape(-1, self.in_features)
-        if self._one_node(x2):
-            V, formed = self.vectors[0], not self.uses_operator(x2.shape[0])
-            single = formed and self.in_features <= SINGLE_BLOCK_MAX_N
-            block = V.shape[-1] if single else _blocked.BLOCK
-            y = CWYLinear.apply(V, x2, self.structure == "trapezoidal", formed, block)
+        path = plan_layer(self._layer_facts(x2))
+        if path.name.startswith("one_node"):
+            formed = not self.uses_operator(x2.shape[0])
+            y = CWYLinear.apply(
+                self.vectors[0], x2, self.structure == "trapezoidal", formed, path.block
+            )
             y = y.reshape(*x.shape[:-1], self.out_features)
             return y if self.bias is None else y + self.bias
-        if not self.uses_operator(x2.shape[0]):
+        if path.name == "formed":
             return torch.nn.functional.linear(x, self._formed(), self.bias)
         op = self._map.operator(*self.vectors)
         if op is None:
@@ -166,6 +169,23 @@ class OrthogonalLinear(torch.nn.Module):
         # the method, not ``@``: dynamo puts ``object @ tensor`` into a graph as it is
         y = op.__matmul__(x2.mT).mT.reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
+
+    def _layer_facts(self, x2: torch.Tensor) -> LayerFacts:
+        """The facts :func:`~householderla._operator.plan.plan_layer` reads for rows x2."""
+        V = self.vectors[0]
+        N = max(self.in_features, self.out_features)
+        return LayerFacts(
+            device=device_kind(V),
+            N=N,
+            L=V.shape[-1],
+            rows=x2.shape[0],
+            square_cwy=self.map == "cwy" and self.in_features == self.out_features,
+            one_node=self._one_node(x2),
+            operator_rows=OPERATOR_MAX_ROWS * N,
+            graph=needs_graph(*self.vectors),
+            block=_blocked.BLOCK,
+            single_max_n=SINGLE_BLOCK_MAX_N,
+        )
 
     def _one_node(self, x: torch.Tensor) -> bool:
         """Whether ``forward`` runs as one ``CWYLinear`` node (``ONE_NODE``): a square CWY
