@@ -18,6 +18,7 @@ __all__ = [
     "ADJUST_LR",
     "DEFAULT_STEPS",
     "adjusted_lr",
+    "check_split_sizes",
     "fixed_step_polar",
     "fixed_step_schedule",
     "orthogonalize",
@@ -39,6 +40,14 @@ def adjusted_lr(lr: Any, adjust_lr_fn: str | None, shape: tuple[int, ...]) -> An
     if adjust_lr_fn is None or adjust_lr_fn == "original":
         return lr * math.sqrt(max(1.0, A / B))
     return lr * 0.2 * math.sqrt(max(A, B))
+
+
+def check_split_sizes(sizes: Any) -> tuple[int, ...]:
+    """The Muons' ``split_sizes`` as a tuple of positive integers (ValueError naming it)."""
+    sizes = tuple(sizes)
+    if not sizes or any(isinstance(a, bool) or int(a) != a or a < 1 for a in sizes):
+        raise ValueError(f"split_sizes must be positive integers; got {sizes!r}")
+    return tuple(int(a) for a in sizes)
 
 
 def fixed_step_schedule(

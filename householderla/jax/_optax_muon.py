@@ -15,7 +15,13 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .._agnostic.fixed_polar import ADJUST_LR, DEFAULT_STEPS, adjusted_lr, orthogonalize
+from .._agnostic.fixed_polar import (
+    ADJUST_LR,
+    DEFAULT_STEPS,
+    adjusted_lr,
+    check_split_sizes,
+    orthogonalize,
+)
 from ._optax import GradientTransformation
 
 __all__ = ["MuonState", "muon"]
@@ -89,9 +95,7 @@ def muon(
         schedule = "muon"
     orthogonalize(None, schedule, ns_steps, ns_coefficients)  # validates now
     if split_sizes is not None and not callable(split_sizes):
-        fixed = tuple(split_sizes)
-        if not fixed or any(isinstance(a, bool) or int(a) != a or a < 1 for a in fixed):
-            raise ValueError(f"split_sizes must be positive integers; got {split_sizes!r}")
+        check_split_sizes(split_sizes)
 
     def sizes_of(i: int, leaf: Any) -> tuple[int, ...] | None:
         sizes = split_sizes(leaf) if callable(split_sizes) else split_sizes

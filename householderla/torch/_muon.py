@@ -18,7 +18,7 @@ from typing import Any
 import array_api_compat
 import torch
 
-from .._agnostic.fixed_polar import ADJUST_LR, DEFAULT_STEPS, adjusted_lr
+from .._agnostic.fixed_polar import ADJUST_LR, DEFAULT_STEPS, adjusted_lr, check_split_sizes
 from .._agnostic.fixed_polar import orthogonalize as _orthogonalize
 
 __all__ = ["Muon", "orthogonalize"]
@@ -222,9 +222,7 @@ class Muon(torch.optim.Optimizer):
                 raise RuntimeError("Muon does not support complex parameters")
         sizes = group.get("split_sizes")
         if sizes is not None:
-            sizes = group["split_sizes"] = tuple(sizes)
-            if not sizes or any(isinstance(a, bool) or int(a) != a or a < 1 for a in sizes):
-                raise ValueError(f"split_sizes must be positive integers; got {sizes!r}")
+            sizes = group["split_sizes"] = check_split_sizes(sizes)
             for i, p in enumerate(group["params"]):
                 if p.ndim >= 2 and sum(sizes) != p.shape[-2]:
                     raise ValueError(
