@@ -67,6 +67,11 @@ class _Reflections:
 class _HRAMixin:
     """What :class:`HRALinear` and :class:`HRAConv2d` share (forward, merge, unmerge)."""
 
+    def _compute_dtype(self) -> Any:
+        """The first active adapter's dtype (PEFT's HRA computes in it), else the base's."""
+        names = [n for n in self.active_adapters if n in self.hra_u]
+        return self.hra_u[names[0]].dtype if names else self.get_base_layer().weight.dtype
+
     def _check_r(self, adapter_name: str) -> None:
         d, r = self.hra_u[adapter_name].shape
         if r > d:
@@ -156,8 +161,7 @@ class HRALinear(_HRAMixin, _PeftHRALinear):
         if result is None:
             ops = self._ops(self.active_adapters)
             base = self.get_base_layer()
-            names = [n for n in self.active_adapters if n in self.hra_u]
-            dtype = self.hra_u[names[0]].dtype if names else base.weight.dtype
+            dtype = self._compute_dtype()
             w = self._cast_input_dtype(base.weight.detach(), dtype)
             bias = self._cast_input_dtype(base.bias, dtype)
             x = self._cast_input_dtype(x, dtype)
@@ -188,8 +192,7 @@ class HRAConv2d(_HRAMixin, _PeftHRAConv2d):
         if result is None:
             ops = self._ops(self.active_adapters)
             base = self.get_base_layer()
-            names = [n for n in self.active_adapters if n in self.hra_u]
-            dtype = self.hra_u[names[0]].dtype if names else base.weight.dtype
+            dtype = self._compute_dtype()
             w = self._cast_input_dtype(self._flat_weight().detach(), dtype)
             w = self._adapted_weight(ops, w).reshape(base.weight.shape)
             bias = self._cast_input_dtype(base.bias, dtype)
