@@ -24,6 +24,7 @@ complex128 on CPU backends.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 from ._agnostic.euclidean import (
@@ -33,6 +34,7 @@ from ._agnostic.euclidean import (
     euclidean_adam,
     euclidean_sgd,
 )
+from ._agnostic.newton_schulz import polar_impl, polar_maxima, polar_qr_svd
 from ._agnostic.stiefel_flow import (
     AdamState,
     AMSGradState,
@@ -48,10 +50,11 @@ from ._agnostic.stiefel_flow import (
     prepare,
 )
 from ._agnostic.stiefel_guards import check_powers, check_step, momentum_growth
-from ._lib.checks import check_choice, check_real
-from ._lib.jit import select
+from ._lib.checks import RankDeficientError, check_choice, check_real
+from ._lib.jit import host, kernel_namespace, select
 from ._lib.linalg import abs2
 from ._lib.namespace import accumulation_dtype_for, mH, real_dtype
+from ._lib.rows import LOCAL, Rows, block_max
 from ._lib.tracing import is_eager
 from .retractions import polar
 
@@ -78,12 +81,36 @@ EXPM_METHODS = ("euler", "cayley", "expm")
 TRANSPORTS = ("energy", "euler")
 
 
-def _project_first(X: Any, count: Any, xp: Any) -> Any:
+def _polar(X: Any, xp: Any, rows: Rows, maxima: Any = None) -> Any:
+    """polar(X) with ``rank_deficient="svd"``; for a row-sharded X (``rows``) its rows of
+    the polar factor of the whole matrix (the maxima and Gram matrices reduced over the
+    blocks, the QR fallback by TSQR; ``maxima``: :func:`polar_maxima`, already reduced)."""
+    if not rows.sharded:
+        return polar(X, rank_deficient="svd", xp=xp)
+    try:
+        return polar_impl(X, xp, rows=rows, maxima=maxima)[0]
+    except RankDeficientError:  # X is in the work dtype here: polar_qr_svd's
+        return polar_qr_svd(X, kernel_namespace(xp), rows)[0]
+
+
+def _project_first(X: Any, count: Any, xp: Any, rows: Rows) -> Any:
     """polar(X) on the first step (count == 0), X afterwards (Kong, Wang & Tao, ICLR 2023 App. P.1:
     any full-rank
     start; the iteration preserves the structure only from a point of St)."""
     eager = is_eager(X) and is_eager(count)
-    return select(xp, eager, count == 0, lambda: polar(X, rank_deficient="svd", xp=xp), lambda: X)
+    return select(xp, eager, count == 0, lambda: _polar(X, xp, rows), lambda: X)
+
+
+def _reduce_first(A: Any, G: Any, xp: Any, rows: Rows) -> tuple[Any, Any]:
+    """XᴴG summed over the row blocks, and max |G| over them (None for one block): the step's
+    first round. A NaN or Inf in any block's G raises on every process (the sum of the
+    one-hot maxima keeps it: ``householderla._interop.torch_distributed``)."""
+    if not rows.sharded:
+        return A, None
+    (A,), (g_max,) = rows.reduce([A], [block_max(G, xp, (-2, -1))])
+    if not math.isfinite(host(xp.max(g_max))):
+        raise ValueError("G contains NaN or Inf")
+    return A, g_max
 
 
 def _phi3(
@@ -95,21 +122,39 @@ def _phi3(
     lr: float,
     transport: str,
     xp: Any,
+    hermitian: bool = False,
+    rows: Rows = LOCAL,
+    guard: Any = None,
 ) -> tuple[Any, Any]:
     """φ̄₃ after φ̃₁ (X½ = XR) for X ∈ St: (X⁺, U⁺).
 
     X† = XR + ηŨ, X⁺ = polar(X†); U⁺ = k (U½ − X R S⁻¹(ηB)) with S = RᴴR (= X½ᴴX½ for
     XᴴX = I: the Gram shortcut), B = ŨᴴU½, Ũ = ``U_step`` (U½ for Algorithm 1). Then
-    X†ᴴ(U½ − X½S⁻¹ηB) = X½ᴴU½ = 0 exactly. k = 1 (``"euler"``) or k = ‖U½‖_F/‖U½ − …‖_F
-    (``"energy"``): the exact flow of eq. 11 keeps VᴴV, forward Euler adds η²BᴴS⁻¹B to it.
-    N×M×M products: X R, X·(R S⁻¹ηB), and the two of ``polar``.
+    X†ᴴ(U½ − X½S⁻¹ηB) = X½ᴴU½ = 0 exactly (B made Hermitian when ``hermitian``). k = 1
+    (``"euler"``) or k = ‖U½‖_F/‖U½ − …‖_F (``"energy"``): the exact flow of eq. 11 keeps
+    VᴴV, forward Euler adds η²BᴴS⁻¹B to it. N×M×M products: X R, X·(R S⁻¹ηB),
+    and the two of ``polar``.
+
+    Row-sharded X (``rows``): ``B`` is this block's part and ``guard`` = (this block's max
+    |U½|, the range check to run on the reduced one) or None; B, ‖U½‖²_F, that max and the maxima of
+    ``polar`` are reduced in one round, ``polar``'s Gram matrix in the next.
     """
+    Y = X @ R + lr * U_step
+    e0 = inner_re(U_half, U_half, xp) if transport == "energy" else None
+    maxima = None
+    if rows.sharded:
+        sums = [B] if e0 is None else [B, e0]
+        sums, maxima = rows.reduce(sums, [*(guard[:1] if guard else ()), *polar_maxima(Y, xp)])
+        if guard is not None:
+            guard[1](maxima.pop(0))
+        B, e0 = sums[0], (sums[1] if e0 is not None else None)
+    if hermitian:
+        B = herm(B, xp)
     S = herm(mH(R, xp) @ R, xp)
     SiB = xp.linalg.solve(S, lr * B)
-    X_next = polar(X @ R + lr * U_step, rank_deficient="svd", xp=xp)
+    X_next = _polar(Y, xp, rows, maxima)
     U_next = U_half - X @ (R @ SiB)
     if transport == "energy":
-        e0 = inner_re(U_half, U_half, xp)
         e1 = e0 + inner_re(lr * B, SiB, xp)  # ‖U½ − X R S⁻¹ηB‖² for XᴴU½ = 0
         pos = e1 > 0
         one = xp.ones_like(e0)
@@ -127,6 +172,7 @@ def momentum_sgd(
     transport: str = "energy",
     nesterov: bool = False,
     dampening: float = 0.0,
+    rows: Rows = LOCAL,
     xp: Any = None,
 ) -> StiefelOptimizer:
     """Momentum (S)GD on St(N, M) by the splitting integrator φ̄₃ ∘ φ̃₁ ∘ φ̄₂ (Kong, Wang & Tao,
@@ -158,6 +204,13 @@ def momentum_sgd(
     dampening : float
         τ ∈ [0, 1): the force enters the momentum as (1 − τ)f, (1 − τ)g (torch's
         ``dampening``; its first step undamped, as torch's buffer starts at the gradient).
+    rows : Rows, optional
+        X (and G, and the state's U) are this process's row block of matrices sharded by
+        rows across processes, and ``rows`` reduces over the blocks (eager NumPy or torch;
+        :mod:`householderla._interop.torch_distributed` for ``torch.distributed``, which
+        :class:`householderla.torch.StiefelSGD` uses for row-sharded DTensors). Every
+        product over the rows of X becomes a sum of M×M matrices: 3 rounds of communication
+        per step, O(M²) numbers each (``docs/distributed.rst``). Default: X is whole.
     xp : namespace, optional
         Force this array namespace in ``init`` and ``update``.
 
@@ -226,34 +279,40 @@ def momentum_sgd(
     fixed_xp = xp
 
     def init(X: Any) -> MomentumState:
-        return init_arrays(X, fixed_xp, adam=False)
+        return init_arrays(X, fixed_xp, adam=False, rows=rows)
 
     def update(X: Any, G: Any, state: MomentumState) -> tuple[Any, MomentumState]:
-        xp, X, G, dtype = prepare(X, G, state, fixed_xp)
-        X = _project_first(X, state.count, xp)
+        xp, X, G, dtype = prepare(X, G, state, fixed_xp, rows)
+        X = _project_first(X, state.count, xp, rows)
         work = accumulation_dtype_for(xp, X)
         X, G, U, Z = cast(xp, work, X, G, state.U, state.Z)
         if tau:  # torch's buffer starts at the gradient: the first step is undamped
             G = G * (1.0 - tau * xp.astype(state.count > 0, G.dtype))
-        A = mH(X, xp) @ G
+        A = _reduce_first(mH(X, xp) @ G, G, xp, rows)[0]
         f = c * (A - mH(A, xp))
         Z_next = mu * Z - f
         eager = is_eager(X)
         step = lr * (mu * Z_next - f if nesterov else Z_next)
         check_step("momentum_sgd", step, xp, eager)
         R = expm_skew(step, method, xp)
-        if X.shape[-1] == X.shape[-2]:  # SO(n): g = 0, no U (Algorithm 4)
-            X_next, U_next = polar(X @ R, rank_deficient="svd", xp=xp), U
+        if X.shape[-1] == rows.total(X.shape[-2]):  # SO(n): g = 0, no U (Algorithm 4)
+            X_next, U_next = _polar(X @ R, xp, rows), U
         else:
             g = G - X @ A
             U_half = U @ momentum_rotation(Z, mu, d * lr, method, xp) - g
-            check_powers(
-                "momentum_sgd", "the momentum U", U_half, 4, momentum_growth(method), xp, eager
-            )
+            why = momentum_growth(method)
+            guard = None
+            if rows.sharded:  # checked in _phi3's round, before anything uses its sums
+                guard = (block_max(U_half, xp, (-2, -1)), partial(
+                    check_powers, "momentum_sgd", "the momentum U", U_half, 4, why, xp, eager, rows
+                ))  # fmt: skip
+            else:
+                check_powers("momentum_sgd", "the momentum U", U_half, 4, why, xp, eager)
             U_step = mu * U_half - g if nesterov else U_half
             C = mH(U_step, xp) @ U_half  # ŨᴴU½ (Hermitian, and made so, without Nesterov)
-            C = C if nesterov else herm(C, xp)
-            X_next, U_next = _phi3(X, R, U_half, U_step, C, lr, transport, xp)
+            X_next, U_next = _phi3(
+                X, R, U_half, U_step, C, lr, transport, xp, not nesterov, rows, guard
+            )
         X_next, U_next, Z_next = cast(xp, dtype, X_next, U_next, Z_next)
         return X_next, MomentumState(state.count + 1, U_next, Z_next)
 
@@ -270,6 +329,7 @@ def adam(
     expm_method: str = "euler",
     transport: str = "energy",
     amsgrad: bool = False,
+    rows: Rows = LOCAL,
     xp: Any = None,
 ) -> StiefelOptimizer:
     """Adam on St(N, M) by the splitting φ̂₃ ∘ φ̂₁ ∘ φ̂₂ (Kong, Wang & Tao, ICLR 2023, Algorithm 2,
@@ -293,6 +353,8 @@ def adam(
         ``torch.optim.Adam(amsgrad=True)``): the element-wise maximum of symmetric matrices
         is symmetric, so Z⁺ ⊘ (…) stays skew, and Ũ is projected as before: the structure
         is kept.
+    rows : Rows, optional
+        Row-sharded X, as in :func:`momentum_sgd` (4 rounds of O(M²) numbers per step).
     xp : namespace, optional
 
     Returns
@@ -354,11 +416,11 @@ def adam(
     fixed_xp = xp
 
     def init(X: Any) -> AdamState | AMSGradState:
-        return init_arrays(X, fixed_xp, adam=True, amsgrad=bool(amsgrad))
+        return init_arrays(X, fixed_xp, adam=True, amsgrad=bool(amsgrad), rows=rows)
 
     def update(X: Any, G: Any, state: AdamState) -> tuple[Any, AdamState]:
-        xp, X, G, dtype = prepare(X, G, state, fixed_xp)
-        X = _project_first(X, state.count, xp)
+        xp, X, G, dtype = prepare(X, G, state, fixed_xp, rows)
+        X = _project_first(X, state.count, xp, rows)
         work = accumulation_dtype_for(xp, X)
         X, G, U, Z, p, q = cast(xp, work, X, G, state.U, state.Z, state.p, state.q)
         if isinstance(state, AMSGradState) != bool(amsgrad):
@@ -371,8 +433,13 @@ def adam(
             kappa = xp.sqrt(-xp.expm1(t * log_b2))
         eager = is_eager(X)
         # the second moments square f and g, whose entries are at most 2·max|G| (XᵀX = I)
-        check_powers("adam", "the gradient G", 2 * G, 2, "the moments square it", xp, eager)
-        A = mH(X, xp) @ G
+        why = "the moments square it"
+        if rows.sharded:
+            A, g_max = _reduce_first(mH(X, xp) @ G, G, xp, rows)
+            check_powers("adam", "the gradient G", 2 * G, 2, why, xp, eager, rows, 2 * g_max)
+        else:
+            check_powers("adam", "the gradient G", 2 * G, 2, why, xp, eager)
+            A = mH(X, xp) @ G
         f = c * (A - mH(A, xp))
         p = b2 * p + (1.0 - b2) * abs2(f, xp)
         p_max = q_max = None
@@ -385,19 +452,26 @@ def adam(
         check_step("adam", step, xp, eager)
         check_step("adam", (d * lr) * Z, xp, eager)  # the momentum rotation, unnormalised
         R = expm_skew(step, method, xp)
-        if X.shape[-1] == X.shape[-2]:  # SO(n) (Algorithm 5)
-            X_next, U_next = polar(X @ R, rank_deficient="svd", xp=xp), U
+        if X.shape[-1] == rows.total(X.shape[-2]):  # SO(n) (Algorithm 5)
+            X_next, U_next = _polar(X @ R, xp, rows), U
         else:
             g = G - X @ A
             q = b2 * q + (1.0 - b2) * abs2(g, xp)
             if amsgrad:
                 q_max = xp.maximum(q_max, q)
             U_half = U @ momentum_rotation(Z, b1, d * lr, method, xp) - (1.0 - b1) * g
-            check_powers("adam", "the momentum U", U_half, 4, momentum_growth(method), xp, eager)
-            W = U_half / (xp.sqrt(q_max if amsgrad else q) + eps)
-            Ut = kappa * (W - X @ (mH(X, xp) @ W))
+            why = momentum_growth(method)
+            if rows.sharded:
+                W = U_half / (xp.sqrt(q_max if amsgrad else q) + eps)
+                (XW,), (u_max,) = rows.reduce([mH(X, xp) @ W], [block_max(U_half, xp, (-2, -1))])
+                check_powers("adam", "the momentum U", U_half, 4, why, xp, eager, rows, u_max)
+            else:
+                check_powers("adam", "the momentum U", U_half, 4, why, xp, eager)
+                W = U_half / (xp.sqrt(q_max if amsgrad else q) + eps)
+                XW = mH(X, xp) @ W
+            Ut = kappa * (W - X @ XW)
             B = mH(Ut, xp) @ U_half
-            X_next, U_next = _phi3(X, R, U_half, Ut, B, lr, transport, xp)
+            X_next, U_next = _phi3(X, R, U_half, Ut, B, lr, transport, xp, False, rows)
         X_next, U_next, Z_next, p, q = cast(xp, dtype, X_next, U_next, Z_next, p, q)
         if amsgrad:
             p_max, q_max = cast(xp, dtype, p_max, q_max)

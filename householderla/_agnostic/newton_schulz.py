@@ -17,9 +17,10 @@ import numpy as np
 
 from .._lib.checks import RankDeficientError, check_finite_columns
 from .._lib.jit import host, jit_for, kernel_namespace, select
-from .._lib.linalg import eye_like, pow2_normalise
+from .._lib.linalg import eye_like, max_abs_parts, pow2_normalise, pow2_scale
 from .._lib.mixed import has_wide_matmul, matmul_acc, matmul_split
 from .._lib.namespace import accumulation_dtype_for, device_of, is_half, mH, mT, real_dtype
+from .._lib.rows import LOCAL, Rows, block_max, row_gram, row_sum
 from .._lib.tracing import is_eager
 from .._lib.tuning import EIG_BOUNDS_MAX_M
 from .ns_bounds import (
@@ -50,15 +51,16 @@ __all__ = [
     "polar_backward",
     "polar_forward",
     "polar_impl",
+    "polar_maxima",
     "polar_qr_svd",
 ]
 
 
-def _scale(xp: Any, Xw: Any) -> Any:
+def _scale(xp: Any, Xw: Any, cm: Any = None) -> Any:
     """p of :func:`power_of_two_scale` in the (real) accumulation dtype, from max|X| per
-    column."""
+    column (``cm``, when given: a row-sharded X's, reduced over its blocks)."""
     work = real_dtype(xp, accumulation_dtype_for(xp, Xw))
-    m = xp.max(xp.abs(Xw), axis=-2, keepdims=True)
+    m = xp.max(xp.abs(Xw), axis=-2, keepdims=True) if cm is None else cm
     return power_of_two_scale(m if m.dtype == work else xp.astype(m, work), xp)
 
 
@@ -67,18 +69,22 @@ def _narrow(xp: Any, dtype: Any) -> bool:
     return float(xp.finfo(dtype).max) < 1e6
 
 
-def scaled_gram(xp: Any, Xw: Any, p: Any) -> Any:
-    """Gram (p·X)ᴴ(p·X) in the accumulation dtype (p of shape (...), a power of two). Half X
-    (bfloat16/float16, on a backend with native wide products): half-precision GEMMs with a
-    float32 result (:func:`~householderla._lib.mixed.matmul_acc`); p multiplies X exactly in
-    bfloat16, the float32 Gram for float16."""
+def scaled_gram(xp: Any, Xw: Any, p: Any, rows: Rows = LOCAL) -> Any:
+    """Gram (p·X)ᴴ(p·X) in the accumulation dtype (p of shape (...), a power of two), summed
+    over the row blocks of a row-sharded X. Half X (bfloat16/float16, on a backend with
+    native wide products): half-precision GEMMs with a float32 result
+    (:func:`~householderla._lib.mixed.matmul_acc`); p multiplies X exactly in bfloat16, the
+    float32 Gram for float16."""
     if not is_half(xp, Xw.dtype):
+        if rows.sharded:
+            return row_gram(rows, Xw * p[..., None, None], xp)
         return gram(Xw * p[..., None, None], xp)
     if _narrow(xp, Xw.dtype):
         A = matmul_acc(xp, mT(Xw), Xw, p.dtype) * (p * p)[..., None, None]
     else:
         Xh = Xw * xp.astype(p, Xw.dtype)[..., None, None]
         A = matmul_acc(xp, mT(Xh), Xh, p.dtype)
+    A = row_sum(rows, A)
     return 0.5 * (A + mT(A))
 
 
@@ -95,15 +101,17 @@ def scaled_apply(xp: Any, Xw: Any, p: Any, s: Any, D: Any) -> Any:
     return c[..., None, None] * (xp.astype(Xh, D.dtype) + matmul_split(xp, Xh, D))
 
 
-def _stage_gram(xp: Any, Xw: Any) -> tuple[Any, Any]:
+def _stage_gram(xp: Any, Xw: Any, rows: Rows = LOCAL, cm: Any = None) -> tuple[Any, Any]:
     """A = Gram of the exactly prescaled p·X, and p."""
-    p = _scale(xp, Xw)
-    return scaled_gram(xp, Xw, p), p
+    p = _scale(xp, Xw, cm)
+    return scaled_gram(xp, Xw, p, rows), p
 
 
-def _stage_bounds(xp: Any, Xw: Any) -> tuple[Any, Any, Any, Any, Any]:
+def _stage_bounds(
+    xp: Any, Xw: Any, rows: Rows = LOCAL, cm: Any = None
+) -> tuple[Any, Any, Any, Any, Any]:
     """A = Gram of the exactly prescaled p·X, its spectral bounds and ρ₋ (around c₀ = p²)."""
-    A, p = _stage_gram(xp, Xw)
+    A, p = _stage_gram(xp, Xw, rows, cm)
     lo, hi, rho_lower = spectral_bounds(A, p * p, xp)
     return A, p, lo, hi, rho_lower
 
@@ -156,8 +164,8 @@ def _stage_apply(xp: Any, Xw: Any, A: Any, p: Any, s: Any, k: int) -> tuple[Any,
     return scaled_apply(xp, Xw, p, s, D), resid
 
 
-def _stage_restart_bounds(xp: Any, Q: Any, tol: float) -> tuple[Any, Any]:
-    A = gram(Q, xp)
+def _stage_restart_bounds(xp: Any, Q: Any, tol: float, rows: Rows = LOCAL) -> tuple[Any, Any]:
+    A = row_gram(rows, Q, xp) if rows.sharded else gram(Q, xp)
     one = xp.ones(A.shape[:-2], dtype=real_dtype(xp, A.dtype), device=device_of(A))
     lo, hi, _ = spectral_bounds(A, one, xp)
     return A, counts(lo, hi, one, tol, xp)
@@ -208,12 +216,41 @@ def _stage_restart(xp: Any, Q: Any, A: Any, k: int) -> Any:
     return Q + Q @ ns_delta(A - eye, k, xp)
 
 
-def polar_qr_svd(Xw: Any, xp: Any) -> tuple[Any, Any]:
+def polar_qr_svd(Xw: Any, xp: Any, rows: Rows = LOCAL) -> tuple[Any, Any]:
     """Fallback: X = QR, R = U Σ Vᵀ, polar(X) = Q (U Vᵀ); orthonormal for every X (full SVD
-    bases), the polar factor when X has full rank. Returns (Q U Vᵀ, singular values)."""
-    Q, R = xp.linalg.qr(Xw)
+    bases), the polar factor when X has full rank. Returns (Q U Vᵀ, singular values).
+    Row-sharded X: Q and R by direct TSQR (:func:`_tsqr`)."""
+    Q, R = _tsqr(Xw, xp, rows) if rows.sharded else xp.linalg.qr(Xw)
     U, sv, Vt = xp.linalg.svd(R, full_matrices=False)
     return Q @ (U @ Vt), sv
+
+
+def _tsqr(Xw: Any, xp: Any, rows: Rows) -> tuple[Any, Any]:
+    """This block's rows of Q, and R, of a row-sharded X = QR by direct TSQR (Benson, Gleich &
+    Demmel, IEEE BigData 2013): X_k = q_k r_k per block (r_k padded with zero rows to M × M),
+    [r_1; …; r_P] = q₂R on every process (the same stacked matrix, the same R), Q_k = q_k q₂,k."""
+    K, M = Xw.shape[-2], Xw.shape[-1]
+    if K:
+        q, r = xp.linalg.qr(Xw)
+    else:  # a block without rows
+        q = xp.zeros(Xw.shape[:-1] + (0,), dtype=Xw.dtype, device=device_of(Xw))
+        r = xp.zeros(Xw.shape[:-2] + (0, M), dtype=Xw.dtype, device=device_of(Xw))
+    k = r.shape[-2]
+    if k < M:
+        pad = xp.zeros(r.shape[:-2] + (M - k, M), dtype=r.dtype, device=device_of(r))
+        r = xp.concat([r, pad], axis=-2)
+    q2, R = xp.linalg.qr(rows.stack(r))
+    start = rows.index * M
+    return q @ q2[..., start : start + k, :], R
+
+
+def polar_maxima(X: Any, xp: Any) -> list[Any]:
+    """This block's part of the maxima ``polar_impl`` needs of a row-sharded X: max |x| per
+    column (..., 1, M) and the max of :func:`~householderla._lib.linalg.pow2_normalise`
+    (..., 1, 1); reduce them (``rows.reduce(maxes=...)``) and pass them as ``maxima``."""
+    if 0 in X.shape:
+        return [block_max(X, xp, -2), block_max(X, xp, (-2, -1))]
+    return [xp.max(xp.abs(X), axis=-2, keepdims=True), max_abs_parts(X, xp, (-2, -1))]
 
 
 def _check_rank(sv: Any, xp: Any, N: int, eps: float) -> None:
@@ -243,15 +280,34 @@ _FAR = 0.25
 
 
 def polar_impl(
-    X: Any, xp: Any, *, num_iters: int | None = None, restart: bool | None = None
+    X: Any,
+    xp: Any,
+    *,
+    num_iters: int | None = None,
+    restart: bool | None = None,
+    rows: Rows = LOCAL,
+    maxima: Any = None,
 ) -> tuple[Any, dict[str, Any]]:
-    """Polar factor of X (..., N, M), M ≤ N, and an info dict (see :func:`hl.polar`)."""
+    """Polar factor of X (..., N, M), M ≤ N, and an info dict (see :func:`hl.polar`).
+
+    ``rows``: X is this process's row block of a row-sharded matrix (eager NumPy or torch;
+    ``docs/distributed.rst``): the maxima over rows and the Gram matrices are reduced over
+    the blocks, everything else is the same M × M work on every process; ``maxima`` are the
+    reduced :func:`polar_maxima` when the caller reduced them with its own (else one round
+    here)."""
     xp = kernel_namespace(xp)
     # X beyond the range p of power_of_two_scale covers (subnormal, or half X near its
     # largest number: p² must be finite in the work dtype) is first scaled into it exactly;
     # X inside it is untouched (its own scale is the "unscaled" candidate of stage_plan)
     wr0 = real_dtype(xp, accumulation_dtype_for(xp, X))
-    X = pow2_normalise(X, xp, keep=scale_cap(xp, wr0))[0]
+    cm = None  # a row-sharded X's max |x| per column, after the prescaling
+    if rows.sharded:
+        if maxima is None:
+            maxima = rows.reduce(maxes=polar_maxima(X, xp))[1]
+        X, e = pow2_normalise(X, xp, keep=scale_cap(xp, wr0), m=maxima[1])
+        cm = pow2_scale(maxima[0], e, xp)  # exact (max commutes with a monotone rounding)
+    else:
+        X = pow2_normalise(X, xp, keep=scale_cap(xp, wr0))[0]
     out = X.dtype
     work = accumulation_dtype_for(xp, X)
     eager = is_eager(X)
@@ -276,16 +332,18 @@ def polar_impl(
     exact = eager and ms is np and X.shape[-1] <= EIG_BOUNDS_MAX_M
     if split.host:
         # p from the host copy of max|X| (a few NumPy operations on one number per matrix)
-        m = xp.max(xp.abs(Xw), axis=-2, keepdims=True)
+        m = xp.max(xp.abs(Xw), axis=-2, keepdims=True) if cm is None else cm
         p = power_of_two_scale(
             split.down(m if m.dtype == p_like.dtype else xp.astype(m, p_like.dtype)), ms
         )
         if Xw.dtype == work:
-            A = split.down(gram(Xw * split.up(p, p_like)[..., None, None], xp))
+            A = split.down(scaled_gram(xp, Xw, split.up(p, p_like), rows))
         else:
-            A = split.down(scaled_gram(xp, Xw, split.up(p, like_w)))
+            A = split.down(scaled_gram(xp, Xw, split.up(p, like_w), rows))
     elif exact:
-        A, p = _stage_gram(xp, Xw)
+        A, p = _stage_gram(xp, Xw, rows, cm)
+    elif rows.sharded:
+        A, p, lo, hi, rho_lower = _stage_bounds(xp, Xw, rows, cm)
     else:
         A, p, lo, hi, rho_lower = jit_for(xp, _stage_bounds)(xp, Xw)
     if exact:
@@ -331,9 +389,9 @@ def polar_impl(
     info: dict[str, Any] = {"method": "newton-schulz", "iterations": k, "restart_iterations": 0}
 
     def fallback() -> Any:
-        Q, sv = polar_qr_svd(Xw if Xw.dtype == work else xp.astype(Xw, work), xp)
+        Q, sv = polar_qr_svd(Xw if Xw.dtype == work else xp.astype(Xw, work), xp, rows)
         if eager:
-            _check_rank(sv, xp, X.shape[-2], eps_w)
+            _check_rank(sv, xp, rows.total(X.shape[-2]), eps_w)
         return Q
 
     # The count certifies ≤ tol1 per eigenvalue a priori (eager default). The certificate
@@ -361,7 +419,7 @@ def polar_impl(
     else:
         Q = select(xp, eager, certified, lambda: Q_ns, fallback)
     if restart and (split.host or exact):
-        A1 = split.down(gram(Q, xp))
+        A1 = split.down(row_gram(rows, Q, xp) if rows.sharded else gram(Q, xp))
         if exact:
             lo1, hi1 = eig_bounds(A1, -math.inf, math.inf, ms, eps_w)
         else:
@@ -376,7 +434,10 @@ def polar_impl(
             eye = np.eye(A1.shape[-1], dtype=A1.dtype)
             Q = Q + Q @ split.up(ns_delta(A1 - eye, k2, ms), Q)
     elif restart:
-        A1, kr = jit_for(xp, _stage_restart_bounds, (0, 2))(xp, Q, tol2)
+        if rows.sharded:
+            A1, kr = _stage_restart_bounds(xp, Q, tol2, rows)
+        else:
+            A1, kr = jit_for(xp, _stage_restart_bounds, (0, 2))(xp, Q, tol2)
         k2 = min(int(host(xp.max(kr))), MAX_ITERS) if eager else LAZY_RESTART_ITERS
         info["restart_iterations"] = k2
         if k2 > 0:

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 from .._lib.checks import check_finite, check_stiefel_shape
 from .._lib.linalg import eye_like
 from .._lib.namespace import device_of, is_complex, mH, real_dtype, resolve
+from .._lib.rows import LOCAL, Rows
 
 __all__ = [
     "AMSGradState",
@@ -123,11 +124,26 @@ def cast(xp: Any, dtype: Any, *arrays: Any) -> list[Any]:
     return out
 
 
-def prepare(X: Any, G: Any, state: Any, xp: Any) -> tuple[Any, Any, Any, Any]:
+def _stiefel_shape(X: Any, rows: Rows) -> tuple[int, int]:
+    """(N, M) of the whole X (checked) from this row block of it."""
+    if not rows.sharded:
+        return check_stiefel_shape(X)
+    N, M = rows.total(X.shape[-2]), X.shape[-1]
+    if X.ndim < 2 or M > N:
+        raise ValueError(
+            f"X must have shape (..., N, M) with M <= N; got a row-sharded X of {N} rows and "
+            f"{M} columns"
+        )
+    return N, M
+
+
+def prepare(X: Any, G: Any, state: Any, xp: Any, rows: Rows = LOCAL) -> tuple[Any, Any, Any, Any]:
     """X and G in X's namespace and dtype (G never promotes X), shapes and kinds checked: a
-    complex G for a real X, or a real G for a complex X, is a ``TypeError`` naming G."""
+    complex G for a real X, or a real G for a complex X, is a ``TypeError`` naming G. A
+    row-sharded X (``rows``) is this process's block: its G is checked for NaN/Inf by the
+    step, with the maxima it reduces anyway (a check here would raise on one process only)."""
     xp, _, dtype, (X,) = resolve([("X", X)], xp, complex_ok=True)
-    check_stiefel_shape(X)
+    N, M = _stiefel_shape(X, rows)
     _, _, _, (G,) = resolve([("G", G)], xp, complex_ok=True)
     if tuple(G.shape) != tuple(X.shape):
         raise ValueError(f"G must have the shape of X {tuple(X.shape)}; got {tuple(G.shape)}")
@@ -144,8 +160,8 @@ def prepare(X: Any, G: Any, state: Any, xp: Any) -> tuple[Any, Any, Any, Any]:
         )
     if G.dtype != dtype:
         G = xp.astype(G, dtype)
-    check_finite(G, xp, "G")
-    N, M = X.shape[-2], X.shape[-1]
+    if not rows.sharded:
+        check_finite(G, xp, "G")
     U_cols = 0 if M == N else M
     for name in state._fields:
         arr = getattr(state, name)
@@ -166,13 +182,12 @@ def prepare(X: Any, G: Any, state: Any, xp: Any) -> tuple[Any, Any, Any, Any]:
     return xp, X, G, dtype
 
 
-def init_arrays(X: Any, xp: Any, adam: bool, amsgrad: bool = False) -> Any:
+def init_arrays(X: Any, xp: Any, adam: bool, amsgrad: bool = False, rows: Rows = LOCAL) -> Any:
     """The zero state for X: U (..., N, M) and Z (..., M, M) in X's dtype (complex for
     complex X: Z ∈ u(M)), Adam's p, q in its real dtype (|f|², |g|² are real); for M = N U
-    and q are (..., N, 0)."""
+    and q are (..., N, 0). Row-sharded X: U and q are this block's rows."""
     xp, device, dtype, (X,) = resolve([("X", X)], xp, complex_ok=True)
-    check_stiefel_shape(X)
-    N, M = X.shape[-2], X.shape[-1]
+    N, M = _stiefel_shape(X, rows)
     u_shape = X.shape[:-1] + (0 if M == N else M,)
     z_shape = X.shape[:-2] + (M, M)
     count = xp.asarray(0, dtype=xp.int32, device=device)

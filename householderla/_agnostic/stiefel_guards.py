@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 from .._lib.jit import host
+from .._lib.rows import LOCAL, Rows
 
 __all__ = ["check_powers", "check_step", "momentum_growth"]
 
@@ -41,14 +42,27 @@ def momentum_growth(method: str) -> str:
     return "the gradient's scale carried the momentum out of range"
 
 
-def check_powers(name: str, what: str, a: Any, k: int, why: str, xp: Any, eager: bool) -> None:
+def check_powers(
+    name: str,
+    what: str,
+    a: Any,
+    k: int,
+    why: str,
+    xp: Any,
+    eager: bool,
+    rows: Rows = LOCAL,
+    m: Any = None,
+) -> None:
     """The step forms sums of k-th powers of the entries of ``a`` (second moments: k = 2; the
     momentum's energy ⟨ηB, S⁻¹ηB⟩, B = ŨᵀU½: k = 4): entries beyond (max/size)^{1/k}/4 would
-    overflow them. Raise, saying why, before they do (eager only); a NaN gets the same."""
-    if not eager or 0 in a.shape:
+    overflow them. Raise, saying why, before they do (eager only); a NaN gets the same.
+    Row-sharded ``a`` (``rows``): ``m`` is max |a| reduced over the blocks, the size the
+    whole a's."""
+    rows_a = rows.total(a.shape[-2])
+    if not eager or 0 in (*a.shape[:-2], rows_a, a.shape[-1]):
         return
-    m = host(xp.max(xp.abs(a)))
-    size = a.shape[-1] * a.shape[-2]
+    m = host(xp.max(xp.abs(a)) if m is None else xp.max(m))
+    size = a.shape[-1] * rows_a
     limit = 0.25 * (float(xp.finfo(a.dtype).max) / size**2) ** (1.0 / k)
     if not m <= limit:
         raise ValueError(

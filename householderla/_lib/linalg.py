@@ -23,8 +23,10 @@ __all__ = [
     "gram_upper",
     "inv_upper_triangular",
     "inv_upper_triangular_recursive",
+    "max_abs_parts",
     "own_numpy",
     "pow2_normalise",
+    "pow2_scale",
     "real_dot",
     "row_major_copy",
     "solve_upper_triangular",
@@ -289,7 +291,7 @@ def where0(xp: Any, cond: Any, x: Any) -> Any:
 
 
 def pow2_normalise(
-    X: Any, xp: Any, axis: Any = (-2, -1), keep: float | None = None
+    X: Any, xp: Any, axis: Any = (-2, -1), keep: float | None = None, m: Any = None
 ) -> tuple[Any, Any]:
     """(X·2^{-e}, e) with e = ⌊log₂ m⌋, m = max |x| over ``axis`` (complex: max of |Re x| and
     |Im x|), keepdims, in X's real dtype (float32 for half X); e = 0 where m is 0 or not
@@ -302,23 +304,36 @@ def pow2_normalise(
     zero (JAX/XLA on CPU and GPU) see a subnormal X as 0. ``keep``: only the part of e
     beyond [−keep, keep] is removed (X with |e| ≤ keep is returned as it is; the rest lands
     at |e| = keep). Elementwise Array API operations only: no value-dependent Python branch
-    (traceable under ``jax.jit``)."""
+    (traceable under ``jax.jit``). ``m``: that maximum, given (a row-sharded X's, reduced over
+    its blocks: ``householderla._lib.rows``)."""
     rd = real_dtype(xp, X.dtype)
-    if is_complex(X.dtype):
-        m = xp.maximum(
-            xp.max(xp.abs(xp.real(X)), axis=axis, keepdims=True),
-            xp.max(xp.abs(xp.imag(X)), axis=axis, keepdims=True),
-        )
-    else:
-        m = xp.max(xp.abs(X), axis=axis, keepdims=True)
+    if m is None:
+        m = max_abs_parts(X, xp, axis)
     if is_half(xp, rd):
         m = xp.astype(m, xp.float32)
     ok = (m > 0) & (m <= float(xp.finfo(m.dtype).max))
     e = xp.floor(xp.log2(xp.where(ok, m, xp.ones_like(m))))
     if keep is not None:
         e = e - xp.clip(e, min=-keep, max=keep)
+    return pow2_scale(X, e, xp), e
+
+
+def max_abs_parts(X: Any, xp: Any, axis: Any) -> Any:
+    """max |x| over ``axis`` (keepdims); for complex X the max of |Re x| and |Im x|."""
+    if is_complex(X.dtype):
+        return xp.maximum(
+            xp.max(xp.abs(xp.real(X)), axis=axis, keepdims=True),
+            xp.max(xp.abs(xp.imag(X)), axis=axis, keepdims=True),
+        )
+    return xp.max(xp.abs(X), axis=axis, keepdims=True)
+
+
+def pow2_scale(X: Any, e: Any, xp: Any) -> Any:
+    """X·2^{-e} exactly, as two factors 2^{-h}·2^{-(e-h)}, h = ⌊e/2⌋ (each exists in X's real
+    dtype); the scaling of :func:`pow2_normalise`."""
+    rd = real_dtype(xp, X.dtype)
     h = xp.floor(0.5 * e)
     f1, f2 = 2.0 ** (-h), 2.0 ** (h - e)
     if f1.dtype != rd:
         f1, f2 = xp.astype(f1, rd), xp.astype(f2, rd)
-    return (X * f1) * f2, e
+    return (X * f1) * f2

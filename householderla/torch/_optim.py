@@ -6,12 +6,13 @@ Groups with ``stiefel=True`` run :func:`householderla.stiefel.momentum_sgd` / ``
 Euclidean update with the same hyperparameters. The first step projects onto the manifold; state
 is tensors (``state_dict`` resumes bit-identically); complex parameters live on the complex
 Stiefel manifold. CPU steps run on zero-copy NumPy views, CUDA and ``torch.compile`` in torch.
-A step is all or nothing on non-finite gradients. ``torch.optim`` options:
-``docs/theory/stiefel.rst``, "torch.optim options".
+A step is all or nothing on non-finite gradients. Options: ``docs/theory/stiefel.rst``; row-
+sharded DTensors step with M×M ``all_reduce``s (``docs/distributed.rst``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +21,9 @@ import torch
 
 from .. import stiefel as S
 from .._interop.dlpack import from_numpy, to_numpy
+from .._interop.torch_distributed import ProcessRows, any_bad, layout
 from .._lib.device import emulated_kind
+from .._lib.rows import LOCAL
 
 __all__ = ["StiefelAdam", "StiefelSGD"]
 
@@ -59,7 +62,9 @@ class _StiefelOptimizer(torch.optim.Optimizer):
 
     _kind = ""
 
-    def _functional(self, group: dict[str, Any]) -> S.StiefelOptimizer:
+    def _functional(
+        self, group: dict[str, Any], rows: ProcessRows | None = None
+    ) -> S.StiefelOptimizer:
         raise NotImplementedError
 
     def _check_group(self, group: dict[str, Any]) -> None:
@@ -87,6 +92,7 @@ class _StiefelOptimizer(torch.optim.Optimizer):
         parameter, or with ``nonfinite="skip"`` the whole step is skipped and counted in
         ``skipped_steps``. One reduction per gradient."""
         bad = []
+        shared: dict[Any, list[tuple[str, bool]]] = {}  # DTensors: flags OR-ed over the mesh
         for gi, group in enumerate(self.param_groups):
             for pi, p in enumerate(group["params"]):
                 if p.grad is None:
@@ -96,8 +102,16 @@ class _StiefelOptimizer(torch.optim.Optimizer):
                         f"{type(self).__name__} does not support sparse gradients "
                         f"(parameter {pi} of group {gi}); use dense gradients"
                     )
-                if not bool(torch.isfinite(p.grad).all()):
-                    bad.append(f"parameter {pi} of group {gi} (shape {tuple(p.shape)})")
+                name = f"parameter {pi} of group {gi} (shape {tuple(p.shape)})"
+                if _is_dtensor(p.grad):
+                    finite = bool(torch.isfinite(p.grad.to_local()).all())
+                    shared.setdefault(p.grad.device_mesh, []).append((name, not finite))
+                elif not bool(torch.isfinite(p.grad).all()):
+                    bad.append(name)
+        for mesh, flags in shared.items():
+            group_ = mesh.get_group() if mesh.ndim == 1 else None
+            t = torch.tensor([float(b) for _, b in flags], device=mesh.device_type)
+            bad += [n for (n, _), b in zip(flags, any_bad(t, group_).tolist(), strict=True) if b]
         if not bad:
             return True
         if self.nonfinite == "skip":
@@ -131,37 +145,115 @@ class _StiefelOptimizer(torch.optim.Optimizer):
                 loss = closure()
         if not self._gradients_valid():
             return loss  # nonfinite="skip": nothing moved, the step is counted
-        for group in self.param_groups:
+        for gi, group in enumerate(self.param_groups):
             manifold = group["stiefel"]
             opt = self._functional(group)
             keys = _state_keys(manifold, self._kind, group.get("amsgrad", False))
             wd = 0.0 if manifold else group["weight_decay"]  # a no-op on St(N, M)
-            for p in group["params"]:
+            for pi, p in enumerate(group["params"]):
                 if p.grad is None:
                     continue
                 wide = manifold and p.shape[-2] < p.shape[-1]
-                X = p.detach().mT if wide else p.detach()
-                G = p.grad.detach().mT if wide else p.grad.detach()
+                P, Gp, shard = p.detach(), p.grad.detach(), None
+                if _is_dtensor(P):  # this process's part (writes to P reach p)
+                    shard = _Shard(P, wide, manifold, f"parameter {pi} of group {gi}")
+                    P, Gp = shard.local(P), shard.local(shard.align(Gp))
+                X = P.mT if wide else P
+                G = Gp.mT if wide else Gp
                 if group["maximize"]:
                     G = -G
                 if wd:
                     G = G + wd * X
                 state = self.state[p]
+                f_opt = opt if shard is None else shard.functional(self, group, opt)
                 if not state:
-                    state.update(zip(keys, opt.init(X), strict=True))
+                    new = f_opt.init(X)
+                    state.update(zip(keys, _wrap(shard, keys, new), strict=True))
                 tup_type = _state_type(manifold, self._kind, group.get("amsgrad", False))
-                tensors = [state[k] for k in keys]
+                tensors = [state[k] if shard is None else shard.local(state[k]) for k in keys]
                 if _on_host(X, G, *tensors):
                     # CPU float32/float64: the step's ~60 small operations run in NumPy on
                     # zero-copy read-only views (several times cheaper than torch kernels)
                     X_np, G_np, *st = (to_numpy(t) for t in (X, G, *tensors))
-                    X_next, new = opt.update(X_np, G_np, tup_type(*st))
+                    X_next, new = f_opt.update(X_np, G_np, tup_type(*st))
                     X_next, *new = (from_numpy(np.asarray(a), like=X) for a in (X_next, *new))
                 else:
-                    X_next, new = opt.update(X, G, tup_type(*tensors))
-                state.update(zip(keys, new, strict=True))
-                p.copy_(X_next.mT if wide else X_next)
+                    X_next, new = f_opt.update(X, G, tup_type(*tensors))
+                state.update(zip(keys, _wrap(shard, keys, new), strict=True))
+                P.copy_(X_next.mT if wide else X_next)
         return loss
+
+
+def _is_dtensor(t: Any) -> bool:
+    """Whether ``t`` is a ``torch.distributed`` DTensor (without importing it otherwise)."""
+    return type(t).__name__ == "DTensor" and type(t).__module__.startswith("torch.distributed")
+
+
+class _Shard:
+    """A DTensor parameter's step: its local tensors, the :class:`ProcessRows` of a
+    parameter sharded by the rows of its Stiefel matrix (None for a local step), and the
+    state as DTensors of the parameter's sharding (N×M parts like X, M×M parts replicated
+    unless a batch dimension is sharded; the step count a plain tensor)."""
+
+    def __init__(self, P: Any, wide: bool, manifold: bool, what: str) -> None:
+        from torch.distributed.tensor import Replicate, Shard
+
+        self.mesh, self.placements = P.device_mesh, tuple(P.placements)
+        self.rows = layout(P, wide, what) if manifold else None
+        shape = tuple(P.shape)
+        self.shape = shape[:-2] + shape[-2:][::-1] if wide else shape  # X's (global)
+        nd = len(shape)
+        batch = [pl.is_shard() and pl.dim % nd < nd - 2 for pl in self.placements]
+        self.big = [Shard(nd - 2)] if self.rows is not None else list(self.placements)
+        self.small = [
+            pl if b else Replicate() for pl, b in zip(self.placements, batch, strict=True)
+        ]
+
+    def align(self, g: Any) -> Any:
+        """The gradient with the parameter's placements (a Partial one is reduced)."""
+        if tuple(g.placements) == self.placements:
+            return g
+        return g.redistribute(self.mesh, self.placements)
+
+    @staticmethod
+    def local(t: Any) -> Any:
+        return t.to_local() if _is_dtensor(t) else t
+
+    def functional(
+        self, optimizer: _StiefelOptimizer, group: dict[str, Any], opt: S.StiefelOptimizer
+    ) -> S.StiefelOptimizer:
+        """The group's functional optimizer, reducing over the rows when they are sharded."""
+        return opt if self.rows is None else optimizer._functional(group, self.rows)
+
+    def wrap(self, keys: tuple[str, ...], arrays: Any) -> list[Any]:
+        """The step's local state arrays as DTensors (the count stays a plain tensor)."""
+        from torch.distributed.tensor import DTensor
+
+        out = []
+        for key, a in zip(keys, arrays, strict=True):
+            if key == "step":
+                out.append(a)
+                continue
+            if key in _MXM_KEYS:
+                placements, shape = self.small, self.shape[:-2] + tuple(a.shape[-2:])
+            else:
+                placements, shape = self.big, self.shape[:-1] + tuple(a.shape[-1:])
+            stride = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
+            out.append(
+                DTensor.from_local(
+                    a.contiguous(), self.mesh, placements, run_check=False, shape=shape,
+                    stride=stride,
+                )
+            )  # fmt: skip
+        return out
+
+
+def _wrap(shard: _Shard | None, keys: tuple[str, ...], arrays: Any) -> list[Any]:
+    return list(arrays) if shard is None else shard.wrap(keys, arrays)
+
+
+#: State of Stiefel parameters that is M×M (the rest is shaped like X, or the step count).
+_MXM_KEYS = ("Z", "p", "p_max")
 
 
 def _on_host(*tensors: torch.Tensor) -> bool:
@@ -295,7 +387,9 @@ class StiefelSGD(_StiefelOptimizer):
         }
         super().__init__(params, defaults)
 
-    def _functional(self, group: dict[str, Any]) -> S.StiefelOptimizer:
+    def _functional(
+        self, group: dict[str, Any], rows: ProcessRows | None = None
+    ) -> S.StiefelOptimizer:
         _check_flags(group, ("nesterov", "maximize"))
         _check_weight_decay(group)
         kw = {"nesterov": group["nesterov"], "dampening": group["dampening"]}
@@ -307,6 +401,7 @@ class StiefelSGD(_StiefelOptimizer):
             group["metric"],
             expm_method=group["expm_method"],
             transport=group["transport"],
+            rows=rows if rows is not None else LOCAL,
             **kw,
         )
 
@@ -380,7 +475,9 @@ class StiefelAdam(_StiefelOptimizer):
         }
         super().__init__(params, defaults)
 
-    def _functional(self, group: dict[str, Any]) -> S.StiefelOptimizer:
+    def _functional(
+        self, group: dict[str, Any], rows: ProcessRows | None = None
+    ) -> S.StiefelOptimizer:
         betas = group["betas"]
         if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
             raise ValueError(f"betas must be a pair (b1, b2); got {betas!r}")
@@ -398,4 +495,5 @@ class StiefelAdam(_StiefelOptimizer):
             expm_method=group["expm_method"],
             transport=group["transport"],
             amsgrad=group["amsgrad"],
+            rows=rows if rows is not None else LOCAL,
         )

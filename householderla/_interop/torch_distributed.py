@@ -1,0 +1,192 @@
+"""Row-sharded Stiefel steps on ``torch.distributed`` (``docs/distributed.rst``): the
+reductions over row blocks (:class:`householderla._lib.rows.Rows`) as collectives, and which
+DTensor placements they apply to. Beyond its own rows a step needs only sums of M×M matrices,
+maxima over rows and (``polar``'s rare QR fallback) the stacked R factors: one
+``all_reduce`` of O(M²) numbers a round, where gathering X moves N·M. Maxima ride in the
+sums' ``all_reduce``: each process writes them in its own slot of a P-slot block (zeros
+elsewhere) and the maximum is taken after, NaN and Inf kept. :data:`SENT` counts the bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .._lib.rows import Rows
+
+__all__ = ["SENT", "ProcessRows", "any_bad", "layout", "reset_sent"]
+
+#: Bytes this process handed to collectives since the last :func:`reset_sent`, and their
+#: number (the payload: a ring ``all_reduce`` puts about twice its payload on the wire, an
+#: ``all_gather`` (P − 1)/P of the gathered array).
+SENT = {"bytes": 0, "calls": 0}
+
+
+def reset_sent() -> dict[str, int]:
+    """The counts so far (a copy), then zero them."""
+    out = dict(SENT)
+    SENT.update(bytes=0, calls=0)
+    return out
+
+
+def _count(t: Any) -> None:
+    SENT["bytes"] += t.numel() * t.element_size()
+    SENT["calls"] += 1
+
+
+class ProcessRows(Rows):
+    """The row blocks of X over the processes of ``group``: this process holds block
+    ``index`` of ``n_rows`` rows in all (torch's ``Shard`` sizes: ⌈N/P⌉ rows a block, the
+    last blocks shorter or empty)."""
+
+    sharded = True
+
+    def __init__(self, group: Any, index: int, size: int, n_rows: int) -> None:
+        self.group, self.index, self.size, self.n_rows = group, index, size, n_rows
+
+    def total(self, n: int) -> int:
+        return self.n_rows
+
+    def _device(self) -> Any:
+        import torch
+        import torch.distributed as dist
+
+        if dist.get_backend(self.group) == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def reduce(self, sums: Any = (), maxes: Any = ()) -> tuple[list[Any], list[Any]]:
+        import torch
+        import torch.distributed as dist
+
+        sums, maxes = list(sums), list(maxes)
+        if not sums and not maxes:
+            return [], []
+        parts = [_as_real_torch(a) for a in sums + maxes]
+        dtype = _widest([t.dtype for t in parts])
+        device = self._device()
+        n_sum = sum(t.numel() for t in parts[: len(sums)])
+        n_max = sum(t.numel() for t in parts[len(sums) :])
+        buf = torch.zeros(n_sum + self.size * n_max, dtype=dtype, device=device)
+        at = 0
+        for t in parts[: len(sums)]:
+            buf[at : at + t.numel()] = t.reshape(-1)
+            at += t.numel()
+        slot = n_sum + self.index * n_max
+        for t in parts[len(sums) :]:
+            buf[slot : slot + t.numel()] = t.reshape(-1)
+            slot += t.numel()
+        _count(buf)
+        dist.all_reduce(buf, group=self.group)
+        out, at = [], 0
+        for a, t in zip(sums, parts[: len(sums)], strict=True):
+            out.append(_back(buf[at : at + t.numel()], a, t))
+            at += t.numel()
+        table = buf[n_sum:].reshape(self.size, n_max).amax(dim=0) if n_max else buf[:0]
+        out_max, at = [], 0
+        for a, t in zip(maxes, parts[len(sums) :], strict=True):
+            out_max.append(_back(table[at : at + t.numel()], a, t))
+            at += t.numel()
+        return out, out_max
+
+    def stack(self, a: Any) -> Any:
+        import torch
+        import torch.distributed as dist
+
+        t = _as_torch(a).to(self._device()).contiguous()
+        r = torch.view_as_real(t) if t.is_complex() else t
+        bufs = [torch.empty_like(r) for _ in range(self.size)]
+        _count(r)
+        dist.all_gather(bufs, r, group=self.group)
+        out = torch.cat([torch.view_as_complex(b) if t.is_complex() else b for b in bufs], -2)
+        return out.cpu().numpy() if isinstance(a, _NUMPY) else out.to(a.device)
+
+
+#: NumPy arrays and scalars (a sum over axes of a NumPy array is a NumPy scalar).
+_NUMPY = (np.ndarray, np.generic)
+
+
+def _as_torch(a: Any) -> Any:
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(a)) if isinstance(a, _NUMPY) else a
+
+
+def _as_real_torch(a: Any) -> Any:
+    """``a`` (NumPy or torch) as a real torch tensor; complex as its (..., 2) real view."""
+    import torch
+
+    t = _as_torch(a)
+    if t.ndim == 0:
+        t = t.reshape(1)
+    return torch.view_as_real(t.contiguous()) if t.is_complex() else t
+
+
+def _widest(dtypes: list[Any]) -> Any:
+    import torch
+
+    return torch.float64 if torch.float64 in dtypes else dtypes[0]
+
+
+def _back(flat: Any, like: Any, real: Any) -> Any:
+    """The reduced numbers of ``like`` (NumPy or torch, shape and dtype) from ``flat``."""
+    import torch
+
+    t = flat.reshape(real.shape).to(real.dtype)
+    if like.dtype in (np.complex64, np.complex128) or (
+        isinstance(like, torch.Tensor) and like.is_complex()
+    ):
+        t = torch.view_as_complex(t.contiguous())
+    t = t.reshape(tuple(like.shape))
+    if isinstance(like, _NUMPY):
+        return t.cpu().numpy()
+    return t.to(like.device)
+
+
+def layout(p: Any, wide: bool, what: str) -> ProcessRows | None:
+    """How a Stiefel step treats the DTensor ``p`` (..., N, M) (its transpose when ``wide``):
+    None for a local step on each process's tensor (``Replicate()``, or ``Shard`` of a batch
+    dimension: each process holds whole matrices), :class:`ProcessRows` for ``Shard`` of the
+    rows of the Stiefel matrix (``Shard(0)`` of a tall 2-D parameter, as ``fully_shard`` makes
+    it). Anything else raises ``ValueError`` naming the placement."""
+    mesh, placements = p.device_mesh, tuple(p.placements)
+    if mesh.ndim != 1:
+        raise ValueError(
+            f"{what} is a DTensor with placements {placements} on a {mesh.ndim}-D device mesh; "
+            "Stiefel steps take DTensors on a 1-D mesh, sharded by rows (Shard) or replicated "
+            "(Replicate)"
+        )
+    (pl,) = placements
+    if pl.is_replicate():
+        return None
+    nd = p.ndim
+    rows_dim, cols_dim = (nd - 1, nd - 2) if wide else (nd - 2, nd - 1)
+    if pl.is_shard():
+        d = pl.dim % nd
+        if d < nd - 2:
+            return None
+        if d == rows_dim:
+            n_rows = p.shape[rows_dim]
+            return ProcessRows(mesh.get_group(), mesh.get_local_rank(), mesh.size(), n_rows)
+        shape = tuple(p.shape)
+        kind = "wide (the Stiefel matrix is its transpose)" if wide else "tall"
+        raise ValueError(
+            f"{what} ({kind}, shape {shape}) has placement Shard({pl.dim}), which shards the "
+            f"columns of its Stiefel matrix; shard it by rows, Shard({rows_dim}), or replicate "
+            f"it: the step's M×M reductions need whole rows (Shard({cols_dim}) would need the "
+            "N×N ones)"
+        )
+    raise ValueError(
+        f"{what} has placement {pl}; Stiefel steps take parameters sharded by rows "
+        f"(Shard({rows_dim})) or replicated (Replicate())"
+    )
+
+
+def any_bad(flags: Any, group: Any) -> Any:
+    """The element-wise OR over the processes of ``group`` of a float tensor of 0/1 flags."""
+    import torch.distributed as dist
+
+    _count(flags)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
+    return flags
