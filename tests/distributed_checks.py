@@ -1,0 +1,531 @@
+"""Checks of the Stiefel optimizers on ``torch.distributed`` (issue 43), run by
+``tests/test_distributed.py`` in P gloo processes on the CPU.
+
+``python tests/distributed_checks.py WORLD RANK INIT_FILE OUT CHECK@P...`` joins a process
+group of WORLD processes (``init_method=file://INIT_FILE``), runs each named check on the
+device mesh of processes 0..P−1 (the processes outside it skip it), in order, and writes
+``{"CHECK@P": "ok" | traceback}`` to ``OUT.RANK`` as JSON. So one start of 4 processes runs
+the checks in 2 and in 4 processes. A check passes when it passes on every process of its
+mesh. This module imports no framework at module level (the test module reads ``CHECKS``).
+
+Each equality check builds the same random problem on every process (one seed), steps a
+plain tensor with ``StiefelSGD`` / ``StiefelAdam`` (the single-process reference, computed
+on every process) and a DTensor of the same values with the same gradients, and compares
+the parameter and the state after every step: float64, ≤ 1e-12 relative (the sums over
+processes add the same products in another order: a few eps per step, where a wrong block
+or a missing reduction is O(1) off). After each comparison the reference continues from the
+DTensor's point and state, so each step is compared from the same input: the trajectories
+themselves part by ~2.5× a step at these learning rates on fixed gradients, as two
+single-process runs whose sums are ordered differently do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+TOL = 1e-12
+#: Shapes of the equality checks: N rows split unevenly over 2 and 4 processes (19 + 18,
+#: 10 + 10 + 10 + 7), and a short block: 6 rows over 4 processes (2 + 2 + 2 + 0 rows).
+TALL = (37, 5)
+
+
+#: The device meshes, made once by every process in the same order (a mesh is a process
+#: group, whose creation involves every process): ranks 0..P−1 for each P, and 2 × 2.
+_MESHES: dict[tuple[int, ...], Any] = {}
+
+
+def _mesh(P: int, dims: tuple[int, ...] | None = None) -> Any:
+    return _MESHES[dims or (P,)]
+
+
+def _make_meshes(world: int, sizes: list[int]) -> None:
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+
+    for P in sorted(set(sizes)):
+        _MESHES[(P,)] = DeviceMesh("cpu", torch.arange(P))
+    if world == 4:
+        _MESHES[(2, 2)] = DeviceMesh("cpu", torch.arange(4).reshape(2, 2))
+
+
+def _problem(shape: tuple[int, ...], seed: int, project: bool = True) -> tuple[Any, Callable]:
+    """A start X (orthonormal columns of the matrices, or not when ``project`` is False) and
+    gradients: the Brockett cost −tr(XᵀAXD) per matrix plus a fixed noise term."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    N, M = shape[-2], shape[-1]
+    tall = N >= M
+    n, m = (N, M) if tall else (M, N)
+    B = torch.randn(shape[:-2] + (n, n), generator=g, dtype=torch.float64)
+    A = (B + B.mT) / (2 * n**0.5)
+    D = torch.diag(torch.linspace(2.0, 1.0, m, dtype=torch.float64))
+    X = torch.randn(shape[:-2] + (n, m), generator=g, dtype=torch.float64)
+    if project:
+        X = torch.linalg.qr(X)[0]
+    noise = 0.1 * torch.randn(shape[:-2] + (n, m), generator=g, dtype=torch.float64)
+
+    def grad(Xp: Any, t: int) -> Any:
+        Xs = Xp if tall else Xp.mT
+        Gs = -2 * A @ Xs @ D + noise * (1 + t) ** -0.5
+        return Gs if tall else Gs.mT
+
+    return (X if tall else X.mT).contiguous(), grad
+
+
+def _full(t: Any) -> Any:
+    return t.full_tensor() if type(t).__name__ == "DTensor" else t
+
+
+def _rel(a: Any, b: Any) -> float:
+    import torch
+
+    a, b = _full(a), _full(b)
+    scale = max(float(torch.linalg.norm(b)), 1e-300)
+    return float(torch.linalg.norm(a - b)) / scale
+
+
+def _compare(
+    opt_name: str,
+    options: dict[str, Any],
+    placement: Any,
+    P: int,
+    shape: tuple[int, ...] = TALL,
+    steps: int = 6,
+    project: bool = True,
+    mesh: Any = None,
+) -> dict[str, Any]:
+    """Steps a plain tensor and a DTensor (``placement``) side by side; asserts equality of
+    the parameters and of every state tensor after every step. Returns the last errors."""
+    import torch
+    from torch.distributed.tensor import distribute_tensor
+
+    import householderla.torch as ht
+
+    cls = getattr(ht, opt_name)
+    mesh = mesh or _mesh(P)
+    X0, grad = _problem(shape, seed=len(shape) * 7 + shape[-2], project=project)
+    ref = torch.nn.Parameter(X0.clone())
+    dt = torch.nn.Parameter(distribute_tensor(X0.clone(), mesh, [placement], src_data_rank=None))
+    o_ref, o_dt = cls([ref], **options), cls([dt], **options)
+    worst = {"X": 0.0}
+    for t in range(steps):
+        G = grad(ref.detach(), t)
+        ref.grad = G.clone()
+        dt.grad = distribute_tensor(G.clone(), mesh, [placement], src_data_rank=None)
+        o_ref.step()
+        o_dt.step()
+        worst["X"] = max(worst["X"], _rel(dt.detach(), ref.detach()))
+        s_ref, s_dt = o_ref.state[ref], o_dt.state[dt]
+        for k, v in s_ref.items():
+            if k == "step":
+                assert int(s_dt[k]) == int(v.detach()), (k, s_dt[k], v)
+                continue
+            assert type(s_dt[k]).__name__ == "DTensor", (k, type(s_dt[k]))
+            assert tuple(s_dt[k].shape) == tuple(v.shape), (k, s_dt[k].shape, v.shape)
+            if v.numel():
+                worst[k] = max(worst.get(k, 0.0), _rel(s_dt[k], v))
+        # the next step from the same point: the check is of the step, not of how the
+        # trajectory amplifies rounding (large steps on fixed gradients: ~2.5× a step)
+        with torch.no_grad():
+            ref.copy_(_full(dt.detach()))
+        for k, v in s_dt.items():
+            s_ref[k] = _full(v).clone()
+    bad = {k: v for k, v in worst.items() if not v <= TOL}
+    assert not bad, f"relative differences beyond {TOL}: {bad}"
+    return worst
+
+
+def _shard(dim: int) -> Any:
+    from torch.distributed.tensor import Shard
+
+    return Shard(dim)
+
+
+def _replicate() -> Any:
+    from torch.distributed.tensor import Replicate
+
+    return Replicate()
+
+
+# -- equality to the single-process step ---------------------------------------------------------
+
+
+def sgd_canonical(P: int, rank: int) -> None:
+    _compare("StiefelSGD", {"lr": 0.2, "momentum": 0.9}, _shard(0), P)
+
+
+def sgd_euclidean(P: int, rank: int) -> None:
+    _compare("StiefelSGD", {"lr": 0.2, "momentum": 0.9, "metric": "euclidean"}, _shard(0), P)
+
+
+def sgd_nesterov(P: int, rank: int) -> None:
+    _compare("StiefelSGD", {"lr": 0.2, "momentum": 0.9, "nesterov": True}, _shard(0), P)
+
+
+def sgd_options(P: int, rank: int) -> None:
+    """Dampening, maximize, Cayley exponentials, the printed Euler transport."""
+    options = {
+        "lr": 0.1,
+        "momentum": 0.8,
+        "dampening": 0.3,
+        "maximize": True,
+        "expm_method": "cayley",
+        "transport": "euler",
+    }
+    _compare("StiefelSGD", options, _shard(0), P)
+
+
+def adam_canonical(P: int, rank: int) -> None:
+    _compare("StiefelAdam", {"lr": 0.05}, _shard(0), P)
+
+
+def adam_euclidean(P: int, rank: int) -> None:
+    _compare(
+        "StiefelAdam", {"lr": 0.05, "metric": "euclidean", "expm_method": "expm"}, _shard(0), P
+    )
+
+
+def adam_amsgrad(P: int, rank: int) -> None:
+    _compare("StiefelAdam", {"lr": 0.05, "amsgrad": True}, _shard(0), P)
+
+
+def replicated(P: int, rank: int) -> None:
+    _compare("StiefelAdam", {"lr": 0.05, "amsgrad": True}, _replicate(), P)
+    _compare("StiefelSGD", {"lr": 0.2, "nesterov": True}, _replicate(), P)
+
+
+def first_step_projects(P: int, rank: int) -> None:
+    """A start off the manifold: the first step's polar factor from the reduced Gram matrix
+    (κ(XᵀX) large: with its restart)."""
+    _compare("StiefelSGD", {"lr": 0.2}, _shard(0), P, project=False, steps=3)
+    _compare("StiefelAdam", {"lr": 0.05}, _shard(0), P, project=False, steps=3)
+
+
+def wide_parameter(P: int, rank: int) -> None:
+    """A wide parameter (M, N): its Stiefel matrix is the transpose, so Shard(1) shards the
+    rows of that."""
+    _compare("StiefelSGD", {"lr": 0.2}, _shard(1), P, shape=(5, 37))
+    _compare("StiefelAdam", {"lr": 0.05}, _shard(1), P, shape=(5, 37))
+
+
+def batched_parameter(P: int, rank: int) -> None:
+    """A batch of matrices: Shard(1) shards the rows of each, Shard(0) the batch (a local
+    step: each process holds whole matrices)."""
+    _compare("StiefelAdam", {"lr": 0.05}, _shard(1), P, shape=(2, 23, 4))
+    _compare("StiefelSGD", {"lr": 0.2}, _shard(0), P, shape=(P, 23, 4))
+
+
+def square_parameter(P: int, rank: int) -> None:
+    """M = N (SO(n), Algorithms 4 and 5: no normal momentum), rows sharded."""
+    _compare("StiefelSGD", {"lr": 0.2}, _shard(0), P, shape=(6, 6))
+    _compare("StiefelAdam", {"lr": 0.05}, _shard(0), P, shape=(6, 6))
+
+
+def short_blocks(P: int, rank: int) -> None:
+    """Blocks of fewer rows than columns, and (P = 4) an empty block: 6 × 3 over P."""
+    _compare("StiefelSGD", {"lr": 0.2}, _shard(0), P, shape=(6, 3), project=False, steps=4)
+    _compare("StiefelAdam", {"lr": 0.05}, _shard(0), P, shape=(6, 3))
+
+
+def float32_parameter(P: int, rank: int) -> None:
+    """float32: computed in float64, rounded once per step; equal to the single-process step
+    to float32's rounding (the rounded step may differ in its last bit)."""
+    import torch
+    from torch.distributed.tensor import distribute_tensor
+
+    import householderla.torch as ht
+
+    mesh = _mesh(P)
+    X0, grad = _problem(TALL, seed=3)
+    X0 = X0.float()
+    ref = torch.nn.Parameter(X0.clone())
+    dt = torch.nn.Parameter(distribute_tensor(X0.clone(), mesh, [_shard(0)], src_data_rank=None))
+    o_ref, o_dt = ht.StiefelAdam([ref], lr=0.05), ht.StiefelAdam([dt], lr=0.05)
+    for t in range(5):
+        G = grad(ref.detach().double(), t).float()
+        ref.grad = G.clone()
+        dt.grad = distribute_tensor(G.clone(), mesh, [_shard(0)], src_data_rank=None)
+        o_ref.step()
+        o_dt.step()
+    assert _rel(dt.detach(), ref.detach()) <= 1e-5
+
+
+def rank_deficient_start(P: int, rank: int) -> None:
+    """A rank-deficient start: the polar fallback (QR + SVD) by TSQR; its result is one of
+    the nearest orthonormal matrices (not unique), so the check is orthonormality."""
+    import torch
+    from torch.distributed.tensor import distribute_tensor
+
+    import householderla.torch as ht
+
+    mesh = _mesh(P)
+    X0, grad = _problem(TALL, seed=5, project=False)
+    X0[:, 1] = X0[:, 0]
+    dt = torch.nn.Parameter(distribute_tensor(X0, mesh, [_shard(0)], src_data_rank=None))
+    opt = ht.StiefelSGD([dt], lr=0.1)
+    dt.grad = distribute_tensor(grad(X0, 0), mesh, [_shard(0)], src_data_rank=None)
+    opt.step()
+    X = dt.detach().full_tensor()
+    err = float(torch.linalg.norm(X.T @ X - torch.eye(X.shape[1], dtype=X.dtype)))
+    assert err <= 1e-13, err
+
+
+def euclidean_group(P: int, rank: int) -> None:
+    """stiefel=False groups step element-wise on any placement (here Shard(1))."""
+    import torch
+    from torch.distributed.tensor import distribute_tensor
+
+    import householderla.torch as ht
+
+    mesh = _mesh(P)
+    g = torch.Generator().manual_seed(11)
+    b0 = torch.randn(5, 8, generator=g, dtype=torch.float64)
+    ref = torch.nn.Parameter(b0.clone())
+    dt = torch.nn.Parameter(distribute_tensor(b0.clone(), mesh, [_shard(1)], src_data_rank=None))
+    o_ref = ht.StiefelAdam([{"params": [ref], "stiefel": False}], lr=0.1, weight_decay=0.01)
+    o_dt = ht.StiefelAdam([{"params": [dt], "stiefel": False}], lr=0.1, weight_decay=0.01)
+    for _ in range(3):
+        G = torch.randn(5, 8, generator=g, dtype=torch.float64)
+        ref.grad = G.clone()
+        dt.grad = distribute_tensor(G.clone(), mesh, [_shard(1)], src_data_rank=None)
+        o_ref.step()
+        o_dt.step()
+    assert _rel(dt.detach(), ref.detach()) <= TOL
+    assert tuple(o_dt.state[dt]["m"].placements) == (_shard(1),)
+
+
+def state_placements(P: int, rank: int) -> None:
+    """The state lives as the parameter's sharding: N×M parts Shard(0), M×M parts replicated."""
+    import torch
+    from torch.distributed.tensor import distribute_tensor
+
+    import householderla.torch as ht
+
+    mesh = _mesh(P)
+    X0, grad = _problem(TALL, seed=2)
+    dt = torch.nn.Parameter(distribute_tensor(X0, mesh, [_shard(0)], src_data_rank=None))
+    opt = ht.StiefelAdam([dt], lr=0.05, amsgrad=True)
+    dt.grad = distribute_tensor(grad(X0, 0), mesh, [_shard(0)], src_data_rank=None)
+    opt.step()
+    st = opt.state[dt]
+    for k in ("U", "q", "q_max"):
+        assert tuple(st[k].placements) == (_shard(0),), (k, st[k].placements)
+        assert tuple(st[k].to_local().shape) == tuple(dt.to_local().shape), k
+    for k in ("Z", "p", "p_max"):
+        assert tuple(st[k].placements) == (_replicate(),), (k, st[k].placements)
+        assert tuple(st[k].shape) == (TALL[1], TALL[1]), k
+
+
+def nonfinite_on_one_process(P: int, rank: int) -> None:
+    """A NaN in one process's rows: every process raises (nonfinite="raise") or skips the
+    step (nonfinite="skip"), and no parameter moves."""
+    import torch
+    from torch.distributed.tensor import distribute_tensor
+
+    import householderla.torch as ht
+
+    mesh = _mesh(P)
+    X0, grad = _problem(TALL, seed=4)
+    for mode in ("raise", "skip"):
+        dt = torch.nn.Parameter(distribute_tensor(X0, mesh, [_shard(0)], src_data_rank=None))
+        opt = ht.StiefelSGD([dt], lr=0.1, nonfinite=mode)
+        G = grad(X0, 0)
+        G[-1, 0] = float("nan")  # the last process's rows
+        dt.grad = distribute_tensor(G, mesh, [_shard(0)], src_data_rank=None)
+        try:
+            opt.step()
+            raised = False
+        except ValueError as e:
+            raised = "NaN or Inf" in str(e)
+        assert raised == (mode == "raise"), (mode, raised)
+        assert torch.equal(dt.detach().full_tensor(), X0)
+        assert opt.skipped_steps == (mode == "skip")
+
+
+def bytes_per_step(P: int, rank: int) -> None:
+    """The bytes each process hands to collectives per step (counted): a few M×M matrices,
+    independent of N, far below gathering X."""
+    import torch
+    from torch.distributed.tensor import distribute_tensor
+
+    import householderla.torch as ht
+    from householderla._interop import torch_distributed as td
+
+    mesh = _mesh(P)
+    for N in (200, 800):
+        M = 6
+        X0, grad = _problem((N, M), seed=6)
+        dt = torch.nn.Parameter(distribute_tensor(X0, mesh, [_shard(0)], src_data_rank=None))
+        opt = ht.StiefelSGD([dt], lr=0.1)
+        for t in range(3):
+            dt.grad = distribute_tensor(grad(X0, t), mesh, [_shard(0)], src_data_rank=None)
+            td.reset_sent()
+            opt.step()
+            sent = td.reset_sent()
+        # SGD: XᵀG (+ max|G|); ŨᵀU½, ‖U½‖² (+ max|U½|, the polar maxima); the Gram of X†;
+        # the finiteness flag
+        floats = (M * M + P) + (M * M + 1 + P * (M + 2)) + M * M
+        assert sent["bytes"] == 8 * floats + 4, (sent, floats)
+        assert sent["calls"] == 4, sent
+        assert sent["bytes"] < 8 * N * M // P
+
+
+# -- errors -------------------------------------------------------------------------------------
+
+
+def column_sharding_raises(P: int, rank: int) -> None:
+    import torch
+    from torch.distributed.tensor import distribute_tensor
+
+    import householderla.torch as ht
+
+    mesh = _mesh(P)
+    for shape, dim, name in (((37, 8), 1, "Shard(1)"), ((8, 37), 0, "Shard(0)")):
+        X = torch.ones(shape, dtype=torch.float64)
+        dt = torch.nn.Parameter(distribute_tensor(X, mesh, [_shard(dim)], src_data_rank=None))
+        dt.grad = distribute_tensor(X.clone(), mesh, [_shard(dim)], src_data_rank=None)
+        opt = ht.StiefelSGD([dt], lr=0.1)
+        try:
+            opt.step()
+        except ValueError as e:
+            msg = str(e)
+            assert name in msg and "columns" in msg and "parameter 0 of group 0" in msg, msg
+        else:
+            raise AssertionError(f"{name} of shape {shape} did not raise")
+
+
+def mesh_2d_raises(P: int, rank: int) -> None:
+    import torch
+    from torch.distributed.tensor import distribute_tensor
+
+    import householderla.torch as ht
+
+    if P != 4:
+        return
+    mesh = _mesh(P, (2, 2))
+    X = torch.randn(37, 5, dtype=torch.float64)
+    placements = [_shard(0), _replicate()]
+    dt = torch.nn.Parameter(distribute_tensor(X, mesh, placements, src_data_rank=None))
+    dt.grad = distribute_tensor(torch.ones(37, 5, dtype=torch.float64), mesh, placements)
+    try:
+        ht.StiefelAdam([dt]).step()
+    except ValueError as e:
+        assert "2-D device mesh" in str(e) and "Shard(dim=0)" in str(e), str(e)
+    else:
+        raise AssertionError("a 2-D mesh did not raise")
+
+
+# -- orthogonality over many steps ---------------------------------------------------------------
+
+
+def _drift(opt_name: str, options: dict[str, Any], P: int, steps: int) -> tuple[float, float]:
+    """‖XᵀX − I‖_F after ``steps`` steps, row-sharded and on one process."""
+    import torch
+    from torch.distributed.tensor import distribute_tensor
+
+    import householderla.torch as ht
+
+    cls = getattr(ht, opt_name)
+    mesh = _mesh(P)
+    X0, grad = _problem((64, 8), seed=9)
+    ref = torch.nn.Parameter(X0.clone())
+    dt = torch.nn.Parameter(distribute_tensor(X0.clone(), mesh, [_shard(0)], src_data_rank=None))
+    o_ref, o_dt = cls([ref], **options), cls([dt], **options)
+    for t in range(steps):  # the same gradients (at the reference's iterate)
+        G = grad(ref.detach(), t)
+        ref.grad = G
+        dt.grad = distribute_tensor(G.clone(), mesh, [_shard(0)], src_data_rank=None)
+        o_ref.step()
+        o_dt.step()
+    eye = torch.eye(8, dtype=torch.float64)
+    X, Xr = dt.detach().full_tensor(), ref.detach()
+    return float(torch.linalg.norm(X.T @ X - eye)), float(torch.linalg.norm(Xr.T @ Xr - eye))
+
+
+def _orthogonality(P: int, steps: int) -> None:
+    for name, options in (("StiefelSGD", {"lr": 0.2}), ("StiefelAdam", {"lr": 0.05})):
+        err, err_ref = _drift(name, options, P, steps)
+        # as on one process: at float64's rounding, not growing with the steps
+        assert err <= max(4 * err_ref, 64 * 2.2e-16 * 8), (name, err, err_ref)
+
+
+def orthogonality_100(P: int, rank: int) -> None:
+    _orthogonality(P, 100)
+
+
+def orthogonality_1000(P: int, rank: int) -> None:
+    _orthogonality(P, 1000)
+
+
+CHECKS: dict[str, Callable[[int, int], None]] = {
+    f.__name__: f
+    for f in (
+        sgd_canonical,
+        sgd_euclidean,
+        sgd_nesterov,
+        sgd_options,
+        adam_canonical,
+        adam_euclidean,
+        adam_amsgrad,
+        replicated,
+        first_step_projects,
+        wide_parameter,
+        batched_parameter,
+        square_parameter,
+        short_blocks,
+        float32_parameter,
+        rank_deficient_start,
+        euclidean_group,
+        state_placements,
+        nonfinite_on_one_process,
+        bytes_per_step,
+        column_sharding_raises,
+        mesh_2d_raises,
+        orthogonality_100,
+        orthogonality_1000,
+    )
+}
+
+
+def main(argv: list[str]) -> None:
+    world, rank, init_file, out, *items = argv
+    world, rank = int(world), int(rank)
+    runs = [(name, int(P)) for name, P in (item.split("@") for item in items)]
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+        timeout=timedelta(seconds=60),
+    )  # fmt: skip
+    _make_meshes(world, [P for _, P in runs])
+    results = {}
+    for name, P in runs:
+        if rank >= P:  # not in this check's mesh
+            continue
+        t0 = time.perf_counter()
+        try:
+            CHECKS[name](P, rank)
+            results[f"{name}@{P}"] = "ok"
+        except Exception:
+            results[f"{name}@{P}"] = traceback.format_exc()
+        print(f"{name}@{P}: {time.perf_counter() - t0:.2f} s", flush=True)
+    with open(f"{out}.{rank}", "w", encoding="utf-8") as f:
+        json.dump(results, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
