@@ -110,3 +110,22 @@ def test_distributed_long() -> None:
     res = _run(max(SIZES), LONG_RUNS, timeout=900)
     bad = {k: v for k, v in res.items() if v != "ok"}
     assert not bad, bad
+
+
+@pytest.mark.long
+def test_example_under_torchrun() -> None:
+    """``torchrun --nproc-per-node 2 examples/distributed_stiefel.py --quick`` runs and finds
+    the principal subspace (the script's exit code says so)."""
+    import shutil
+
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
+    if not Path(torchrun).exists():
+        pytest.skip("torchrun is not installed")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    cmd = [torchrun, "--nproc-per-node", "2", "--master-port", "29531"]
+    run = subprocess.run(
+        [*cmd, str(ROOT / "examples" / "distributed_stiefel.py"), "--quick"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "captured" in run.stdout
