@@ -79,13 +79,18 @@ def _fast_xla_compiles() -> None:
     """The suite's JAX programs are tiny and each compiles once: compiling dominates (measured
     ~60% of the suite's CPU time), so LLVM's optimisations are switched off for the tests
     (``--xla_backend_optimization_level=0``, no expensive passes): the JAX-heavy modules ran
-    22% faster with the same results. Float semantics are unchanged (no fast-math either way).
+    22% faster with the same results. XLA's CPU fusion emitters (MLIR-based code generation
+    for fused loops) are switched off too (``--xla_cpu_use_fusion_emitters=false``: the older
+    elemental emitters): compiling 160 small eager programs took 4.6–7.4 s instead of 14–15 s
+    (JAX 0.10.2, 2-core VM), the lineax operator test 8.7 s of compiling instead of 15.8 s.
+    Float semantics are unchanged (no fast-math either way).
     ``HL_TEST_XLA_OPT=1`` or explicit ``XLA_FLAGS`` settings keep XLA's defaults."""
     xla = os.environ.get("XLA_FLAGS", "")
     if os.environ.get("HL_TEST_XLA_OPT") or "optimization_level" in xla:
         return
     os.environ["XLA_FLAGS"] = (
         f"{xla} --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+        " --xla_cpu_use_fusion_emitters=false"
     ).strip()
 
 
