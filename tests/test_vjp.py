@@ -171,6 +171,7 @@ def test_forward_mode_duals_jacfwd_and_hessian_vector_products():
         lambda V: hl.householder_apply(V, h),
         lambda V: hl.polar(V),
         lambda V: hl.qr_retraction(V, Z, 0.1),
+        lambda V: hl.cayley_retraction(V, Z, 0.1, drift_tol=float("inf")),  # a Python step
     )
     for f in maps:
         with fwAD.dual_level():
