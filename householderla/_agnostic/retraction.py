@@ -261,8 +261,8 @@ def cayley_along_jvp(X: Any, Z: Any, step: Any, dX: Any, dZ: Any, dstep: Any, xp
     """
     dX = xp.zeros_like(X) if dX is None else dX
     dZ = xp.zeros_like(Z) if dZ is None else dZ
-    G = tangent_lift(X, Z, xp)
     A = mH(X, xp) @ Z
+    G = 0.5 * (X @ A) - Z  # tangent_lift
     # dG = ½dX(XᴴZ) + ½X(dXᴴZ + XᴴdZ) − dZ
     dG = 0.5 * (dX @ A + X @ (mH(dX, xp) @ Z + mH(X, xp) @ dZ)) - dZ
     d = cayley_parts(X, G, step, False, xp)
