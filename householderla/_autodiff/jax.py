@@ -343,7 +343,7 @@ def same_vma(*arrays: Any) -> tuple[Any, ...]:
     """The arrays cast to vary over the same manual mesh axes (inside ``jax.shard_map``).
 
     A replicated V applied to a per-device block h: V is invariant over the mesh axis and h
-    varies, so the cotangent our backward returns for V varies too and a ``custom_vjp`` rejects
+    varies, so the cotangent our backward returns for V varies too and a custom rule rejects
     it (its type differs from V's). Cast first, as JAX's own binary operations do: the
     transpose of the cast is the ``psum`` that makes V̄ the sum over the devices. Outside
     ``shard_map`` (and on JAX versions without varying-axis types) nothing changes.
