@@ -59,7 +59,7 @@ class Entry:
     half: bool = True
     #: Dask operands accepted (no VJP takes them: they raise, naming the mixed namespaces)
     dask: bool = False
-    #: forward mode (torch.func.jvp, jacfwd, forward-AD dual tensors) through torch
+    #: forward mode (torch.func.jvp, jacfwd, forward-AD dual tensors; jax.jvp, jacfwd)
     forward: bool = True
     #: run under these test-time patches (a monkeypatch callable), e.g. the blocked kernels
     patch: Callable[[Any], None] | None = None
@@ -441,7 +441,6 @@ def _retractions() -> list[Entry]:
                     f"{name}{label}{unbatched}",
                     _fixed(f, vjp),
                     draw,
-                    forward=name != "cayley_retraction",
                     # the unbatched case and the batch with one step are the batched
                     # array-step case's code with other broadcasting: NumPy only here
                     neutral=not batch or (step == "scalar" and name != "polar"),

@@ -1,11 +1,13 @@
-"""householderla.jax: custom_vjp rules calling the explicit VJPs, composed with grad/jit/vmap.
+"""householderla.jax: custom_jvp rules whose tangents are the explicit JVPs and whose
+transposes are the explicit VJPs, composed with grad/jit/vmap.
 
 ``check_grads(..., modes=["rev"], order=2)`` compares reverse-mode derivatives (and the
 derivative of the backward rule itself) with finite differences in float64 (JAX's default
 tolerances for float64: atol = rtol = 1e-5 after its own eps scaling; a wrong term is off by
-O(1)); forward mode is not defined for custom_vjp rules. "Uses the explicit VJP" is asserted
-by the rule appearing in the jaxpr (``custom_vjp_call``) and by equality with ``hl.vjp`` to
-1e-12. Compositions (``jit(vmap(grad))``) are compared with a Python loop of eager grads.
+O(1)); forward mode: ``tests/test_vjp.py``. "Uses the explicit VJP" is asserted by the rule
+appearing in the jaxpr (``custom_jvp_call``), by the gradient's jaxpr applying the VJP (the
+transposed ``explicit_linear``) and by equality with ``hl.vjp`` to 1e-12. Compositions
+(``jit(vmap(grad))``) are compared with a Python loop of eager grads.
 """
 
 from __future__ import annotations
@@ -53,13 +55,13 @@ MAPS = {
     "cayley_with_guard": lambda X, G: hl.cayley_retraction(X, G, 0.3),
     "qr_retraction": lambda X, G: hl.qr_retraction(X, G, 0.3),
 }
-RULES = {  # the custom_vjp rule each map must go through (its primal's name in the jaxpr)
-    "cwy": "cwy_factors",
-    "tcwy": "cwy_factors",
-    "householder": "householder_apply",
-    "polar": "_polar",
-    "cayley": "_cayley",
-    "qr": "qr_q",
+RULES = {  # the custom_jvp rule each map must go through (its primal's name in the jaxpr)
+    "cwy": "_cwy_factors",
+    "tcwy": "_cwy_factors",
+    "householder": "_householder_apply",
+    "polar": "polar",
+    "cayley": "_cayley_smw",
+    "qr": "_qr_q",
 }
 
 
@@ -104,11 +106,14 @@ def test_check_grads_rev_order_1(name):
 
 
 @pytest.mark.parametrize("name", list(MAPS))
-def test_custom_vjp_rule_is_in_the_jaxpr(name):
+def test_custom_rule_is_in_the_jaxpr_and_grad_applies_the_vjp(name):
     f = MAPS[name]
     X, G = _args(np.random.default_rng(1))
     jaxpr = str(jax.make_jaxpr(f)(X, G))
-    assert re.search(rf"custom_vjp_call\[\s*name={_rule(name)}\b", jaxpr), jaxpr[:2000]
+    assert re.search(rf"custom_jvp_call\[\s*name={_rule(name)}\b", jaxpr), jaxpr[:2000]
+    grad = str(jax.make_jaxpr(jax.grad(lambda X, G: jnp.sum(f(X, G) ** 2)))(X, G))
+    assert re.search(r"explicit_linear\[\s*fun=<function \S*vjp\b", grad), grad[:2000]
+    assert not re.search(r"fun=<function \S*jvp\b", grad), grad[:2000]
 
 
 @pytest.mark.parametrize(
@@ -179,11 +184,16 @@ def test_step_gradient_under_jit_has_the_shape_of_step():
 
 
 def _dot_precisions(jaxpr):
-    """Precision of every dot_general in a (closed) jaxpr, sub-jaxprs included."""
+    """Precision of every dot_general in a (closed) jaxpr, sub-jaxprs included, and in the
+    functions an ``explicit_linear`` applies (traced at the avals of its operands, outside
+    the rules' own precision context)."""
     out = []
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "dot_general":
             out.append(eqn.params["precision"])
+        if eqn.primitive.name.endswith("explicit_linear"):
+            avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in eqn.invars]
+            out.extend(_dot_precisions(jax.make_jaxpr(eqn.params["fun"])(*avals).jaxpr))
         for p in eqn.params.values():
             subs = p if isinstance(p, (list, tuple)) else [p]
             for s in subs:

@@ -48,6 +48,7 @@ LAYERS = {
 FRAMEWORK_MODULES = {
     "householderla._autodiff.torch": {"torch"},
     "householderla._autodiff.jax": {"jax"},
+    "householderla._autodiff._jax_linear": {"jax"},
     "householderla._kernels.numba_loops": {"numba"},
     "householderla.torch": {"torch"},
     "householderla.jax": {"jax"},

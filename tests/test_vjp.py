@@ -22,7 +22,7 @@ from helpers import (
     assert_vjp_matches_central_differences,
     stable_seed,
 )
-from registry import COMPLEX, ENTRIES, REAL
+from registry import COMPLEX, ENTRIES, REAL, randn
 
 import householderla as hl
 
@@ -99,20 +99,24 @@ def test_support_columns_hold(entry, monkeypatch):
 # -- forward mode: the JVPs (torch) -------------------------------------------------------------
 
 
-def _torch_pair(entry, kind, seed):
-    torch = require("torch")
+def _draw_pair(entry, kind, seed):
+    """An entry's inputs and directions (NumPy; the entry's fixed directions zeroed)."""
     rng = np.random.default_rng(seed)
-    inputs = [torch.asarray(a) for a in entry.draw(rng, kind == COMPLEX)]
-    dirs = [torch.asarray(_direction(rng, a)) for a in inputs]
+    inputs = entry.draw(rng, kind == COMPLEX)
+    dirs = [_direction(rng, a) for a in inputs]
     if entry.freeze is not None:
-        d = [t.numpy().copy() for t in dirs]
-        entry.freeze(d)
-        dirs = [torch.asarray(a) for a in d]
+        entry.freeze(dirs)
     return inputs, dirs
 
 
+def _torch_pair(entry, kind, seed):
+    torch = require("torch")
+    inputs, dirs = _draw_pair(entry, kind, seed)
+    return [torch.asarray(a) for a in inputs], [torch.asarray(d) for d in dirs]
+
+
 def _direction(rng, a):
-    a = a.numpy()
+    a = np.asarray(a)
     d = rng.standard_normal(a.shape)
     return d + 1j * rng.standard_normal(a.shape) if np.iscomplexobj(a) else d
 
@@ -143,15 +147,149 @@ def test_forward_mode_jvp_is_the_adjoint_of_the_vjp(entry, kind, monkeypatch):
     torch.testing.assert_close(y, f(*inputs), rtol=0, atol=1e-12)
     rng = np.random.default_rng(stable_seed("jvp-g", entry.name))
     g = torch.asarray(_direction(rng, y))
-    grads = vjp(*inputs, g)
+    _assert_adjoint(g, t, vjp(*inputs, g), dirs)
+
+
+def _assert_adjoint(g, t, grads, dirs):
+    """Re⟨ḡ, J δ⟩ = Re⟨J*ḡ, δ⟩ to 1e-10 relative (``grads`` = J*ḡ, one per input)."""
     grads = grads if isinstance(grads, tuple) else (grads,)
     lhs = _rdot(g, t)
     rhs = sum(_rdot(gr, d) for gr, d in zip(grads, dirs, strict=True))
-    scale = float(torch.linalg.norm(g)) * float(torch.linalg.norm(t)) + sum(
-        float(torch.linalg.norm(gr)) * float(torch.linalg.norm(d))
-        for gr, d in zip(grads, dirs, strict=True)
+    norm = np.linalg.norm
+    scale = norm(np.asarray(g)) * norm(np.asarray(t)) + sum(
+        norm(np.asarray(gr)) * norm(np.asarray(d)) for gr, d in zip(grads, dirs, strict=True)
     )
     assert abs(lhs - rhs) <= 1e-10 * max(scale, 1.0), (lhs, rhs)
+
+
+#: one registry entry per JAX rule (factors and low-rank apply in each role, the dense matrix,
+#: the sequential product, phases, the three retractions): the wiring is per rule and the
+#: formulas are the torch test's, so the other entries (each compiling anew) run in test-long
+JAX_FORWARD = {
+    "cwy_apply",
+    "cwy_adjoint_apply",
+    "cwy_matrix",
+    "tcwy_apply",
+    "tcwy_adjoint_apply",
+    "tcwy_matrix",
+    "householder_apply",
+    "cwy_matrix_theta",
+    "polar",
+    "cayley_retraction",
+    "qr_retraction",
+}
+JAX_CASES = [
+    pytest.param(
+        e,
+        kind,
+        id=f"{e.name}-{kind}",
+        marks=() if e.name in JAX_FORWARD else pytest.mark.long,
+    )
+    for e in ENTRIES.values()
+    for kind in e.kinds
+    if "jax" not in e.not_on
+]
+
+
+@pytest.mark.parametrize(("entry", "kind"), JAX_CASES)
+def test_jax_forward_mode_jvp_is_the_adjoint_of_the_vjp(entry, kind, monkeypatch):
+    """``jax.jvp`` through every map (the ``custom_jvp`` rules' hand-derived JVPs), against
+    the explicit VJP by the identity of the torch test above, on the same registry (one
+    entry per rule here, every entry in test-long)."""
+    jax = _jax()
+    if entry.patch is not None:
+        entry.patch(monkeypatch)
+    f, vjp = entry.make(get_backend("jax"))
+    inputs, dirs = _draw_pair(entry, kind, stable_seed("jvp", entry.name, kind))
+    inputs = [jax.numpy.asarray(a) for a in inputs]
+    if not entry.forward:
+        with pytest.raises(TypeError, match="jvp"):
+            jax.jvp(f, tuple(inputs), tuple(map(jax.numpy.asarray, dirs)))
+        return
+    y, t = jax.jvp(f, tuple(inputs), tuple(map(jax.numpy.asarray, dirs)))
+    np.testing.assert_allclose(np.asarray(y), np.asarray(f(*inputs)), rtol=0, atol=1e-12)
+    rng = np.random.default_rng(stable_seed("jvp-g", entry.name))
+    g = jax.numpy.asarray(_direction(rng, y))
+    _assert_adjoint(g, t, vjp(*inputs, g), dirs)
+
+
+@pytest.mark.parametrize("cx", [False, True], ids=["real", "complex"])
+def test_cayley_jvp_against_central_differences(cx):
+    """The Cayley JVP (``retraction.cayley_along_jvp``) of the SMW map along (dX, dZ, dt),
+    off the manifold, for a step per matrix and a 0-d step: central differences with
+    ε = 1e-6 agree to O(ε²) + O(u/ε) ≈ 1e-10 relative (bound 1e-8)."""
+    import array_api_compat.numpy as xp
+
+    from householderla._agnostic import retraction as RK
+
+    rng = np.random.default_rng(stable_seed("cayley-jvp", cx))
+    for batch, tshape in (((2,), (2, 1, 1)), ((), ())):
+        X = np.linalg.qr(randn(rng, cx, *batch, 6, 3))[0] + 0.2 * randn(rng, cx, *batch, 6, 3)
+        Z, dX, dZ = (randn(rng, cx, *X.shape) for _ in range(3))
+        t, dt = rng.uniform(0.2, 0.8, tshape), rng.standard_normal(tshape)
+
+        def f(e, X=X, Z=Z, dX=dX, dZ=dZ, t=t, dt=dt):
+            return RK.cayley_along(X + e * dX, Z + e * dZ, t + e * dt, xp)[0]
+
+        fd = (f(EPS_FD) - f(-EPS_FD)) / (2 * EPS_FD)
+        jvp = RK.cayley_along_jvp(X, Z, t, dX, dZ, dt, xp)
+        assert np.linalg.norm(jvp - fd) <= 1e-8 * np.linalg.norm(fd)
+
+
+def test_jax_forward_mode_transforms_and_grad_runs_the_explicit_vjp(monkeypatch):
+    """The JAX rules are ``custom_jvp``s whose tangent is the explicit JVP and whose
+    transpose is the explicit VJP: ``jax.grad`` calls our VJP and never the JVP (counted),
+    ``jax.jvp`` the JVP; ``jacfwd`` equals ``jacrev``; ``vmap`` of ``jvp`` (batched
+    tangents, then batched points under ``jit``) equals one-at-a-time calls; forward-over-
+    reverse gives the Hessian-vector product of a loss through CWY and the sequential
+    product (against central differences of the gradient, as the torch test below). Grad of
+    grad: ``test_jax_check_grads``. Shapes no other test uses, so no trace is cached."""
+    jax = _jax()
+    jnp = jax.numpy
+
+    from householderla._agnostic import compact_wy as K
+    from householderla._agnostic import compact_wy_jvp as KJ
+
+    calls = {"vjp": 0, "jvp": 0}
+
+    def counted(name, fn):
+        def wrapped(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+
+        return wrapped
+
+    monkeypatch.setattr(K, "lowrank_vjp", counted("vjp", K.lowrank_vjp))
+    monkeypatch.setattr(KJ, "lowrank_jvp", counted("jvp", KJ.lowrank_jvp))
+    rng = np.random.default_rng(22)
+    V, h, dV = (jnp.asarray(rng.standard_normal(s)) for s in ((9, 5), (9, 2), (9, 5)))
+
+    def loss(V):
+        return jnp.sum(jnp.sin(hl.cwy(V) @ h))
+
+    gV = jax.grad(loss)(V)
+    assert calls["vjp"] >= 1 and calls["jvp"] == 0, calls
+    _, t = jax.jvp(loss, (V,), (dV,))
+    assert calls["jvp"] >= 1
+    assert abs(float(t - jnp.sum(gV * dV))) <= 1e-12 * float(
+        jnp.linalg.norm(gV) * jnp.linalg.norm(dV)
+    )
+    mat = lambda V: hl.cwy(V).matrix()  # noqa: E731
+    np.testing.assert_allclose(jax.jacfwd(mat)(V), jax.jacrev(mat)(V), rtol=0, atol=1e-12)
+    dVs = jnp.asarray(rng.standard_normal((3, 9, 5)))
+    one = lambda V, dV: jax.jvp(loss, (V,), (dV,))[1]  # noqa: E731
+    want = jnp.stack([one(V, d) for d in dVs])
+    np.testing.assert_allclose(jax.vmap(one, (None, 0))(V, dVs), want, rtol=1e-12)
+    np.testing.assert_allclose(jax.jit(jax.vmap(one))(V + 0 * dVs, dVs), want, rtol=1e-12)
+
+    def loss2(V):
+        return loss(V) + jnp.sum(jnp.cos(hl.householder_apply(V, h)))
+
+    grad = jax.grad(loss2)
+    _, hvp = jax.jvp(grad, (V,), (dV,))
+    eps = 1e-5
+    fd = (grad(V + eps * dV) - grad(V - eps * dV)) / (2 * eps)
+    assert jnp.linalg.norm(hvp - fd) <= 1e-7 * jnp.linalg.norm(fd)
 
 
 def test_forward_mode_duals_jacfwd_and_hessian_vector_products():
@@ -171,6 +309,7 @@ def test_forward_mode_duals_jacfwd_and_hessian_vector_products():
         lambda V: hl.householder_apply(V, h),
         lambda V: hl.polar(V),
         lambda V: hl.qr_retraction(V, Z, 0.1),
+        lambda V: hl.cayley_retraction(V, Z, 0.1, drift_tol=float("inf")),  # a Python step
     )
     for f in maps:
         with fwAD.dual_level():

@@ -247,6 +247,55 @@ def cayley_along_vjp(X: Any, Z: Any, step: Any, Ybar: Any, xp: Any) -> tuple[Any
     return Xbar + Xb, Zbar, sb
 
 
+def cayley_along_jvp(X: Any, Z: Any, step: Any, dX: Any, dZ: Any, dstep: Any, xp: Any) -> Any:
+    """dY of :func:`cayley_along` (the SMW map Y = Cayley(tA)X, A = GXᴴ − XGᴴ, G = ½X(XᴴZ) − Z)
+    along (dX, dZ, dstep) (None: no tangent; ``dstep`` shaped as ``step``, real).
+
+    With M = I + ½tA, Y = 2M⁻¹X − X and V = X + Y: dY = M⁻¹(2dX − ½d(tA)V) − dX, where
+    d(tA)V = G(dt·XᴴV + t·dXᴴV) − X(dt·GᴴV + t·dGᴴV) + t(dG·XᴴV − dX·GᴴV) and M⁻¹R =
+    R − ½B K⁻¹CᴴR by the forward's SMW factors (B = t[G, sX], C = [X, −G/s]). Every N × M
+    matrix is X·x + G·g + dX·a + dG·b with small coefficients, so the N-sized work is the
+    forward's Gram products, dG, four Grams of [X, G] with [dX, dG] and one N × 4M by 4M × M
+    product: 34·N·M² + O(M³) flops, no N × N matrix (``docs/theory/vjp.rst``, "Forward
+    mode"). ᴴ = ᵀ for real X; t and dt real.
+    """
+    dX = xp.zeros_like(X) if dX is None else dX
+    dZ = xp.zeros_like(Z) if dZ is None else dZ
+    A = mH(X, xp) @ Z
+    G = 0.5 * (X @ A) - Z  # tangent_lift
+    # dG = ½dX(XᴴZ) + ½X(dXᴴZ + XᴴdZ) − dZ
+    dG = 0.5 * (dX @ A + X @ (mH(dX, xp) @ Z + mH(X, xp) @ dZ)) - dZ
+    d = cayley_parts(X, G, step, False, xp)
+    P, W0, GG, s, K, W1, c = (d[k] for k in ("P", "W0", "GG", "s", "K", "W1", "c"))
+    t = step
+    dt = 0.0 if dstep is None else dstep
+    M = X.shape[-1]
+    eye = eye_like(xp, M, X.dtype, device_of(X))
+
+    def h(a: Any) -> Any:
+        return mH(a, xp)
+
+    H = h(xp.concat([X, G], axis=-1)) @ xp.concat([dX, dG], axis=-1)
+    XdX, XdG, GdX, GdG = H[..., :M, :M], H[..., :M, M:], H[..., M:, :M], H[..., M:, M:]
+    # Y = X − t(G W₁ + X c): the Grams of V = X + Y with X, G, dX, dG
+    XV = 2.0 * P - t * (W0 @ W1 + P @ c)
+    GV = 2.0 * h(W0) - t * (GG @ W1 + h(W0) @ c)
+    dXV = 2.0 * h(XdX) - t * (h(GdX) @ W1 + h(XdX) @ c)
+    dGV = 2.0 * h(XdG) - t * (h(GdG) @ W1 + h(XdG) @ c)
+    # R = 2dX − ½d(tA)V = X·rx + G·rg + dX·ra + dG·rb
+    rx = 0.5 * (dt * GV + t * dGV)
+    rg = -0.5 * (dt * XV + t * dXV)
+    ra = 2.0 * eye + (0.5 * t) * GV
+    rb = (-0.5 * t) * XV
+    XR = P @ rx + W0 @ rg + XdX @ ra + XdG @ rb
+    GR = h(W0) @ rx + GG @ rg + GdX @ ra + GdG @ rb
+    Sol = xp.linalg.solve(K, xp.concat([XR, -GR / s], axis=-2))  # K⁻¹CᴴR
+    S1, S2 = Sol[..., :M, :], Sol[..., M:, :]
+    # dY = R − ½t(G S₁ + sX S₂) − dX
+    coef = xp.concat([rx - (0.5 * t * s) * S2, rg - (0.5 * t) * S1, ra - eye, rb], axis=-2)
+    return xp.concat([X, G, dX, dG], axis=-1) @ coef
+
+
 def cayley_with_drift(X: Any, G: Any, step: Any, euclidean: bool, xp: Any) -> tuple[Any, Any]:
     """(Cayley(step·A) X by SMW, max ‖XᴴX − I‖_F over the batch): the drift feeds the
     orthogonality guard of ``cayley_retraction`` and is not differentiated."""

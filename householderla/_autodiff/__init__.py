@@ -4,7 +4,7 @@ Every differentiable primitive has one rule per table, with one signature: ``cwy
 ``(xp, V, sdiag)``, ``lowrank`` ``(xp, U, T, h, transpose, mode, out)``, ``householder_apply``
 ``(xp, V, h)``, ``polar`` ``(xp, X, num_iters, restart)``, ``cayley`` ``(xp, X, Z, step)``,
 ``qr_q`` ``(xp, Y)``. Tables: :mod:`.plain` (nothing recorded), :mod:`.torch`
-(``autograd.Function``s calling our VJPs) and :mod:`.jax` (``custom_vjp`` rules), imported on
+(``autograd.Function``s calling our VJPs) and :mod:`.jax` (``custom_jvp`` rules), imported on
 first use. :func:`route` picks the table from a call's arrays, :func:`call` runs a rule. This
 package imports the layers below it, never a public module.
 """
@@ -24,7 +24,7 @@ _TABLES: dict[str, dict[str, Any]] = {}
 
 
 def route(xp: Any, *arrays: Any) -> str:
-    """ "jax" for JAX (custom_vjp costs nothing when nothing differentiates), "torch" when a
+    """ "jax" for JAX (custom_jvp costs nothing when nothing differentiates), "torch" when a
     graph will be recorded or a ``torch.func`` transform wraps an input, "plain" otherwise."""
     if aac.is_jax_namespace(xp):
         return "jax"

@@ -374,9 +374,19 @@ class CayleySMW(torch.autograd.Function):
         ctx.step_is_tensor = isinstance(step, torch.Tensor)
         if ctx.step_is_tensor:
             ctx.save_for_backward(X, Z, step)
+            ctx.save_for_forward(X, Z, step)
         else:
             ctx.save_for_backward(X, Z)
+            ctx.save_for_forward(X, Z)
             ctx.step = step
+
+    @staticmethod
+    def _jvp(ctx: Any, dX: Any, dZ: Any, dstep: Any) -> Any:
+        if ctx.step_is_tensor:
+            X, Z, step = ctx.saved_tensors
+        else:
+            (X, Z), step, dstep = ctx.saved_tensors, ctx.step, None
+        return RK.cayley_along_jvp(X, Z, step, dX, dZ, dstep, _xp), None  # the drift: none
 
     @staticmethod
     def backward(ctx: Any, Ybar: torch.Tensor, _drift_bar: Any) -> Any:
@@ -433,6 +443,7 @@ _FORWARD = {
         HouseholderApply,
         HouseholderApplyNumba,
         Polar,
+        CayleySMW,
         QRPositive,
     )
 }
@@ -458,6 +469,6 @@ RULES = {
     "lowrank": _lowrank,
     "householder_apply": lambda xp, V, h: with_jvp(HouseholderApply).apply(V, h),
     "polar": _polar,
-    "cayley": lambda xp, X, Z, step: CayleySMW.apply(X, Z, step),
+    "cayley": lambda xp, X, Z, step: with_jvp(CayleySMW).apply(X, Z, step),
     "qr_q": lambda xp, Y: with_jvp(QRPositive).apply(Y),
 }

@@ -184,7 +184,7 @@ class LazyFactors:
     def panels_apply(self, h: Any) -> bool:
         """Whether LAPACK's panels (:mod:`householderla._agnostic.lapack_panels`) serve a
         product or ``.matrix()`` with ``h``: LAPACK's τ known, no autodiff to follow, eager
-        arrays of V's dtype, not JAX (its products always go through the custom_vjp rules)."""
+        arrays of V's dtype, not JAX (its products always go through the custom_jvp rules)."""
         return (
             self.tau is not None
             and h.dtype == self.V.dtype
@@ -320,7 +320,7 @@ def _upper_is_zero(V: Any, xp: Any) -> bool:
 
 def _direct_type(V: Any, xp: Any) -> type | None:
     """The exact array type the direct products of :class:`LazyFactors` serve: NumPy's
-    ndarray, torch's Tensor; None elsewhere (JAX always goes through its custom_vjp rules,
+    ndarray, torch's Tensor; None elsewhere (JAX always goes through its custom_jvp rules,
     other namespaces through the general path)."""
     if aac.is_numpy_namespace(xp):
         return type(V) if type(V).__name__ == "ndarray" else None

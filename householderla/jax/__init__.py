@@ -1,14 +1,15 @@
-"""householderla for JAX: every map differentiable through ``jax.custom_vjp`` rules.
+"""householderla for JAX: every map differentiable through ``jax.custom_jvp`` rules.
 
-Called with JAX arrays, the maps of :mod:`householderla` go through hand-derived backward
-passes (:mod:`householderla._autodiff.jax`), never through autodiff of their internals, and
-compose with ``jax.grad``, ``jax.jit``, ``jax.vmap`` in any order (e.g.
-``jax.jit(jax.vmap(jax.grad(loss)))``); the backward rules are themselves differentiable, so
-second derivatives work. Arrays are never ``nondiff_argnums``. Every rule is traced with
-``jax.default_matmul_precision("highest")`` (full float32 matmuls on GPU instead of TF32).
+Called with JAX arrays, the maps of :mod:`householderla` go through hand-derived JVPs and
+backward passes (:mod:`householderla._autodiff.jax`), never through autodiff of their
+internals, and compose with ``jax.grad``, ``jax.jvp``, ``jax.jit``, ``jax.vmap`` in any order
+(e.g. ``jax.jit(jax.vmap(jax.grad(loss)))``, ``jax.jacfwd``); the rules are themselves
+differentiable, so second derivatives work in forward and reverse mode. Arrays are never
+``nondiff_argnums``. Every rule is traced with ``jax.default_matmul_precision("highest")``
+(full float32 matmuls on GPU instead of TF32).
 
 ==========================================  ============================================
-map                                         custom_vjp rule(s)
+map                                         custom_jvp rule(s)
 ==========================================  ============================================
 ``cwy(V) @ h``, ``.T @``, ``.matrix()``     ``cwy_factors`` + ``lowrank_apply`` / ``_matrix``
 ``tcwy(V) @ x``, ``.T @ y``, ``.matrix()``  ``cwy_factors`` + ``lowrank_apply`` / ``_matrix``
@@ -64,7 +65,7 @@ __all__ = [
 
 def householder_apply(V: Any, h: Any) -> Any:
     """H(v₁)(H(v₂)(…H(v_L) h)) by sequential reflections, through the ``householder_apply``
-    custom_vjp rule.
+    custom_jvp rule.
 
     Parameters
     ----------
@@ -101,7 +102,7 @@ def orthogonal_linear(V: Any, x: Any) -> Any:
     Returns
     -------
     array, shape (..., out)
-        Through the ``cwy_factors`` / ``lowrank_apply`` custom_vjp rules, so ``jax.grad``
+        Through the ``cwy_factors`` / ``lowrank_apply`` custom_jvp rules, so ``jax.grad``
         reaches V (and x); ``jax.jit``-able. The flax/equinox counterpart of
         :class:`householderla.torch.OrthogonalLinear` (same cost model).
 
