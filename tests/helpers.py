@@ -6,6 +6,7 @@ import zlib
 from typing import Any
 
 import numpy as np
+import pytest
 from conftest import LONG, to_numpy
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -232,3 +233,20 @@ def assert_jax_grad_matches_real_and_imaginary_differences(loss, args, grads, rn
             an = float(np.real(np.sum(np.asarray(grads[i]) * direction)))
             scale = np.linalg.norm(np.asarray(grads[i])) * np.linalg.norm(d)
             assert abs(fd - an) <= 1e-7 * max(scale, 1.0), (i, direction.dtype, fd, an)
+
+
+def jax_once_each(outer: list, inner: list, outer_ids: list[str], inner_ids: list[str]) -> list:
+    """Every case (o, i) of two parameters, as ``pytest.param(o, i, id="<o>-<i>")``. On JAX
+    (each case compiles anew) `make test` runs one case per value of ``outer``, with ``inner``
+    cycling through its values (so every value of both runs there); the other cases are
+    marked ``jax_long``. The other backends run every case."""
+    return [
+        pytest.param(
+            o,
+            i,
+            id=f"{oid}-{iid}",
+            marks=() if b == a % len(inner) else pytest.mark.jax_long("each value once on JAX"),
+        )
+        for a, (o, oid) in enumerate(zip(outer, outer_ids, strict=True))
+        for b, (i, iid) in enumerate(zip(inner, inner_ids, strict=True))
+    ]
