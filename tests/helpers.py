@@ -131,6 +131,17 @@ def examples(n: int) -> settings:
     return settings(max_examples=4 * n if LONG else n)
 
 
+def ci_examples(n: int) -> settings:
+    """``settings(max_examples=n)`` under ``make test`` (the "ci" profile, whose default is
+    25): for a property test whose drawn cases repeat one path, on every backend (JAX then
+    runs ``conftest.jax_examples(n)`` of them); the loaded profile's own count otherwise
+    (``make test-long``'s 100, ``make fuzz``'s thousands), as without it."""
+    current = settings.default.max_examples
+    if LONG or current != settings.get_profile("ci").max_examples:
+        return settings(max_examples=current)
+    return settings(max_examples=n)
+
+
 def few_shapes(bk: Any, drawn: Any, few: list, seed: int) -> Any:
     """The shape a property test runs on ``bk``: as drawn, except on a backend that compiles
     every new shape (JAX; not under ``make test-long``), where it is one of the ``few`` fixed
