@@ -6,6 +6,7 @@ import zlib
 from typing import Any
 
 import numpy as np
+import pytest
 from conftest import LONG, to_numpy
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -130,6 +131,17 @@ def examples(n: int) -> settings:
     return settings(max_examples=4 * n if LONG else n)
 
 
+def ci_examples(n: int) -> settings:
+    """``settings(max_examples=n)`` under ``make test`` (the "ci" profile, whose default is
+    25): for a property test whose drawn cases repeat one path, on every backend (JAX then
+    runs ``conftest.jax_examples(n)`` of them); the loaded profile's own count otherwise
+    (``make test-long``'s 100, ``make fuzz``'s thousands), as without it."""
+    current = settings.default.max_examples
+    if LONG or current != settings.get_profile("ci").max_examples:
+        return settings(max_examples=current)
+    return settings(max_examples=n)
+
+
 def few_shapes(bk: Any, drawn: Any, few: list, seed: int) -> Any:
     """The shape a property test runs on ``bk``: as drawn, except on a backend that compiles
     every new shape (JAX; not under ``make test-long``), where it is one of the ``few`` fixed
@@ -232,3 +244,20 @@ def assert_jax_grad_matches_real_and_imaginary_differences(loss, args, grads, rn
             an = float(np.real(np.sum(np.asarray(grads[i]) * direction)))
             scale = np.linalg.norm(np.asarray(grads[i])) * np.linalg.norm(d)
             assert abs(fd - an) <= 1e-7 * max(scale, 1.0), (i, direction.dtype, fd, an)
+
+
+def jax_once_each(outer: list, inner: list, outer_ids: list[str], inner_ids: list[str]) -> list:
+    """Every case (o, i) of two parameters, as ``pytest.param(o, i, id="<o>-<i>")``. On JAX
+    (each case compiles anew) `make test` runs one case per value of ``outer``, with ``inner``
+    cycling through its values (so every value of both runs there); the other cases are
+    marked ``jax_long``. The other backends run every case."""
+    return [
+        pytest.param(
+            o,
+            i,
+            id=f"{oid}-{iid}",
+            marks=() if b == a % len(inner) else pytest.mark.jax_long("each value once on JAX"),
+        )
+        for a, (o, oid) in enumerate(zip(outer, outer_ids, strict=True))
+        for b, (i, iid) in enumerate(zip(inner, inner_ids, strict=True))
+    ]

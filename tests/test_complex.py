@@ -16,6 +16,7 @@ import pytest
 import scipy.linalg.lapack as lapack
 from conftest import require, to_numpy
 from helpers import (
+    ci_examples,
     fit_reflector_spec,
     growth,
     orth_error,
@@ -72,6 +73,7 @@ def _tcwy_all(V, x, y):
 
 @pytest.mark.no_dask("Q.matrix() has no operand")
 @given(spec=reflector_shapes())
+@ci_examples(12)
 def test_cwy_is_the_product_of_complex_reflections(bk, spec):
     """Theorem 2 with conjugate transposes: I − U S⁻¹ Uᴴ, S = ½I + striu(UᴴU), equals
     H(v₁)…H(v_L); ``.H``, ``.T`` and ``.conj()`` are Qᴴ, Qᵀ and conj(Q)."""
@@ -88,6 +90,7 @@ def test_cwy_is_the_product_of_complex_reflections(bk, spec):
 
 
 @given(spec=reflector_shapes(), B=st.sampled_from([None, 1, 3]))
+@ci_examples(12)
 def test_applies_equal_the_dense_oracle(bk, spec, B):
     spec = fit_reflector_spec(bk, spec)
     V = complex_V(spec)
@@ -107,6 +110,7 @@ def test_applies_equal_the_dense_oracle(bk, spec, B):
 
 
 @given(spec=reflector_shapes())
+@ci_examples(12)
 def test_unitary_for_every_nonzero_V(bk, spec):
     """‖QᴴQ − I‖_F ≤ c·N·eps and Qᴴ(Qh) = h, for every V with a nonzero column."""
     spec = fit_reflector_spec(bk, spec)
@@ -122,6 +126,7 @@ def test_unitary_for_every_nonzero_V(bk, spec):
 
 
 @given(spec=reflector_shapes())
+@ci_examples(12)
 def test_tcwy_is_the_first_columns(bk, spec):
     """Theorem 3 with conjugate transposes: Ω = [I; 0] − U S⁻¹ U₁ᴴ, and ΩᴴΩ = I."""
     spec = fit_reflector_spec(bk, spec)

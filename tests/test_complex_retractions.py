@@ -25,6 +25,7 @@ from helpers import (
     assert_jax_grad_matches_real_and_imaginary_differences,
     examples,
     few_shapes,
+    jax_once_each,
     orth_error,
     stable_seed,
 )
@@ -75,8 +76,16 @@ def kappa(X):
 # -- polar ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", [C128, C64])
-@pytest.mark.parametrize("shape", [(7, 3), (2, 6, 4), (5, 5), (3, 8)])
+POLAR_SHAPES = [(7, 3), (2, 6, 4), (5, 5), (3, 8)]
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype"),
+    # JAX: each shape once, complex128 and complex64 alternating
+    jax_once_each(
+        POLAR_SHAPES, [C128, C64], [f"shape{i}" for i in range(4)], ["complex128", "complex64"]
+    ),
+)
 def test_polar_is_unitary_and_matches_scipy(bk, dtype, shape):
     rng = np.random.default_rng(stable_seed("polar", shape))
     X = crandn(rng, *shape)
@@ -133,8 +142,14 @@ def test_polar_real_input_unchanged(bk):
     assert np.max(np.abs(Qc - Q)) <= 100 * kappa(X) * EPS[C128]
 
 
-@pytest.mark.parametrize("schedule", ["certified", "polar_express", "muon", "newton_schulz"])
-@pytest.mark.parametrize("dtype", [C128, C64])
+SCHEDULES = ["certified", "polar_express", "muon", "newton_schulz"]
+
+
+@pytest.mark.parametrize(
+    ("schedule", "dtype"),
+    # JAX: each schedule once, complex128 and complex64 alternating
+    jax_once_each(SCHEDULES, [C128, C64], SCHEDULES, ["complex128", "complex64"]),
+)
 def test_polar_fixed_step_modes(bk, schedule, dtype):
     """The schedules act on singular values, which are real for complex X too (A = XXᴴ): every
     output singular value from σ ≥ min_sv·‖X‖_F lies in the certified interval (with the
@@ -454,8 +469,20 @@ def _jax_maps():
     }
 
 
-@pytest.mark.parametrize("name", list(_jax_maps()))
-@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize(
+    ("jit", "name"),
+    [
+        pytest.param(
+            jit,
+            name,
+            # `make test`: each map once, eager and under jax.jit alternating (each case
+            # compiles anew); every map both ways in `make test-long`
+            marks=() if jit == bool(i % 2) else pytest.mark.long,
+        )
+        for jit in (False, True)
+        for i, name in enumerate(_jax_maps())
+    ],
+)
 def test_jax_grad_against_real_and_imaginary_differences(name, jit):
     """``jax.grad`` of a real loss is ∂L/∂Re − i ∂L/∂Im: Re Σ grad·δ must equal the central
     difference along a real δ and along an imaginary iδ (a missing conjugation flips the sign

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from conftest import require, to_numpy
 from helpers import (
+    ci_examples,
     fit_reflector_spec,
     growth,
     make_V,
@@ -61,6 +62,7 @@ def _tcwy_matrix(V):
 
 @pytest.mark.no_dask("Q.matrix() has no operand")
 @given(spec=reflector_shapes())
+@ci_examples(12)
 def test_theorem2_cwy_equals_product_of_reflections(bk, spec):
     spec = fit_reflector_spec(bk, spec)
     V = make_V(spec)
@@ -70,6 +72,7 @@ def test_theorem2_cwy_equals_product_of_reflections(bk, spec):
 
 
 @given(spec=reflector_shapes(), B=st.sampled_from([None, 1, 3]))
+@ci_examples(12)
 def test_apply_equals_dense_and_sequential(bk, spec, B):
     spec = fit_reflector_spec(bk, spec)
     V = make_V(spec)
@@ -86,6 +89,7 @@ def test_apply_equals_dense_and_sequential(bk, spec, B):
 
 
 @given(spec=reflector_shapes())
+@ci_examples(12)
 def test_orthogonality_and_inverse(bk, spec):
     spec = fit_reflector_spec(bk, spec)
     V = make_V(spec)
@@ -100,6 +104,7 @@ def test_orthogonality_and_inverse(bk, spec):
 
 
 @given(spec=reflector_shapes())
+@ci_examples(12)
 def test_theorem3_tcwy_is_first_columns(bk, spec):
     spec = fit_reflector_spec(bk, spec)
     V = make_V(spec)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import to_numpy
-from helpers import few_shapes, haar_orthogonal, product_of_reflections, reflection
+from helpers import ci_examples, few_shapes, haar_orthogonal, product_of_reflections, reflection
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -47,6 +47,7 @@ def test_reflection_definition(bk):
     det=st.sampled_from([1, -1]),
     seed=st.integers(0, 2**31 - 1),
 )
+@ci_examples(12)
 def test_theorem1_householder_vectors_both_determinants(bk, n, det, seed):
     n = few_shapes(bk, n, [1, 3, 6], seed)
     Q = haar_orthogonal(np.random.default_rng(seed), n, det)
@@ -71,6 +72,7 @@ def test_theorem1_householder_vectors_both_determinants(bk, n, det, seed):
     batch=st.sampled_from([(), (3,)]),
     seed=st.integers(0, 2**31 - 1),
 )
+@ci_examples(12)
 def test_theorem3_tcwy_vectors_surjective(bk, n, data, batch, seed):
     m = data.draw(st.integers(1, n))
     n, m, batch = few_shapes(bk, (n, m, batch), [(1, 1, ()), (6, 3, (3,)), (5, 5, ())], seed)

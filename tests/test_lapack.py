@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import scipy.linalg.lapack as la
 from conftest import require, to_numpy
-from helpers import EPS, stable_seed
+from helpers import EPS, jax_once_each, stable_seed
 
 import householderla as hl
 
@@ -281,9 +281,21 @@ def _panel_case(seed: int, m: int, n: int, k: int, dtype: type) -> tuple:
     return qr, tau, rng
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
-@pytest.mark.parametrize(("m", "n", "k"), [(70, 45, 45), (66, 64, 64), (50, 40, 37), (9, 5, 0)])
-def test_panel_products_and_matrix_equal_ormqr_and_orgqr(bk, monkeypatch, dtype, m, n, k):
+PANEL_SHAPES = [(70, 45, 45), (66, 64, 64), (50, 40, 37), (9, 5, 0)]
+
+
+@pytest.mark.parametrize(
+    ("mnk", "dtype"),
+    # JAX: each shape once, float64 and complex128 alternating
+    jax_once_each(
+        PANEL_SHAPES,
+        [np.float64, np.complex128],
+        ["-".join(map(str, s)) for s in PANEL_SHAPES],
+        ["float64", "complex128"],
+    ),
+)
+def test_panel_products_and_matrix_equal_ormqr_and_orgqr(bk, monkeypatch, mnk, dtype):
+    m, n, k = mnk
     # the first real NumPy product may otherwise run Numba's sequential reflections
     monkeypatch.setattr("householderla._operator.plan.sequential_is_faster", lambda *a: False)
     qr, tau, rng = _panel_case(stable_seed("panels", m, n, k), m, n, k, dtype)

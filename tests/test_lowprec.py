@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import require, to_numpy
-from helpers import orth_error
+from helpers import jax_once_each, orth_error
 
 import householderla as hl
 from householderla._agnostic import newton_schulz as NS
@@ -94,8 +94,15 @@ def assert_rounded(bk, name, out, exact):
     return got
 
 
-@pytest.mark.parametrize("name", HALF)
-@pytest.mark.parametrize("shape", [(40, 8), (2, 30, 6), (6, 20), (16, 16)])
+RETRACTIONS = ["polar", "qr", "cayley"]
+POLAR_SHAPES = [(40, 8), (2, 30, 6), (6, 20), (16, 16)]
+
+
+@pytest.mark.parametrize(
+    ("shape", "name"),
+    # JAX: each shape once, the half formats alternating
+    jax_once_each(POLAR_SHAPES, HALF, [f"shape{i}" for i in range(4)], HALF),
+)
 def test_polar_half_is_the_rounded_polar_factor(bk, name, shape):
     half_dtype(bk, name)
     rng = np.random.default_rng(len(shape) + shape[-1])
@@ -131,8 +138,11 @@ def test_polar_half_info_and_fallback(bk_eager, name):
     assert orth(f64(Qs)) <= 2.0 * 4 * EPS_HALF[name]  # a rounded orthonormal 12 × 4 matrix
 
 
-@pytest.mark.parametrize("name", HALF)
-@pytest.mark.parametrize("which", ["polar", "qr", "cayley"])
+@pytest.mark.parametrize(
+    ("which", "name"),
+    # JAX: each retraction once, the half formats alternating
+    jax_once_each(RETRACTIONS, HALF, RETRACTIONS, HALF),
+)
 def test_retractions_half(bk, name, which):
     half_dtype(bk, name)
     rng = np.random.default_rng(7)
@@ -202,8 +212,11 @@ def test_polar_vjp_half(bk, name):
     assert abs(float(f64(out[2])) - float(ref[2])) <= EPS_HALF[name] * abs(float(ref[2])) + 1e-3
 
 
-@pytest.mark.parametrize("name", HALF)
-@pytest.mark.parametrize("which", ["polar", "qr", "cayley"])
+@pytest.mark.parametrize(
+    ("which", "name"),
+    # JAX: each retraction once, the half formats alternating
+    jax_once_each(RETRACTIONS, HALF, RETRACTIONS, HALF),
+)
 def test_framework_gradients_half(bk, name, which):
     """loss.backward() (torch) and jax.grad through the half-precision retractions: the
     float64 gradient of the same (exactly representable) inputs, rounded once."""

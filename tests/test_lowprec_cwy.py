@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import require
+from helpers import jax_once_each
 from test_lowprec import EPS_HALF, HALF, as_half, f64, half_dtype, orth, round_like
 
 import householderla as hl
@@ -56,8 +57,14 @@ def check_matrix(bk, name, M, exact):
     return got
 
 
-@pytest.mark.parametrize("name", HALF)
-@pytest.mark.parametrize("shape", [(40, 12), (2, 24, 24), (48, 5)])
+MATRIX_SHAPES = [(40, 12), (2, 24, 24), (48, 5)]
+
+
+@pytest.mark.parametrize(
+    ("shape", "name"),
+    # JAX: each shape once, the half formats alternating
+    jax_once_each(MATRIX_SHAPES, HALF, [f"shape{i}" for i in range(3)], HALF),
+)
 def test_cwy_matrix_is_the_rounded_product(bk, name, shape):
     half_dtype(bk, name)
     rng = np.random.default_rng(shape[-1])
@@ -90,8 +97,11 @@ def _apply_cases(V, h, x):
     return (Q @ h, Q.T @ h, Q.H @ h, h.mT @ Q, Q.mv(h[..., 0]), Om @ x, Om.T @ h)
 
 
-@pytest.mark.parametrize("name", HALF)
-@pytest.mark.parametrize("batch", [(), (2,)])
+@pytest.mark.parametrize(
+    ("batch", "name"),
+    # JAX: unbatched in one half format, batched in the other
+    jax_once_each([(), (2,)], HALF, ["batch0", "batch1"], HALF),
+)
 def test_products_read_half_and_round_once(bk, name, batch):
     half_dtype(bk, name)
     rng = np.random.default_rng(len(batch) + 7)
@@ -217,8 +227,14 @@ def test_vjps_half(bk, name):
     assert np.all(np.abs(f64(Vbar) - r) <= u * np.abs(r) + N * L * EPS32 * np.max(np.abs(r)))
 
 
-@pytest.mark.parametrize("name", HALF)
-@pytest.mark.parametrize("what", ["apply", "matrix", "tcwy", "sequential"])
+GRAD_WHATS = ["apply", "matrix", "tcwy", "sequential"]
+
+
+@pytest.mark.parametrize(
+    ("what", "name"),
+    # JAX: each product once, the half formats alternating
+    jax_once_each(GRAD_WHATS, HALF, GRAD_WHATS, HALF),
+)
 def test_framework_gradients_half(bk, name, what):
     """loss.backward() (torch) and jax.grad through ``hl.cwy(V) @ h`` (and ``.matrix()``,
     T-CWY, ``householder_apply``) in half precision: the float64 gradient of the same

@@ -24,6 +24,12 @@ pytestmark = pytest.mark.no_dask("polar takes no Dask arrays")
 SCHEDULES = ("newton_schulz", "muon", "polar_express", "certified")
 
 
+def jax_long_unless(keep: bool, why: str) -> tuple:
+    """The marks of a case that runs on JAX in `make test` only if ``keep`` (each JAX case
+    compiles anew; the other backends run every case): ``jax_long(why)`` otherwise."""
+    return () if keep else (pytest.mark.jax_long(why),)
+
+
 def spectrum_matrix(rng, shape, ell):
     """(X, ℓ'): X of ``shape`` (..., N, M) whose singular values σ have σ/‖X‖_F spread over
     [ℓ', 1], ℓ' ≥ ``ell`` the smallest ratio attained (the certificate's lower end)."""
@@ -121,8 +127,23 @@ def test_certified_upper_bound_is_finite_in_half_precision():
 # -- the iteration ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", SCHEDULES)
-@pytest.mark.parametrize("shape", [(12, 40), (40, 12), (2, 9, 9)])
+FIXED_SHAPES = [(12, 40), (40, 12), (2, 9, 9)]
+
+
+@pytest.mark.parametrize(
+    ("shape", "name"),
+    [
+        pytest.param(
+            shape,
+            name,
+            id=f"shape{i}-{name}",
+            # JAX: each schedule at one shape, each shape at least once
+            marks=jax_long_unless(j % 3 == i, "each schedule at one of the shapes on JAX"),
+        )
+        for i, shape in enumerate(FIXED_SHAPES)
+        for j, name in enumerate(SCHEDULES)
+    ],
+)
 def test_fixed_step_singular_values_in_exact_interval(bk, name, shape):
     rng = np.random.default_rng(len(shape) * 7 + shape[-1])
     X, ell = spectrum_matrix(rng, shape, 0.05)
@@ -140,8 +161,20 @@ def test_fixed_step_singular_values_in_exact_interval(bk, name, shape):
     assert np.min(np.linalg.eigvalsh(0.5 * (S + np.swapaxes(S, -1, -2)))) >= -1e-9 * scale
 
 
-@pytest.mark.parametrize("name", SCHEDULES)
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize(
+    ("dtype", "name"),
+    [
+        pytest.param(
+            dtype,
+            name,
+            id=f"{dtype}-{name}",
+            # JAX: each schedule in one half format, each format for two schedules
+            marks=jax_long_unless(i == j % 2, "the other half format of the schedule on JAX"),
+        )
+        for i, dtype in enumerate(["bfloat16", "float16"])
+        for j, name in enumerate(SCHEDULES)
+    ],
+)
 def test_fixed_step_half_precision_within_model_interval(bk, name, dtype):
     if not (bk.name.startswith("torch") or bk.name.startswith("jax")):
         pytest.skip("bfloat16/float16 GEMMs: torch and JAX")
@@ -254,8 +287,22 @@ def pow2(X, k):
     return np.ldexp(X, k).astype(X.dtype)
 
 
-@pytest.mark.parametrize("name", [*SCHEDULES, None])
-@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.complex128])
+@pytest.mark.parametrize(
+    ("dtype", "name"),
+    [
+        pytest.param(
+            dtype,
+            name,
+            id=f"{dtype.__name__}-{name}",
+            # JAX: the schedules in float64, schedule=None (eager vs jit) in every dtype
+            marks=jax_long_unless(
+                name is None or dtype == np.float64, "the schedules in float64 only on JAX"
+            ),
+        )
+        for dtype in [np.float64, np.float32, np.complex128]
+        for name in [*SCHEDULES, None]
+    ],
+)
 def test_polar_of_power_of_two_multiples_is_bit_for_bit_the_same(bk, name, dtype):
     """polar(2^k X, schedule=…) == polar(X) bit for bit over the whole finite range (the
     normalisation scales by an exact power of two before any norm); today float64 gave zeros
@@ -280,7 +327,14 @@ def test_polar_of_power_of_two_multiples_is_bit_for_bit_the_same(bk, name, dtype
         assert np.array_equal(got, ref), (k, np.max(np.abs(got - ref)))
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        # JAX: float16 (on jax_jit), the same exact scaling as bfloat16's (on torch: both)
+        pytest.param("bfloat16", marks=pytest.mark.jax_long("float16 is the half format on JAX")),
+        "float16",
+    ],
+)
 def test_half_precision_near_the_largest_finite_numbers(bk, dtype):
     """bfloat16 entries ~3e37 (and float16 near 65504): the Newton–Schulz polar crashed in
     ``numpy.linalg.eigvalsh`` (its float32 Gram overflowed); now the answer is polar of the

@@ -38,8 +38,20 @@ def _built(op):
 
 
 @pytest.mark.no_dask("the operator's own products; Dask operands go chunk by chunk")
-@pytest.mark.parametrize(("N", "L", "dense"), [(12, 12, True), (12, 7, True), (12, 6, False)])
-@pytest.mark.parametrize("complex_", [False, True])
+@pytest.mark.parametrize(
+    ("N", "L", "dense", "complex_"),
+    [
+        pytest.param(
+            *shape,
+            cx,
+            id=f"{cx}-{'-'.join(map(str, shape))}",
+            # JAX: each (N, L) once, real and complex alternating
+            marks=() if cx == bool(i % 2) else pytest.mark.jax_long("each (N, L) once on JAX"),
+        )
+        for i, shape in enumerate([(12, 12, True), (12, 7, True), (12, 6, False)])
+        for cx in (False, True)
+    ],
+)
 def test_products_before_and_after_the_switch_equal_the_definition(bk, N, L, dense, complex_):
     """Products with 1, then 4 columns (two products of 4 reach N = 12 after the first): the
     first products use U, T, later ones the dense Q when L > N/2, else W = U T and Wᴴ;
@@ -81,8 +93,21 @@ def test_no_shortcut_before_the_columns_add_up_to_n(bk):
 
 
 @pytest.mark.no_dask("the operator's own products")
-@pytest.mark.parametrize(("L", "kind"), [(300, "dense"), (256, "folded")])
-@pytest.mark.parametrize("complex_", [False, True])
+@pytest.mark.parametrize(
+    ("L", "kind", "complex_"),
+    [
+        pytest.param(
+            L,
+            kind,
+            cx,
+            id=f"{cx}-{L}-{kind}",
+            # JAX: each shortcut once, real and complex alternating
+            marks=() if cx == bool(i % 2) else pytest.mark.jax_long("each shortcut once on JAX"),
+        )
+        for i, (L, kind) in enumerate([(300, "dense"), (256, "folded")])
+        for cx in (False, True)
+    ],
+)
 def test_shortcut_of_many_reflectors_is_served_without_the_general_path(
     bk, monkeypatch, L, kind, complex_
 ):

@@ -16,7 +16,7 @@ import pytest
 import scipy.linalg
 import scipy.linalg.lapack as lapack
 from conftest import require, to_numpy
-from helpers import tol
+from helpers import jax_once_each, tol
 from scipy.stats import unitary_group
 
 import householderla as hl
@@ -55,8 +55,14 @@ def _round_trip(Q):
     return V, theta, hl.cwy(V, theta=theta).matrix()
 
 
-@pytest.mark.parametrize("n", [1, 2, 5, 9])
-@pytest.mark.parametrize("det", [None, 1.0, -1.0, 1j])
+DETS = [None, 1.0, -1.0, 1j]
+
+
+@pytest.mark.parametrize(
+    ("det", "n"),
+    # JAX: each determinant once, with n = 1, 2, 5, 9 in turn
+    jax_once_each(DETS, [1, 2, 5, 9], [str(d) for d in DETS], ["1", "2", "5", "9"]),
+)
 def test_every_unitary_matrix_round_trips(bk, n, det):
     """Q = H(v₁)…H(v_N) diag(e^{iθ}) with v_N = 0: N − 1 reflectors and N phases reach every
     determinant (a product of Hermitian reflections alone has det ±1)."""
