@@ -5,20 +5,54 @@ on-disk cache, so that the first NumPy call of a later process loads them instea
 them (see :mod:`householderla._kernels`); each NumPy entry point is then called once on tiny
 float32 and float64 inputs, which also checks that the compiled code runs. Prints what it did
 and how long it took; exits 0 without Numba (nothing to compile).
+
+On a cold cache with two or more cores, a second process compiles the independent half of the
+modules (:data:`SECOND_PROCESS`) while this one compiles the other half; both write the same
+on-disk cache, and the final import loads what the other process compiled (make warm: about
+40% less wall time on two cores).
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import time
 
 import numpy as np
 
-from . import import_kernels
+from . import COMPILE_NOTICE, _cold_cache, _say_once, import_kernels
+
+#: kernel modules compiled by the second process: the lane kernels and the LAPACK panels,
+#: which import none of the column, check and batched modules this process compiles first
+SECOND_PROCESS = ("numba_lanes", "numba_larft", "numba_panels")
+#: what this process compiles while the other one runs (the rest follows by import)
+FIRST_PROCESS = ("numba_checks", "numba_columns")
+
+
+def _compile_in_two_processes() -> None:
+    """Compile the kernel modules in two processes at once when the cache is cold and the
+    machine has two cores; nothing otherwise (the import below compiles or loads them)."""
+    import importlib.util
+
+    if importlib.util.find_spec("numba") is None or (os.cpu_count() or 1) < 2:
+        return
+    if _cold_cache() is None:
+        return
+    if _say_once("compile"):
+        print(COMPILE_NOTICE, file=sys.stderr, flush=True)
+    code = "; ".join(f"import {__package__}.{m}" for m in SECOND_PROCESS)
+    other = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        for m in FIRST_PROCESS:
+            __import__(f"{__package__}.{m}")
+    finally:
+        other.wait()
 
 
 def warm() -> bool:
     """Compile (or load) every kernel and run each entry point once; False without Numba."""
+    _compile_in_two_processes()
     nk, _ = import_kernels()
     if nk is None:
         return False
