@@ -8,8 +8,7 @@ and how long it took; exits 0 without Numba (nothing to compile).
 
 On a cold cache with two or more cores, a second process compiles the independent half of the
 modules (:data:`SECOND_PROCESS`) while this one compiles the other half; both write the same
-on-disk cache, and the final import loads what the other process compiled (make warm on the
-idle 2-core VM: 128 s instead of 182 s).
+on-disk cache, and the final import loads what the other process compiled.
 """
 
 from __future__ import annotations
