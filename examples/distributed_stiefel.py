@@ -18,9 +18,9 @@ Run::
 
 from __future__ import annotations
 
-import argparse
 import os
 
+import _gallery as G
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
@@ -32,19 +32,18 @@ FULL = {"N": 4096, "M": 8, "S": 2048, "steps": 400}
 QUICK = {"N": 256, "M": 4, "S": 512, "steps": 150}
 
 
-def data(N: int, S: int) -> torch.Tensor:
+def data(N: int, S: int, seed: int) -> torch.Tensor:
     """S samples of N features with a decaying spectrum (the same on every process)."""
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(seed)
     scales = torch.logspace(0, -2, N, dtype=torch.float64)
     basis = torch.linalg.qr(torch.randn(N, N, generator=g, dtype=torch.float64))[0]
     return torch.randn(S, N, generator=g, dtype=torch.float64) * scales @ basis.T
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="N = 256, 150 steps")
-    args = parser.parse_args(argv)
+    args = G.parser(__doc__).parse_args(argv)  # --quick: N = 256, 150 steps
     cfg = QUICK if args.quick else FULL
+    G.set_threads(args.threads)
     if "RANK" not in os.environ:  # plain `python`: a group of one process
         os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29517")
     dist.init_process_group("gloo")
@@ -52,14 +51,17 @@ def main(argv: list[str] | None = None) -> int:
     mesh = init_device_mesh("cpu", (world,))
 
     N, M, S = cfg["N"], cfg["M"], cfg["S"]
-    D_full = data(N, S)
+    D_full = data(N, S, args.seed)
     D = distribute_tensor(D_full, mesh, [Shard(1)], src_data_rank=None)  # feature columns
-    W0 = torch.randn(N, M, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    W0 = torch.randn(
+        N, M, generator=torch.Generator().manual_seed(args.seed + 1), dtype=torch.float64
+    )
     W = torch.nn.Parameter(distribute_tensor(W0, mesh, [Shard(0)], src_data_rank=None))
     opt = ht.StiefelAdam([W], lr=0.02)
 
     sent = 0
-    for step in range(cfg["steps"]):
+    steps = G.progress(range(cfg["steps"]), rank == 0 and not args.no_progress, desc="steps")
+    for step in steps:
         loss = -(D @ W).pow(2).sum() / S  # DTensor: Σ_k D_k W_k, one S×M all_reduce
         opt.zero_grad()
         loss.backward()
@@ -77,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"captured {captured:.6f} of the best {best:.6f} (M = {M} leading eigenvalues)")
         print(f"‖WᵀW − I‖_F = {ortho:.1e}; {world} processes, N = {N} rows of W")
         print(f"bytes each process sent per optimizer step: {sent:,} (gathering W: {N * M * 8:,})")
+        result = {"processes": world, **cfg, "captured": captured, "best": best}
+        result.update(orthogonality=ortho, bytes_per_step=sent)
+        G.save(G.out_dir(args), "distributed_stiefel", result)
     dist.destroy_process_group()
     ok = captured >= (1 - 1e-3) * best and ortho < 1e-12
     return 0 if ok else 1

@@ -178,7 +178,7 @@ def _unimport_kernels(monkeypatch) -> None:
 
 def test_cold_cache_prints_one_line(stamp, capsys, monkeypatch):
     pytest.importorskip("numba")
-    assert K._cold_cache() is not None  # no stamp: cold
+    assert K.cold_cache() is not None  # no stamp: cold
     _unimport_kernels(monkeypatch)
     nk, why = K.import_kernels()
     assert nk is not None and why == ""
@@ -186,9 +186,9 @@ def test_cold_cache_prints_one_line(stamp, capsys, monkeypatch):
     assert err == K.COMPILE_NOTICE + "\n"
     assert "make warm" in err
     assert stamp.read_text().strip() == K._cache_key()
-    assert K._cold_cache() is None  # the stamp written: warm
+    assert K.cold_cache() is None  # the stamp written: warm
     stamp.write_text("a key of another Numba or source\n")
-    assert K._cold_cache() is not None  # stale
+    assert K.cold_cache() is not None  # stale
     _unimport_kernels(monkeypatch)
     K.import_kernels()  # cold again, but never a second line in one process
     assert capsys.readouterr().err == ""
@@ -200,10 +200,10 @@ def test_no_notice_once_the_kernels_are_imported(stamp, capsys):
     pytest.importorskip("numba")
     from householderla._kernels import numba as nk
 
-    assert K._cold_cache() is not None
+    assert K.cold_cache() is not None
     assert K.import_kernels() == (nk, "")
     assert capsys.readouterr().err == ""
-    assert K._cold_cache() is None  # but the stamp is written
+    assert K.cold_cache() is None  # but the stamp is written
 
 
 def test_warm_cache_prints_nothing(capsys):
@@ -212,7 +212,7 @@ def test_warm_cache_prints_nothing(capsys):
         pytest.fail("numba imports but the kernels do not load")
     capsys.readouterr()
     assert K._stamp_path() is not None
-    assert K._cold_cache() is None  # this process has loaded them: Numba's cache holds them
+    assert K.cold_cache() is None  # this process has loaded them: Numba's cache holds them
     nk, _ = K.import_kernels()
     assert nk is not None and capsys.readouterr().err == ""
 
@@ -222,7 +222,7 @@ def test_a_fresh_process_with_a_warm_cache_says_nothing():
     process's first NumPy products load them without a word on stderr."""
     pytest.importorskip("numba")
     K.load_numba()  # the kernels in Numba's cache (a cold suite compiles them here)
-    assert K._cold_cache() is None
+    assert K.cold_cache() is None
     code = (
         "import numpy as np, householderla as hl\n"
         "V = np.eye(4)[:, :2]\n"

@@ -24,11 +24,15 @@ import array_api_compat as aac
 import numpy as np
 
 __all__ = [
+    "COMPILE_NOTICE",
     "PerformanceWarning",
+    "cold_cache",
+    "import_kernels",
     "load_numba",
     "numba_enabled",
     "numba_for",
     "numba_for_torch",
+    "say_once",
 ]
 
 _FLAG = "HL_DISABLE_NUMBA"
@@ -62,7 +66,7 @@ _lock = threading.Lock()
 _said = {"compile": False, "missing": False}
 
 
-def _say_once(what: str) -> bool:
+def say_once(what: str) -> bool:
     """True the first time ``what`` is asked for in this process."""
     with _lock:
         first = not _said[what]
@@ -98,7 +102,7 @@ def _stamp_path() -> Path | None:
         return None
 
 
-def _cold_cache() -> tuple[Path | None, str] | None:
+def cold_cache() -> tuple[Path | None, str] | None:
     """(stamp path, key) when the kernels will compile on import (the stamp is missing or
     stale); None when Numba's cache holds them or the check itself fails."""
     try:
@@ -125,9 +129,9 @@ def import_kernels() -> tuple[Any, str]:
     :data:`COMPILE_NOTICE` to stderr once per process when the import compiles them."""
     if importlib.util.find_spec("numba") is None:
         return None, "installed"
-    cold = _cold_cache()
+    cold = cold_cache()
     loaded = f"{__name__}.numba" in sys.modules  # imported directly: compiled already
-    if cold is not None and not loaded and _say_once("compile"):
+    if cold is not None and not loaded and say_once("compile"):
         print(COMPILE_NOTICE, file=sys.stderr, flush=True)
     try:
         from . import numba as kernels
@@ -141,7 +145,7 @@ def import_kernels() -> tuple[Any, str]:
 
 
 def _warn_missing(what: str) -> None:
-    if not _say_once("missing"):
+    if not say_once("missing"):
         return
     # point at the caller's code: the first frame outside this package
     frame, level = sys._getframe(1), 2

@@ -1,14 +1,10 @@
 """Compile the Numba kernels ahead: ``python -m householderla._kernels.warm`` (``make warm``).
 
-Importing the kernel modules compiles every entry kernel (explicit signatures) into Numba's
-on-disk cache, so that the first NumPy call of a later process loads them instead of compiling
-them (see :mod:`householderla._kernels`); each NumPy entry point is then called once on tiny
-float32 and float64 inputs, which also checks that the compiled code runs. Prints what it did
-and how long it took; exits 0 without Numba (nothing to compile).
-
-On a cold cache with two or more cores, a second process compiles the independent half of the
-modules (:data:`SECOND_PROCESS`) while this one compiles the other half; both write the same
-on-disk cache, and the final import loads what the other process compiled.
+Importing the kernel modules compiles every entry kernel into Numba's on-disk cache, so later
+processes load them (:mod:`householderla._kernels`); each NumPy entry point then runs once on
+tiny float32 and float64 inputs. On a cold cache and two or more cores, a second process
+compiles the independent half of the modules (:data:`SECOND_PROCESS`) into the same cache.
+Prints what it did and how long it took; exits 0 without Numba.
 """
 
 from __future__ import annotations
@@ -20,7 +16,7 @@ import time
 
 import numpy as np
 
-from . import COMPILE_NOTICE, _cold_cache, _say_once, import_kernels
+from . import COMPILE_NOTICE, cold_cache, import_kernels, say_once
 
 #: kernel modules compiled by the second process: the lane kernels and the LAPACK panels,
 #: which import none of the column, check and batched modules this process compiles first
@@ -36,9 +32,9 @@ def _compile_in_two_processes() -> None:
 
     if importlib.util.find_spec("numba") is None or (os.cpu_count() or 1) < 2:
         return
-    if _cold_cache() is None:
+    if cold_cache() is None:
         return
-    if _say_once("compile"):
+    if say_once("compile"):
         print(COMPILE_NOTICE, file=sys.stderr, flush=True)
     code = "; ".join(f"import {__package__}.{m}" for m in SECOND_PROCESS)
     other = subprocess.Popen([sys.executable, "-c", code])
