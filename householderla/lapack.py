@@ -28,7 +28,7 @@ from ._agnostic.lapack_panels import (
     form_panel_width,
     form_panels,
 )
-from ._interop.dlpack import numpy_dtype
+from ._interop.dlpack import numpy_dtype, plain_cpu_tensor, plain_cpu_views
 from ._kernels import numba_enabled, numba_for
 from ._lib.checks import check_finite
 from ._lib.modes import is_deterministic
@@ -223,7 +223,23 @@ class _InPlacePanels:
 
     def _panels(self, nb: int) -> LapackPanels:
         s = self._state
-        return LapackPanels(s["a"], s["tau"], nb, s["nk"])
+        return LapackPanels(*s.get("views", (s["a"], s["tau"])), nb, s["nk"])
+
+    def _out(self, y: Any) -> Any:
+        """A NumPy result in the caller's type: a CPU tensor sharing its memory for torch."""
+        return plain_cpu_tensor(y) if "views" in self._state else y
+
+    def _panel_operand(self, h: Any) -> Any:
+        """h as the panels read it — a NumPy array (K,) or (K, B) of ``a``'s dtype, a plain
+        CPU tensor's view for a torch ``a`` — or None (then the general path takes h)."""
+        s = self._state
+        if "views" in s:
+            if type(h) is not type(s["a"]) or h.dtype != s["a"].dtype:
+                return None
+            views = plain_cpu_views(h)
+            h = None if views is None else views[0]
+        ok = type(h) is np.ndarray and h.dtype == s["tau"].dtype and h.ndim in (1, 2)
+        return h if ok and h.shape[0] == self._n_rows_cols[1] else None
 
     def matrix(self) -> Any:
         """Q (Qᴴ, Q[:, :k], …) formed as ``?orgqr`` from ``a`` (no V), until V is built."""
@@ -234,37 +250,29 @@ class _InPlacePanels:
         Q = form_panels(self._panels(form_panel_width(k)), ncols, np)
         if self._transposed:
             Q = mH(Q, np)
-        return np.conjugate(Q) if self._conjugated else Q
+        return self._out(np.conjugate(Q) if self._conjugated else Q)
 
     def __matmul__(self, h: Any) -> Any:
         """The first product with a NumPy h of ``a``'s dtype, (K,) or (K, B): ``?ormqr``'s
         panels on ``a`` (no V); anything else, or the sequential kernel's shapes, as CWY."""
         s = self._state
-        a = s["a"]
-        m, k = a.shape[0], s["tau"].shape[0]
-        if not (
-            "op" not in s
-            and not s.get("used")
-            and not is_deterministic()
-            and type(h) is np.ndarray
-            and h.dtype == a.dtype
-            and h.ndim in (1, 2)
-            and h.shape[0] == self._n_rows_cols[1]
-        ):
+        x = None if "op" in s or s.get("used") or is_deterministic() else self._panel_operand(h)
+        if x is None:
             return super().__matmul__(h)  # type: ignore[misc]
-        B = 1 if h.ndim == 1 else h.shape[1]
+        m, k, dt = s["a"].shape[0], s["tau"].shape[0], x.dtype
+        B = 1 if x.ndim == 1 else x.shape[1]
         square = self._mode_forward == "square"  # type: ignore[attr-defined]
-        real = a.dtype.kind != "c"
-        if square and real and m <= SEQUENTIAL_MAX_M and sequential_is_faster(m, k, B, a.dtype):
+        real = dt.kind != "c"
+        if square and real and m <= SEQUENTIAL_MAX_M and sequential_is_faster(m, k, B, dt):
             return super().__matmul__(h)  # type: ignore[misc]
         s["used"] = True
-        x = h[:, None] if h.ndim == 1 else h
+        vector, x = x.ndim == 1, (x[:, None] if x.ndim == 1 else x)
         if self._conjugated:  # conj(A) h = conj(A conj(h))
             x = np.conjugate(x)
         y = apply_panels(self._panels(PANEL), x, np, self._transposed, self._mode)
         if self._conjugated:
             y = np.conjugate(y, out=y) if y.flags.writeable else np.conjugate(y)
-        return y[:, 0] if h.ndim == 1 else y
+        return self._out(y[:, 0] if vector else y)
 
 
 class LapackColumns(_InPlacePanels, LazyLapack, CWY):
@@ -280,21 +288,33 @@ class LapackColumnsThin(_InPlacePanels, LazyLapack, TCWY):
 def lapack_columns(
     a: Any, tau: Any, thin: bool, xp: Any, build: Callable[[Any, Any], tuple[Any, Any]]
 ) -> tuple[CWY, float] | None:
-    """The in-place operator for one column-major NumPy ``a`` (m, n), m > ``SMALL_N``, of
+    """The in-place operator for one column-major NumPy ``a`` (m, n), m > ``SMALL_N`` (a
+    row-major one is copied to that layout first), of
     float32/64 or complex64/128 and τ (k,), k ≥ 1, of the same dtype, after one read-only
     Numba pass has checked it (NaN/Inf below the diagonal raise as ``from_lapack`` does),
     with the pass's largest mismatch of τ for the caller's check; ``build(a, τ)`` gives
-    (V, the diagonal of S or None) when V is needed. None for anything else."""
+    (V, the diagonal of S or None) when V is needed. A plain CPU torch ``a`` in that layout
+    (``torch.geqrf``'s) is read the same way through its NumPy view, the results returned
+    as tensors sharing their memory. None for anything else."""
+    tensors = None
+    if aac.is_torch_namespace(xp) and getattr(a, "ndim", 0) == 2:
+        views = plain_cpu_views(a, tau)  # (None for grad, subclasses, other devices, tracing)
+        if views is None:
+            return None
+        tensors, (a, tau) = (a, tau), views
+    elif not aac.is_numpy_namespace(xp):
+        return None
     if type(a) is not np.ndarray or type(tau) is not np.ndarray or a.ndim != 2:
         return None
     m, k = a.shape[0], tau.shape[0]
+    if a.flags.c_contiguous and not a.flags.f_contiguous and m > SMALL_N:
+        a = np.asfortranarray(a)  # a row-major a: one copy (building V would copy it too)
     if (
         not a.flags.f_contiguous
         or a.dtype.char not in "fdFD"
         or tau.dtype != a.dtype
         or m <= SMALL_N
         or k == 0
-        or not aac.is_numpy_namespace(xp)
     ):
         return None
     nk = numba_enabled()
@@ -307,7 +327,18 @@ def lapack_columns(
     if nonfinite:
         raise ValueError("a (below the diagonal) contains NaN or Inf")
     state = {"a": a, "tau": tau, "xp": xp, "build": build, "nk": nk}
+    if tensors is not None:  # metadata and V from the tensors; the panels read the views
+        views = (a, tau)
+        build = partial(_tensor_V, build, views)
+        state.update(a=tensors[0], tau=tensors[1], views=views, build=build)
     return (LapackColumnsThin if thin else LapackColumns)(state), bad
+
+
+def _tensor_V(build: Callable[[Any, Any], tuple[Any, Any]], views: Any, *_: Any) -> tuple[Any, Any]:
+    """``build`` of the NumPy ``views`` (a, τ) of the CPU tensors, its V and S's diagonal as
+    tensors sharing their memory."""
+    V, sdiag = build(*views)
+    return plain_cpu_tensor(V), None if sdiag is None else plain_cpu_tensor(sdiag)
 
 
 def _tau_error(bad: float, m: int, eps: float, complex_: bool) -> None:

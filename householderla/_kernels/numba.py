@@ -33,6 +33,7 @@ from .numba_checks import (
     lapack_check_columns,
     lapack_unit_lower,
     lapack_unit_lower_columns,
+    reflectors_to_lapack,
     upper_is_zero,
 )
 from .numba_larft import lapack_panel, larft_forward
@@ -61,13 +62,14 @@ __all__ = [
     "larft_forward",
     "orgqr_panels",
     "ormqr_panels",
+    "reflectors_to_lapack",
     "upper_is_zero",
 ]
 
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "f80142b5a986e463"
+KERNEL_DEPS = "dbc5badcbe8269ab"
 
 
 # -- entry kernels (explicit signatures: read-only C inputs accept writable arrays too) -------
