@@ -123,15 +123,24 @@ class LapackStack(LazyLapack, CWY):
     """Q = H(1)…H(k) of a NumPy stack ``a`` (..., m, k), τ (..., k), checked by the caller;
     state ``nk``: the Numba entry module."""
 
+    def _arrays(self) -> tuple[Any, Any]:
+        """(a, τ) as the kernels read them: NumPy, the views of a torch stack's tensors."""
+        s = self._state
+        return s.get("views", (s["a"], s["tau"]))
+
+    def _out(self, y: Any) -> Any:
+        """A kernel's NumPy result in the caller's type (a CPU tensor sharing its memory)."""
+        return plain_cpu_tensor(y) if "views" in self._state else y
+
     def _build(self) -> CWY:
         s = self._state
-        a, tau = s["a"], s["tau"]
+        a, tau = self._arrays()
         V = np.empty(a.shape, a.dtype)
         s["nk"].lapack_unit_lower(
             a.reshape((-1, *a.shape[-2:])), tau.reshape((-1, tau.shape[-1])),
             V.reshape((-1, *a.shape[-2:])),
         )  # fmt: skip
-        op = CWY(V, s["xp"], structure="trapezoidal", tau=tau)
+        op = CWY(self._out(V), s["xp"], structure="trapezoidal", tau=s["tau"])
         # the in-place product counts as the first one: later ones build and reuse U, T
         op._factors.sequential_used = s.get("used", False)
         return op
@@ -141,28 +150,32 @@ class LapackStack(LazyLapack, CWY):
         """Q: the batched kernels on ``a`` (``?orgqr``'s flops); Qᵀ as CWY does."""
         if self._transposed:
             return super().matrix()
-        s = self._state
-        return s["nk"].hform(s["a"], tau=s["tau"])
+        a, tau = self._arrays()
+        return self._out(self._state["nk"].hform(a, tau=tau))
 
     def __matmul__(self, h: Any) -> Any:
         """The first product with a NumPy h of ``a``'s dtype and batch (or one shared h):
         the reflections applied by the batched kernels on ``a``; anything else as CWY."""
         s = self._state
-        a = s["a"]
-        m = a.shape[-2]
+        a, tau = self._arrays()
+        m, x = a.shape[-2], h
+        if "views" in s:  # a torch stack: a plain CPU tensor h of a's dtype, by its view
+            ok = type(h) is type(s["a"]) and h.dtype == s["a"].dtype
+            views = plain_cpu_views(h) if ok else None
+            x = None if views is None else views[0]
         if (
             "op" not in s
             and not s.get("used")
             and not is_deterministic()
-            and type(h) is np.ndarray
-            and h.dtype == a.dtype
-            and 1 <= h.ndim
-            and h.shape[0 if h.ndim == 1 else -2] == m
-            and (h.ndim <= 2 or h.shape[:-2] == a.shape[:-2])
-            and sequential_is_faster(m, a.shape[-1], 1 if h.ndim == 1 else h.shape[-1])
+            and type(x) is np.ndarray
+            and x.dtype == a.dtype
+            and 1 <= x.ndim
+            and x.shape[0 if x.ndim == 1 else -2] == m
+            and (x.ndim <= 2 or x.shape[:-2] == a.shape[:-2])
+            and sequential_is_faster(m, a.shape[-1], 1 if x.ndim == 1 else x.shape[-1])
         ):
             s["used"] = True
-            return s["nk"].hprod(a, h, tau=s["tau"], transpose=self._transposed)
+            return self._out(s["nk"].hprod(a, x, tau=tau, transpose=self._transposed))
         return super().__matmul__(h)
 
 
@@ -172,12 +185,21 @@ def _as_built(op: CWY, transposed: bool, conjugated: bool = False) -> CWY:
 
 def lapack_stack(a: Any, tau: Any, xp: Any, small_m: int) -> tuple[LapackStack, float] | None:
     """The in-place operator for a NumPy stack (P ≥ ``BATCH_MIN``) of real ``(a, τ)`` with
-    m ≤ ``small_m`` and k = n, C-contiguous, after one read-only Numba pass has checked it
-    (NaN/Inf below the diagonal raise as ``from_lapack`` does), with the pass's largest
-    mismatch of τ against 2/‖vᵢ‖² for the caller's check; None for anything else."""
+    m ≤ ``small_m`` and k = n, C-contiguous (another layout, such as ``torch.geqrf``'s
+    column-major matrices, is copied to it first), after one read-only Numba pass has checked
+    it (NaN/Inf below the diagonal raise as ``from_lapack`` does), with the pass's largest
+    mismatch of τ against 2/‖vᵢ‖² for the caller's check; None for anything else. A stack
+    of plain CPU torch tensors is read the same way through its NumPy views, the results
+    returned as tensors sharing their memory."""
+    tensors = None
+    if aac.is_torch_namespace(xp) and getattr(a, "ndim", 0) >= 3:
+        views = plain_cpu_views(a, tau)  # (None for grad, subclasses, other devices, tracing)
+        if views is None:
+            return None
+        tensors, (a, tau) = (a, tau), views
     if type(a) is not np.ndarray or type(tau) is not np.ndarray or a.ndim < 3:
         return None
-    nk = numba_for(xp, a, tau)
+    nk = numba_for(np, a, tau) if tensors is not None else numba_for(xp, a, tau)
     m, n = a.shape[-2:]
     if (
         nk is None
@@ -185,14 +207,17 @@ def lapack_stack(a: Any, tau: Any, xp: Any, small_m: int) -> tuple[LapackStack, 
         or tau.dtype != a.dtype
         or not 0 < n == tau.shape[-1] <= m <= small_m
         or a.size // (m * n) < nk.BATCH_MIN
-        or not a.flags.c_contiguous
     ):
         return None
-    t2 = np.ascontiguousarray(tau.reshape((-1, n)))
-    bad, nonfinite = nk.lapack_check(a.reshape((-1, m, n)), t2)
+    a = np.ascontiguousarray(a)  # (a copy only for another layout)
+    t2 = np.ascontiguousarray(tau.reshape((-1, n))).reshape(tau.shape)
+    bad, nonfinite = nk.lapack_check(a.reshape((-1, m, n)), t2.reshape((-1, n)))
     if nonfinite:
         raise ValueError("a (below the diagonal) contains NaN or Inf")
-    return LapackStack({"a": a, "tau": t2.reshape(tau.shape), "nk": nk, "xp": xp}), bad
+    state = {"a": a, "tau": t2, "nk": nk, "xp": xp}
+    if tensors is not None:  # metadata and V as tensors; the kernels read the views
+        state.update(a=tensors[0], tau=plain_cpu_tensor(t2), views=(a, t2))
+    return LapackStack(state), bad
 
 
 # -- one column-major NumPy (a, τ) (``?geqrf``'s order): LAPACK's panels read ``a`` in place --
