@@ -237,11 +237,15 @@ def hprod_vector(
     transpose: bool = False,
     check: bool = True,
 ) -> np.ndarray | None:
-    """:func:`hprod` for the tiny common call — one V (N, L), L ≤ N, one vector h (N,), both
-    C-contiguous of one float32/float64 dtype — with no other checks (an RNN step costs
-    little more than the kernel); None for any other input (:func:`hprod` then takes it, or
-    the caller's checks name what is wrong) and for columns that need rescaling."""
+    """:func:`hprod` for the tiny common call — one V (N, L), L ≤ N, one vector h (N,) or
+    one column (N, 1), both C-contiguous of one float32/float64 dtype — with no other checks
+    (an RNN step costs little more than the kernel); None for any other input (:func:`hprod`
+    then takes it, or the caller's checks name what is wrong) and for columns that need
+    rescaling."""
     dt = V.dtype
+    if h.ndim == 2 and h.shape[1] == 1 and V.ndim == 2:  # one column: the vector's kernel
+        y = hprod_vector(V, h[:, 0], trapezoidal=trapezoidal, transpose=transpose, check=check)
+        return None if y is None else y[:, None]
     if (
         V.ndim == 2
         and h.ndim == 1
