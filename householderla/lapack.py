@@ -28,7 +28,7 @@ from ._agnostic.lapack_panels import (
     form_panel_width,
     form_panels,
 )
-from ._interop.dlpack import numpy_dtype
+from ._interop.dlpack import numpy_dtype, plain_cpu_tensor, plain_cpu_views
 from ._kernels import numba_enabled, numba_for
 from ._lib.checks import check_finite
 from ._lib.modes import is_deterministic
@@ -123,15 +123,24 @@ class LapackStack(LazyLapack, CWY):
     """Q = H(1)…H(k) of a NumPy stack ``a`` (..., m, k), τ (..., k), checked by the caller;
     state ``nk``: the Numba entry module."""
 
+    def _arrays(self) -> tuple[Any, Any]:
+        """(a, τ) as the kernels read them: NumPy, the views of a torch stack's tensors."""
+        s = self._state
+        return s.get("views", (s["a"], s["tau"]))
+
+    def _out(self, y: Any) -> Any:
+        """A kernel's NumPy result in the caller's type (a CPU tensor sharing its memory)."""
+        return plain_cpu_tensor(y) if "views" in self._state else y
+
     def _build(self) -> CWY:
         s = self._state
-        a, tau = s["a"], s["tau"]
+        a, tau = self._arrays()
         V = np.empty(a.shape, a.dtype)
         s["nk"].lapack_unit_lower(
             a.reshape((-1, *a.shape[-2:])), tau.reshape((-1, tau.shape[-1])),
             V.reshape((-1, *a.shape[-2:])),
         )  # fmt: skip
-        op = CWY(V, s["xp"], structure="trapezoidal", tau=tau)
+        op = CWY(self._out(V), s["xp"], structure="trapezoidal", tau=s["tau"])
         # the in-place product counts as the first one: later ones build and reuse U, T
         op._factors.sequential_used = s.get("used", False)
         return op
@@ -141,28 +150,32 @@ class LapackStack(LazyLapack, CWY):
         """Q: the batched kernels on ``a`` (``?orgqr``'s flops); Qᵀ as CWY does."""
         if self._transposed:
             return super().matrix()
-        s = self._state
-        return s["nk"].hform(s["a"], tau=s["tau"])
+        a, tau = self._arrays()
+        return self._out(self._state["nk"].hform(a, tau=tau))
 
     def __matmul__(self, h: Any) -> Any:
         """The first product with a NumPy h of ``a``'s dtype and batch (or one shared h):
         the reflections applied by the batched kernels on ``a``; anything else as CWY."""
         s = self._state
-        a = s["a"]
-        m = a.shape[-2]
+        a, tau = self._arrays()
+        m, x = a.shape[-2], h
+        if "views" in s:  # a torch stack: a plain CPU tensor h of a's dtype, by its view
+            ok = type(h) is type(s["a"]) and h.dtype == s["a"].dtype
+            views = plain_cpu_views(h) if ok else None
+            x = None if views is None else views[0]
         if (
             "op" not in s
             and not s.get("used")
             and not is_deterministic()
-            and type(h) is np.ndarray
-            and h.dtype == a.dtype
-            and 1 <= h.ndim
-            and h.shape[0 if h.ndim == 1 else -2] == m
-            and (h.ndim <= 2 or h.shape[:-2] == a.shape[:-2])
-            and sequential_is_faster(m, a.shape[-1], 1 if h.ndim == 1 else h.shape[-1])
+            and type(x) is np.ndarray
+            and x.dtype == a.dtype
+            and 1 <= x.ndim
+            and x.shape[0 if x.ndim == 1 else -2] == m
+            and (x.ndim <= 2 or x.shape[:-2] == a.shape[:-2])
+            and sequential_is_faster(m, a.shape[-1], 1 if x.ndim == 1 else x.shape[-1])
         ):
             s["used"] = True
-            return s["nk"].hprod(a, h, tau=s["tau"], transpose=self._transposed)
+            return self._out(s["nk"].hprod(a, x, tau=tau, transpose=self._transposed))
         return super().__matmul__(h)
 
 
@@ -172,12 +185,21 @@ def _as_built(op: CWY, transposed: bool, conjugated: bool = False) -> CWY:
 
 def lapack_stack(a: Any, tau: Any, xp: Any, small_m: int) -> tuple[LapackStack, float] | None:
     """The in-place operator for a NumPy stack (P ≥ ``BATCH_MIN``) of real ``(a, τ)`` with
-    m ≤ ``small_m`` and k = n, C-contiguous, after one read-only Numba pass has checked it
-    (NaN/Inf below the diagonal raise as ``from_lapack`` does), with the pass's largest
-    mismatch of τ against 2/‖vᵢ‖² for the caller's check; None for anything else."""
+    m ≤ ``small_m`` and k = n, C-contiguous (another layout, such as ``torch.geqrf``'s
+    column-major matrices, is copied to it first), after one read-only Numba pass has checked
+    it (NaN/Inf below the diagonal raise as ``from_lapack`` does), with the pass's largest
+    mismatch of τ against 2/‖vᵢ‖² for the caller's check; None for anything else. A stack
+    of plain CPU torch tensors is read the same way through its NumPy views, the results
+    returned as tensors sharing their memory."""
+    tensors = None
+    if aac.is_torch_namespace(xp) and getattr(a, "ndim", 0) >= 3:
+        views = plain_cpu_views(a, tau)  # (None for grad, subclasses, other devices, tracing)
+        if views is None:
+            return None
+        tensors, (a, tau) = (a, tau), views
     if type(a) is not np.ndarray or type(tau) is not np.ndarray or a.ndim < 3:
         return None
-    nk = numba_for(xp, a, tau)
+    nk = numba_for(np, a, tau) if tensors is not None else numba_for(xp, a, tau)
     m, n = a.shape[-2:]
     if (
         nk is None
@@ -185,14 +207,17 @@ def lapack_stack(a: Any, tau: Any, xp: Any, small_m: int) -> tuple[LapackStack, 
         or tau.dtype != a.dtype
         or not 0 < n == tau.shape[-1] <= m <= small_m
         or a.size // (m * n) < nk.BATCH_MIN
-        or not a.flags.c_contiguous
     ):
         return None
-    t2 = np.ascontiguousarray(tau.reshape((-1, n)))
-    bad, nonfinite = nk.lapack_check(a.reshape((-1, m, n)), t2)
+    a = np.ascontiguousarray(a)  # (a copy only for another layout)
+    t2 = np.ascontiguousarray(tau.reshape((-1, n))).reshape(tau.shape)
+    bad, nonfinite = nk.lapack_check(a.reshape((-1, m, n)), t2.reshape((-1, n)))
     if nonfinite:
         raise ValueError("a (below the diagonal) contains NaN or Inf")
-    return LapackStack({"a": a, "tau": t2.reshape(tau.shape), "nk": nk, "xp": xp}), bad
+    state = {"a": a, "tau": t2, "nk": nk, "xp": xp}
+    if tensors is not None:  # metadata and V as tensors; the kernels read the views
+        state.update(a=tensors[0], tau=plain_cpu_tensor(t2), views=(a, t2))
+    return LapackStack(state), bad
 
 
 # -- one column-major NumPy (a, τ) (``?geqrf``'s order): LAPACK's panels read ``a`` in place --
@@ -223,7 +248,23 @@ class _InPlacePanels:
 
     def _panels(self, nb: int) -> LapackPanels:
         s = self._state
-        return LapackPanels(s["a"], s["tau"], nb, s["nk"])
+        return LapackPanels(*s.get("views", (s["a"], s["tau"])), nb, s["nk"])
+
+    def _out(self, y: Any) -> Any:
+        """A NumPy result in the caller's type: a CPU tensor sharing its memory for torch."""
+        return plain_cpu_tensor(y) if "views" in self._state else y
+
+    def _panel_operand(self, h: Any) -> Any:
+        """h as the panels read it — a NumPy array (K,) or (K, B) of ``a``'s dtype, a plain
+        CPU tensor's view for a torch ``a`` — or None (then the general path takes h)."""
+        s = self._state
+        if "views" in s:
+            if type(h) is not type(s["a"]) or h.dtype != s["a"].dtype:
+                return None
+            views = plain_cpu_views(h)
+            h = None if views is None else views[0]
+        ok = type(h) is np.ndarray and h.dtype == s["tau"].dtype and h.ndim in (1, 2)
+        return h if ok and h.shape[0] == self._n_rows_cols[1] else None
 
     def matrix(self) -> Any:
         """Q (Qᴴ, Q[:, :k], …) formed as ``?orgqr`` from ``a`` (no V), until V is built."""
@@ -234,37 +275,29 @@ class _InPlacePanels:
         Q = form_panels(self._panels(form_panel_width(k)), ncols, np)
         if self._transposed:
             Q = mH(Q, np)
-        return np.conjugate(Q) if self._conjugated else Q
+        return self._out(np.conjugate(Q) if self._conjugated else Q)
 
     def __matmul__(self, h: Any) -> Any:
         """The first product with a NumPy h of ``a``'s dtype, (K,) or (K, B): ``?ormqr``'s
         panels on ``a`` (no V); anything else, or the sequential kernel's shapes, as CWY."""
         s = self._state
-        a = s["a"]
-        m, k = a.shape[0], s["tau"].shape[0]
-        if not (
-            "op" not in s
-            and not s.get("used")
-            and not is_deterministic()
-            and type(h) is np.ndarray
-            and h.dtype == a.dtype
-            and h.ndim in (1, 2)
-            and h.shape[0] == self._n_rows_cols[1]
-        ):
+        x = None if "op" in s or s.get("used") or is_deterministic() else self._panel_operand(h)
+        if x is None:
             return super().__matmul__(h)  # type: ignore[misc]
-        B = 1 if h.ndim == 1 else h.shape[1]
+        m, k, dt = s["a"].shape[0], s["tau"].shape[0], x.dtype
+        B = 1 if x.ndim == 1 else x.shape[1]
         square = self._mode_forward == "square"  # type: ignore[attr-defined]
-        real = a.dtype.kind != "c"
-        if square and real and m <= SEQUENTIAL_MAX_M and sequential_is_faster(m, k, B, a.dtype):
+        real = dt.kind != "c"
+        if square and real and m <= SEQUENTIAL_MAX_M and sequential_is_faster(m, k, B, dt):
             return super().__matmul__(h)  # type: ignore[misc]
         s["used"] = True
-        x = h[:, None] if h.ndim == 1 else h
+        vector, x = x.ndim == 1, (x[:, None] if x.ndim == 1 else x)
         if self._conjugated:  # conj(A) h = conj(A conj(h))
             x = np.conjugate(x)
         y = apply_panels(self._panels(PANEL), x, np, self._transposed, self._mode)
         if self._conjugated:
             y = np.conjugate(y, out=y) if y.flags.writeable else np.conjugate(y)
-        return y[:, 0] if h.ndim == 1 else y
+        return self._out(y[:, 0] if vector else y)
 
 
 class LapackColumns(_InPlacePanels, LazyLapack, CWY):
@@ -280,21 +313,33 @@ class LapackColumnsThin(_InPlacePanels, LazyLapack, TCWY):
 def lapack_columns(
     a: Any, tau: Any, thin: bool, xp: Any, build: Callable[[Any, Any], tuple[Any, Any]]
 ) -> tuple[CWY, float] | None:
-    """The in-place operator for one column-major NumPy ``a`` (m, n), m > ``SMALL_N``, of
+    """The in-place operator for one column-major NumPy ``a`` (m, n), m > ``SMALL_N`` (a
+    row-major one is copied to that layout first), of
     float32/64 or complex64/128 and τ (k,), k ≥ 1, of the same dtype, after one read-only
     Numba pass has checked it (NaN/Inf below the diagonal raise as ``from_lapack`` does),
     with the pass's largest mismatch of τ for the caller's check; ``build(a, τ)`` gives
-    (V, the diagonal of S or None) when V is needed. None for anything else."""
+    (V, the diagonal of S or None) when V is needed. A plain CPU torch ``a`` in that layout
+    (``torch.geqrf``'s) is read the same way through its NumPy view, the results returned
+    as tensors sharing their memory. None for anything else."""
+    tensors = None
+    if aac.is_torch_namespace(xp) and getattr(a, "ndim", 0) == 2:
+        views = plain_cpu_views(a, tau)  # (None for grad, subclasses, other devices, tracing)
+        if views is None:
+            return None
+        tensors, (a, tau) = (a, tau), views
+    elif not aac.is_numpy_namespace(xp):
+        return None
     if type(a) is not np.ndarray or type(tau) is not np.ndarray or a.ndim != 2:
         return None
     m, k = a.shape[0], tau.shape[0]
+    if a.flags.c_contiguous and not a.flags.f_contiguous and m > SMALL_N:
+        a = np.asfortranarray(a)  # a row-major a: one copy (building V would copy it too)
     if (
         not a.flags.f_contiguous
         or a.dtype.char not in "fdFD"
         or tau.dtype != a.dtype
         or m <= SMALL_N
         or k == 0
-        or not aac.is_numpy_namespace(xp)
     ):
         return None
     nk = numba_enabled()
@@ -307,7 +352,18 @@ def lapack_columns(
     if nonfinite:
         raise ValueError("a (below the diagonal) contains NaN or Inf")
     state = {"a": a, "tau": tau, "xp": xp, "build": build, "nk": nk}
+    if tensors is not None:  # metadata and V from the tensors; the panels read the views
+        views = (a, tau)
+        build = partial(_tensor_V, build, views)
+        state.update(a=tensors[0], tau=tensors[1], views=views, build=build)
     return (LapackColumnsThin if thin else LapackColumns)(state), bad
+
+
+def _tensor_V(build: Callable[[Any, Any], tuple[Any, Any]], views: Any, *_: Any) -> tuple[Any, Any]:
+    """``build`` of the NumPy ``views`` (a, τ) of the CPU tensors, its V and S's diagonal as
+    tensors sharing their memory."""
+    V, sdiag = build(*views)
+    return plain_cpu_tensor(V), None if sdiag is None else plain_cpu_tensor(sdiag)
 
 
 def _tau_error(bad: float, m: int, eps: float, complex_: bool) -> None:

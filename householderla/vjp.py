@@ -47,6 +47,7 @@ import numpy as np
 
 from . import retractions as R
 from ._agnostic import compact_wy as K
+from ._agnostic import cwy_rows as CR
 from ._agnostic import phases as P
 from ._agnostic import retraction as RK
 from ._agnostic.svd_vjp import bounded_sigma_vjp as bounded_sigma
@@ -68,10 +69,12 @@ from ._lib.namespace import (
     complex_dtype,
     is_complex,
     is_half,
+    mT,
     real_dtype,
     resolve,
 )
 from ._lib.tracing import is_eager
+from ._lib.tuning import VJP_BLOCK, VJP_BLOCKS_MIN_L
 from .householder import householder_apply_vjp
 from .ornn import ornn_apply_vjp as ornn_apply
 from .ornn import ornn_matrix_vjp as ornn_matrix
@@ -145,6 +148,9 @@ def _apply_vjp(
     out_shape = broadcast_batch(batches) + (n_out, hm.shape[-1])
     check_cotangent(g, out_shape[:-1] if vector else out_shape, "g")
     gm = g[..., None] if vector else g
+    if _blocked_vjp_serves(V, hm, xp, theta, transpose, mode):
+        V_bar, x_bar = _blocked_apply_vjp(V, hm, gm, xp)
+        return _as_inputs(real, xp, V_bar, x_bar[..., 0] if vector else x_bar)
     U, T, r = K.cwy_factors(V, xp)
     if theta is not None:
         hm = hm if is_complex(hm.dtype) else xp.astype(hm, V.dtype)
@@ -154,6 +160,41 @@ def _apply_vjp(
     U_bar, h_bar, _, S_bar = K.lowrank_vjp(U, T, hm, gm, xp, transpose=transpose, mode=mode)
     V_bar = K.factors_vjp(U, r, U_bar, S_bar, xp)
     return _as_inputs(real, xp, V_bar, h_bar[..., 0] if vector else h_bar)
+
+
+def _blocked_vjp_serves(V: Any, hm: Any, xp: Any, theta: Any, transpose: bool, mode: str) -> bool:
+    """Whether (V, h) ↦ Q h's VJP runs in blocks of unnormalised reflectors
+    (:func:`_blocked_apply_vjp`): real eager V (N, L) with L ≥ ``VJP_BLOCKS_MIN_L``, a 2-D h,
+    no phases, Q itself (not Qᵀ, not T-CWY), and every ‖v‖² (in the accumulation dtype) zero
+    or inside (tiny/eps, max·eps), ~(1e-292, 1e292) in float64, where the unnormalised Grams
+    are exact to rounding (else the unit columns take it)."""
+    if theta is not None or transpose or mode != "square" or V.ndim != 2 or hm.ndim != 2:
+        return False
+    if V.shape[-1] < VJP_BLOCKS_MIN_L or is_complex(V.dtype) or is_complex(hm.dtype):
+        return False
+    if not is_eager(V):
+        return False
+    acc = accumulation_dtype_for(xp, V)
+    Va = V if V.dtype == acc else xp.astype(V, acc)
+    ss = xp.sum(Va * Va, axis=-2)
+    fi = xp.finfo(acc)
+    lo, hi = float(fi.smallest_normal) / float(fi.eps), float(fi.max) * float(fi.eps)
+    return bool(xp.all((ss == 0) | ((ss > lo) & (ss < hi))))  # (False for NaN, Inf)
+
+
+def _blocked_apply_vjp(V: Any, hm: Any, gm: Any, xp: Any) -> tuple[Any, Any]:
+    """(V̄, h̄) of y = Q h by the blocked rule of :mod:`householderla._agnostic.cwy_rows` on
+    the rows x = hᵀ (y ᵀ = x Qᵀ): the forward's blocks again, then each block's VJP, first
+    block first (Likhosherstov et al., AISTATS 2021, Theorem 2 for the blocks). Blocks of
+    ``VJP_BLOCK`` unnormalised reflectors: 12·N·L·B + 4·N·L·nb flops against the single
+    pair's 8·N·L·B + 4·N·L² (its Gram and its Ū's U(P + Pᵀ))."""
+    blocks = CR.column_blocks(V.shape[-1], VJP_BLOCK, False)
+    x = mT(hm)
+    if V.dtype != x.dtype:  # (promoted as the forward promotes)
+        V = xp.astype(V, x.dtype)
+    _, state = CR.layer_forward(V, x, xp, blocks, False)
+    V_bar, x_bar = CR.layer_vjp(V, x, mT(gm), state, xp, blocks, False, True)
+    return V_bar, mT(x_bar)
 
 
 def _matrix_vjp(V: Any, G: Any, xp: Any, theta: Any, *, mode: str) -> Any:
@@ -208,7 +249,10 @@ def cwy_apply(V: Any, h: Any, g: Any, *, theta: Any = None, xp: Any = None) -> t
     With a = Uᵀh, b = T a, c = Uᵀg, d = Tᵀc: h̄ = Qᵀg = g − U d,
     Ū = −g bᵀ − h dᵀ + U (P + Pᵀ) with P = striu(d bᵀ), then v̄ = (ū − u uᵀū)/‖v‖.
     8·N·L·B + 2·N·L² flops on top of building the factors. For complex input every ᵀ is ᴴ
-    and uᵀū becomes Re(uᴴū) (cotangent convention: the module docstring).
+    and uᵀū becomes Re(uᴴū) (cotangent convention: the module docstring). Real V with
+    L ≥ 128 and a 2-D h (no θ) take the same cotangents in blocks of 128 unnormalised
+    reflectors (``docs/theory/cwy.rst``, "One node for a layer"): the forward's blocks again,
+    then each block's rule, 12·N·L·B + 4·N·L·nb flops with no L × L Gram.
     """
     return _apply_vjp(V, h, g, xp, theta, transpose=False, mode="square", hname="h")
 

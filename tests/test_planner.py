@@ -39,6 +39,13 @@ APPLY_ROWS = [
     ("numpy", "cpu", "float64", 600, 300, 1, 8, 1, False, None, "blocked"),
     ("numpy", "cpu", "float64", 600, 300, 1, 8, 2, False, None, "blocked"),
     ("numpy", "cpu", "float64", 600, 300, 1, 8, 1, True, None, "blocked"),
+    # blocked products count towards the repeat switch: the 75th of 8 columns reaches N = 600
+    ("numpy", "cpu", "float64", 600, 300, 1, 8, 74, False, None, "blocked"),
+    ("numpy", "cpu", "float64", 600, 300, 1, 8, 75, False, None, "folded"),
+    ("numpy", "cpu", "float64", 600, 300, 1, 8, 76, False, None, "folded"),
+    ("numpy", "cpu", "float64", 600, 300, 1, 8, 76, True, None, "blocked"),
+    ("torch", "cpu", "float64", 600, 300, 1, 8, 75, False, None, "folded"),
+    ("torch", "cpu", "float64", 256, 256, 1, 8, 40, False, "grad", "blocked"),
     ("numpy", "cpu", "float64", 600, 300, 1, 100, 1, False, None, "factors"),
     ("numpy", "cpu", "float64", 600, 300, 1, 100, 6, False, None, "folded"),
     ("numpy", "cpu", "float64", 600, 300, 1, 100, 1, True, None, "factors"),
@@ -74,13 +81,15 @@ APPLY_ROWS = [
 MATRIX_ROWS = [
     ("numpy", "cpu", "float64", 32, 32, None, "numba_stack"),
     ("numpy", "cpu", "float64", 200, 200, None, "one_shot"),
-    ("numpy", "cpu", "float64", 200, 200, "tril", "structured_form"),
+    ("numpy", "cpu", "float64", 200, 200, "tril", "orgqr_kernel"),
+    ("numpy", "cpu", "float32", 200, 200, "tril", "structured_form"),
     ("numpy", "cpu", "float64", 200, 200, "lapack", "lapack_panels"),
     ("numpy", "cuda", "float64", 32, 32, None, "one_shot"),
     ("numpy", "cuda", "float64", 200, 200, "tril", "one_shot"),
     ("numpy", "cuda", "float64", 200, 200, "lapack", "one_shot"),
     ("torch", "cpu", "float32", 32, 32, None, "numba_stack"),
-    ("torch", "cpu", "float64", 200, 200, "tril", "structured_form"),
+    ("torch", "cpu", "float64", 200, 200, "tril", "orgqr_kernel"),
+    ("torch", "cpu", "float32", 200, 200, "tril", "structured_form"),
     ("torch", "cpu", "float64", 200, 200, "grad", "factors"),
     ("torch", "cuda", "float64", 200, 200, "tril", "one_shot"),
     ("torch", "cuda", "float64", 200, 200, "grad", "factors"),
@@ -252,3 +261,35 @@ def test_pure_apply_facts_table():
     assert P.plan_apply(P.ApplyFacts(**cuda, graph=True, v_graph=True)).name == "factors"
     assert P.plan_direct(64, 8, 0, False, False).name == "direct"
     assert P.plan_direct(64, 8, 56, False, True).name == "dense_q"
+
+
+@pytest.mark.parametrize("case", ["tiny diagonal", "zero diagonal", "huge", "zero column"])
+def test_orgqr_kernel_declines_what_it_cannot_scale_and_the_result_is_the_same(case):
+    """``orgqr_kernel`` divides column j by v_jj to reach LAPACK's (a, τ): where that is not
+    safe (v_jj² < 1e-16·‖vⱼ‖², v_jj = 0 with vⱼ ≠ 0, ‖vⱼ‖² overflowing) the kernel declines and
+    the structured blocks form Q; a zero column is H(0) = I (τ = 0) on the kernel. Either
+    way Q equals the product of the reflections (100·eps·N)."""
+    from householderla._agnostic.lapack_panels import reflectors_as_lapack
+    from householderla._kernels import numba_enabled
+
+    nk = numba_enabled()
+    if nk is None:
+        pytest.skip("Numba is not installed")
+    N = 120
+    V = np.tril(np.random.default_rng(3).standard_normal((N, N)))
+    ref = product_of_reflections(V)  # (H(αv) = H(v): the scaled column's oracle too)
+    if case == "tiny diagonal":
+        V[7, 7] = 1e-9
+    elif case == "zero diagonal":
+        V[7, 7] = 0.0
+    elif case == "huge":
+        V[:, 7] *= 1e160
+    else:
+        V[:, 7] = 0.0
+    op = hl.cwy(V)
+    assert op.planned_matrix_path().name == "orgqr_kernel"
+    served = reflectors_as_lapack(V, nk) is not None
+    assert served == (case == "zero column")
+    if case != "huge":
+        ref = product_of_reflections(V)
+    np.testing.assert_allclose(op.matrix(), ref, atol=_tol("float64", N))

@@ -806,3 +806,51 @@ def test_retraction_plain_autodiff_agrees_with_explicit_vjps():
     (Y * torch.tensor(g)).sum().backward()
     np.testing.assert_allclose(Xt.grad.numpy(), ref_c[0], atol=1e-12)
     np.testing.assert_allclose(Gt.grad.numpy(), ref_c[1], atol=1e-12)
+
+
+@pytest.mark.parametrize("case", ["plain", "zero column", "float32", "tiny column", "torch"])
+def test_blocked_cwy_apply_vjp_equals_the_single_pair_rule(case, monkeypatch):
+    """``hl.vjp.cwy_apply`` with L ≥ ``VJP_BLOCKS_MIN_L`` runs the blocked rule of unnormalised
+    reflectors (``_blocked_apply_vjp``; issue 44, item 4: the single pair's VJP cost 2.24× its
+    forward); it equals the single factor pair's rule (the path with the threshold raised
+    past L) to a few hundred eps (two rounding paths of O(N·L) sums), a zero column gets a
+    zero cotangent, and a column whose ‖v‖² leaves (~1e-292, ~1e292) keeps the single pair.
+    Also the dot-product identity ⟨ȳ, J[dV, dh]⟩ = ⟨V̄, dV⟩ + ⟨h̄, dh⟩ against a central
+    difference (step 1e-6: error O(1e-12) relative in float64)."""
+    import householderla.vjp as hv
+
+    N, L, B = 160, 136, 5
+    rng = np.random.default_rng(44)
+    V, h, g = (rng.standard_normal(s) for s in ((N, L), (N, B), (N, B)))
+    dtype = np.float32 if case == "float32" else np.float64
+    if case == "zero column":
+        V[:, 3] = 0.0
+    if case == "tiny column":
+        V[:, 3] *= 1e-160
+    V, h, g = (a.astype(dtype) for a in (V, h, g))
+    calls = []
+    orig = hv._blocked_apply_vjp
+    monkeypatch.setattr(hv, "_blocked_apply_vjp", lambda *a: calls.append(1) or orig(*a))
+    args = (V, h, g)
+    if case == "torch":
+        torch = require("torch")
+        args = tuple(torch.from_numpy(a) for a in args)
+    Vb, hb = (to_numpy(a) for a in hl.vjp.cwy_apply(*args))
+    assert calls == ([] if case == "tiny column" else [1])
+    monkeypatch.setattr(hv, "VJP_BLOCKS_MIN_L", L + 1)  # the single pair's rule
+    Vr, hr = (to_numpy(a) for a in hl.vjp.cwy_apply(*args))
+    assert Vb.dtype == Vr.dtype == dtype and hb.shape == (N, B)
+    tol = 300 * np.finfo(dtype).eps
+    np.testing.assert_allclose(Vb, Vr, atol=tol * np.abs(Vr).max())
+    np.testing.assert_allclose(hb, hr, atol=tol * np.abs(hr).max())
+    if case == "zero column":
+        assert not np.any(Vb[:, 3])
+    if dtype == np.float64 and case != "tiny column":
+        dV, dh = rng.standard_normal((N, L)), rng.standard_normal((N, B))
+        dV[:, ~V.any(axis=0)] = 0  # (H(v) is not continuous at v = 0)
+        eps = 1e-6
+        plus = hl.cwy(V + eps * dV) @ (h + eps * dh)
+        minus = hl.cwy(V - eps * dV) @ (h - eps * dh)
+        lhs = np.sum(g * (plus - minus)) / (2 * eps)
+        rhs = np.sum(Vb * dV) + np.sum(hb * dh)
+        assert abs(lhs - rhs) <= 1e-7 * abs(rhs)

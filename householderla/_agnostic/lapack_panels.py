@@ -34,6 +34,20 @@ __all__ = [
 ]
 
 
+def reflectors_as_lapack(V: Any, nk: Any) -> tuple[Any, Any] | None:
+    """(a, τ) in LAPACK's layout (a column-major) for a lower-trapezoidal float64 NumPy V
+    (N, L), L ≤ N, by the kernel ``nk.reflectors_to_lapack``: each column divided by its
+    diagonal entry (H(αv) = H(v)), τⱼ = 2/‖aⱼ‖². None where that kernel declines V (see
+    there) or V is not C-contiguous float64: the caller then forms Q from V itself."""
+    import numpy as np
+
+    N, L = V.shape
+    if L > N or V.dtype != np.float64 or not V.flags.c_contiguous:
+        return None
+    at, tau = np.empty((L, N)), np.empty(L)
+    return (at.T, tau) if nk.reflectors_to_lapack(V, at, tau) else None
+
+
 def form_panel_width(k: int) -> int:
     """Reflectors per panel for forming Q from k reflectors: k/16 rounded down to a power of
     two, clipped to [32, 256]. Wider panels make the trailing update one larger GEMM per

@@ -33,6 +33,7 @@ from .numba_checks import (
     lapack_check_columns,
     lapack_unit_lower,
     lapack_unit_lower_columns,
+    reflectors_to_lapack,
     upper_is_zero,
 )
 from .numba_larft import lapack_panel, larft_forward
@@ -61,13 +62,14 @@ __all__ = [
     "larft_forward",
     "orgqr_panels",
     "ormqr_panels",
+    "reflectors_to_lapack",
     "upper_is_zero",
 ]
 
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "f80142b5a986e463"
+KERNEL_DEPS = "dbc5badcbe8269ab"
 
 
 # -- entry kernels (explicit signatures: read-only C inputs accept writable arrays too) -------
@@ -235,11 +237,15 @@ def hprod_vector(
     transpose: bool = False,
     check: bool = True,
 ) -> np.ndarray | None:
-    """:func:`hprod` for the tiny common call — one V (N, L), L ≤ N, one vector h (N,), both
-    C-contiguous of one float32/float64 dtype — with no other checks (an RNN step costs
-    little more than the kernel); None for any other input (:func:`hprod` then takes it, or
-    the caller's checks name what is wrong) and for columns that need rescaling."""
+    """:func:`hprod` for the tiny common call — one V (N, L), L ≤ N, one vector h (N,) or
+    one column (N, 1), both C-contiguous of one float32/float64 dtype — with no other checks
+    (an RNN step costs little more than the kernel); None for any other input (:func:`hprod`
+    then takes it, or the caller's checks name what is wrong) and for columns that need
+    rescaling."""
     dt = V.dtype
+    if h.ndim == 2 and h.shape[1] == 1 and V.ndim == 2:  # one column: the vector's kernel
+        y = hprod_vector(V, h[:, 0], trapezoidal=trapezoidal, transpose=transpose, check=check)
+        return None if y is None else y[:, None]
     if (
         V.ndim == 2
         and h.ndim == 1

@@ -35,6 +35,8 @@ __all__ = [
     "TRAPEZOIDAL_FEW_RHS",
     "TRAPEZOIDAL_MAX_BLOCKS",
     "TRAPEZOIDAL_MIN_COLUMNS",
+    "VJP_BLOCK",
+    "VJP_BLOCKS_MIN_L",
     "WIDE_MIN_C",
     "WIDE_MIN_C_FORM",
 ]
@@ -54,6 +56,10 @@ SMALL_N = 64  # largest N .matrix() forms sequentially; results/tuning.md
 CWY_BLOCK = 64  # reflectors per block of blocked CWY; results/tuning.md
 CWY_BLOCKS_MIN_L = 256  # fewest reflectors for blocked CWY; results/tuning.md
 CWY_BLOCKS_MIN_L_GRAPH = 2 * CWY_BLOCK  # the same under torch autodiff; results/tuning.md
+
+# -- householderla/vjp.py ----------------------------------------------------------------------
+VJP_BLOCK = 128  # reflectors per block of the blocked cwy_apply VJP; results/tuning.md
+VJP_BLOCKS_MIN_L = 128  # fewest reflectors for it; results/tuning.md
 
 # -- householderla/_agnostic/compact_wy.py -----------------------------------------------------
 FUSE_MAX_COLUMNS = 64  # widest h fused with g in lowrank_vjp; results/tuning.md

@@ -19,6 +19,12 @@ import numpy as np
 
 from .._agnostic import cwy_rows as R
 from .._agnostic import forming as F
+from .._agnostic.lapack_panels import (
+    LapackPanels,
+    form_panel_width,
+    form_panels,
+    reflectors_as_lapack,
+)
 from .._interop.dask import dask_matmul, dask_rmatmul, is_dask_array
 from .._interop.dlpack import from_numpy, plain_cpu_views
 from .._kernels import numba_enabled, numba_for, numba_for_torch
@@ -333,6 +339,8 @@ class CompactWYOperator(LinearOperatorMixin):
             B = 1 if hm.ndim == 1 else hm.shape[-1]
             y = _shortcut_product(f.product_factor(B, self._transposed), hm)
         elif name == "blocked":  # many reflectors, few columns: blocked compact WY
+            if path.record:
+                f.applied += hm.shape[-1]
             y = apply_blocks(f.build_blocks(), hm, xp, self._transposed)
         else:
             U, T = self._U, self._T
@@ -417,6 +425,10 @@ class CompactWYOperator(LinearOperatorMixin):
             kernels=kernels,
             tau=f.tau is not None and f.panels_apply(V),
             trapezoidal=f.trapezoidal,
+            float64_matrix=V.ndim == 2
+            and V.shape[-1] <= V.shape[-2]
+            and f.sdiag is None
+            and str(V.dtype).endswith("float64"),
         )
 
     def _form(self, path: Path, view: Any = None) -> Any:
@@ -435,7 +447,14 @@ class CompactWYOperator(LinearOperatorMixin):
             return f.panel_matrix(ncols)
         if path.name == "native_orgqr":
             return _native_orgqr(V, f.tau, xp, V.shape[-2] if ncols is None else ncols)
-        if path.name == "structured_form":
+        if path.name == "orgqr_kernel":  # (None where V's diagonal does not allow it)
+            nk, view = view or _cpu_kernel_view(V, xp)
+            lapack = reflectors_as_lapack(view, nk)
+            if lapack is not None:
+                Q = form_panels(LapackPanels(*lapack, form_panel_width(V.shape[-1]), nk),
+                                V.shape[-2] if ncols is None else ncols, np)  # fmt: skip
+                return Q if view is V else from_numpy(Q, like=V)
+        if path.name in ("orgqr_kernel", "structured_form"):
             return F.structured_matrix(V, xp, ncols, sdiag=f.sdiag)
         return F.dense_matrix(V, xp, ncols, sdiag=f.sdiag)
 

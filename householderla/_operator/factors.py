@@ -122,7 +122,7 @@ class LazyFactors:
         self.theta = theta
         self.phase = None if theta is None else phase_factor(theta, xp)
         self.U = self.T = self.shortcut = None
-        self.applied = 0  # columns multiplied by the single pair (U, T) so far
+        self.applied = 0  # columns multiplied (by the single pair or the blocks) so far
         # more than N/2 reflectors: repeated products switch to the dense Q (else to W = U T)
         self.dense_pays = 2 * V.shape[-1] > V.shape[-2]
         self.blocks: list[tuple[int, Any, Any]] | None = None  # blocked factors (``_blocked``)
@@ -214,8 +214,10 @@ class LazyFactors:
 
     def get(self) -> tuple[Any, Any]:
         if self._stale(self.U):
+            first = self.U is None  # (columns the blocks multiplied count for the switch)
             self.U, self.T = factors_of(self.V, self.xp, self.sdiag)
-            self.direct, self.shortcut, self.applied = None, None, 0
+            self.direct, self.shortcut = None, None
+            self.applied = self.applied if first else 0
             U, T = self.U, self.T
             small = self.V.ndim == 2 and self.V.shape[-1] < S.MIN_COLUMNS  # never blocked
             if self.direct_type is not None and small and not needs_graph(self.V, U):

@@ -24,8 +24,8 @@ __all__ = ["ApplyFacts", "History", "LayerFacts", "MatrixFacts", "Path", "plan_a
 #: every path name a plan may return
 APPLY_PATHS = ("direct", "dense_q", "folded", "sequential", "lapack_panels", "gpu_fused",
                "blocked", "structured", "factors")  # fmt: skip
-MATRIX_PATHS = ("numba_stack", "lapack_panels", "structured_form", "one_shot", "native_orgqr",
-                "factors")  # fmt: skip
+MATRIX_PATHS = ("numba_stack", "lapack_panels", "orgqr_kernel", "structured_form", "one_shot",
+                "native_orgqr", "factors")  # fmt: skip
 LAYER_PATHS = ("one_node", "one_node_one_block", "formed", "operator", "weight")
 
 
@@ -88,7 +88,8 @@ def plan_apply(f: ApplyFacts) -> Path:
     First product (nothing built, not deterministic): ``sequential`` (CPU, real, kernels
     available, the measured crossover), else ``lapack_panels`` (CPU, τ known), on CUDA
     ``gpu_fused`` (real, plain: h − V S⁻¹ (Vᵀ h) from V unnormalised, nothing cached). Then
-    ``blocked`` (CPU, square, ``use_blocks`` or blocks built already), ``structured``
+    ``blocked`` (CPU, square, ``use_blocks`` or blocks built already; plain products count
+    towards the repeat switch as the factor pair's do), ``structured``
     (CPU, lower-trapezoidal V, ``use_structured``), else the factor pair: ``dense_q`` /
     ``folded`` once the repeat switch has paid (plain square products), ``factors``
     otherwise. CUDA skips the looping paths (sequential, panels, blocks, structured).
@@ -112,7 +113,9 @@ def plan_apply(f: ApplyFacts) -> Path:
     if cpu and square:
         rule = use_blocks(f.L, f.B, f.v_graph)
         if rule if f.deterministic else (h.blocks or (rule and not h.factors)):
-            return Path("blocked")
+            if f.half or f.graph or f.deterministic:
+                return _BLOCKED
+            return _repeat_or(Path("blocked", record=not h.shortcut), f)
     if cpu and not f.graph and _trapezoidal.use_structured(f.N, f.L, f.B) and _get(f.trapezoidal):
         return Path("structured")
     if not square or f.half or f.graph or f.deterministic:
@@ -121,6 +124,7 @@ def plan_apply(f: ApplyFacts) -> Path:
 
 
 _DIRECT = Path("direct", record=True)
+_BLOCKED = Path("blocked")
 _GPU_FUSED = Path("gpu_fused")
 _DENSE_Q, _FOLDED = Path("dense_q"), Path("folded")
 
@@ -158,12 +162,15 @@ class MatrixFacts:
     kernels: bool | Callable[[], bool] = False  # Numba serves V (real, CPU, no graph)
     tau: bool = False  # LAPACK's τ, panels apply (eager, no graph, not JAX)
     trapezoidal: bool | Callable[[], bool] = False
+    float64_matrix: bool = False  # one real float64 V (N, L), L ≤ N, plain S (no sdiag)
 
 
 def plan_matrix(f: MatrixFacts) -> Path:
     """The path of ``Q.matrix()``. Without autodiff on NumPy / CuPy / eager torch, straight
     from V: on the CPU ``numba_stack`` (N ≤ SMALL_N, reflectors, kernels), ``lapack_panels``
-    (τ known), ``structured_form`` (lower-trapezoidal V, orgqr's blocking); ``one_shot``
+    (τ known), ``orgqr_kernel`` (lower-trapezoidal float64 V, kernels: its columns scaled to
+    LAPACK's (a, τ), then the compiled panels), ``structured_form`` (other lower-trapezoidal
+    V, orgqr's blocking); ``one_shot``
     (I − V S⁻¹ Vᴴ: a Gram, one solve, one GEMM) otherwise and on CUDA, where LAPACK's τ on
     torch goes to ``native_orgqr`` (``torch.linalg.householder_product``, one op). With autodiff
     or elsewhere: ``factors`` (I − U T Uᴴ through the rule tables)."""
@@ -177,7 +184,7 @@ def plan_matrix(f: MatrixFacts) -> Path:
     if f.tau:
         return Path("lapack_panels")
     if _get(f.trapezoidal):
-        return Path("structured_form")
+        return Path("orgqr_kernel" if f.float64_matrix and _get(f.kernels) else "structured_form")
     return Path("one_shot")
 
 
