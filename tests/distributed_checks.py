@@ -22,6 +22,7 @@ single-process runs whose sums are ordered differently do.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -464,6 +465,247 @@ def orthogonality_1000(P: int, rank: int) -> None:
     _orthogonality(P, 1000)
 
 
+# -- Muon: each matrix orthogonalised on its owner ------------------------------------------------
+
+#: Parameters of the Muon checks: (shape, placement) — row-sharded matrices of different sizes
+#: (tall, wide, uneven blocks), short blocks (6 rows over 4: 2 + 2 + 2 + 0; 1 row: one process
+#: holds it, the others none), a batch of three matrices sharded by rows (Shard(1)), a
+#: replicated matrix and a batch sharded by its batch dimension (both stepped locally).
+MUON_SPECS = (
+    ((40, 24), "rows"),
+    ((24, 40), "rows"),
+    ((17, 9), "rows"),
+    ((6, 3), "rows"),
+    ((1, 7), "rows"),
+    ((3, 12, 10), "rows"),
+    ((10, 6), "replicate"),
+    ((3, 8, 5), "batch"),
+)
+
+
+def _placement(kind: str, ndim: int) -> Any:
+    return {"rows": _shard(ndim - 2), "replicate": _replicate(), "batch": _shard(0)}[kind]
+
+
+def _muon_compare(
+    P: int, options: dict[str, Any], dtype: Any, specs: Any = MUON_SPECS, steps: int = 3
+) -> Any:
+    """Steps plain tensors and DTensors with ``hl.torch.Muon`` side by side (the same
+    gradients); asserts after every step that every parameter and momentum buffer equals the
+    single-process one bit for bit (``torch.equal``) and that the buffers are DTensors sharded
+    like their parameters. Returns the DTensors' optimizer."""
+    import torch
+    from torch.distributed.tensor import distribute_tensor
+
+    import householderla.torch as ht
+
+    mesh = _mesh(P)
+    g = torch.Generator().manual_seed(17)
+    refs, dts, places = [], [], []
+    for shape, kind in specs:
+        pl = _placement(kind, len(shape))
+        X0 = torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
+        refs.append(torch.nn.Parameter(X0.clone()))
+        dts.append(
+            torch.nn.Parameter(distribute_tensor(X0.clone(), mesh, [pl], src_data_rank=None))
+        )
+        places.append(pl)
+    o_ref, o_dt = ht.Muon(refs, **options), ht.Muon(dts, **options)
+    for t in range(steps):
+        for r, d, pl in zip(refs, dts, places, strict=True):
+            G = torch.randn(tuple(r.shape), generator=g, dtype=torch.float64).to(dtype)
+            r.grad = G.clone()
+            d.grad = distribute_tensor(G.clone(), mesh, [pl], src_data_rank=None)
+        o_ref.step()
+        o_dt.step()
+        for i, (r, d, pl) in enumerate(zip(refs, dts, places, strict=True)):
+            got = d.detach().full_tensor()
+            diff = float((got.double() - r.detach().double()).abs().max())
+            assert torch.equal(got, r.detach()), (options, dtype, i, t, diff)
+            b_ref, b_dt = o_ref.state[r]["momentum_buffer"], o_dt.state[d]["momentum_buffer"]
+            assert type(b_dt).__name__ == "DTensor" and tuple(b_dt.placements) == (pl,), i
+            assert torch.equal(b_dt.full_tensor(), b_ref), (options, dtype, i, t)
+    return o_dt
+
+
+#: Hyperparameters of the Muon checks: Nesterov on and off, weight decay, the learning-rate
+#: adjustments, other schedules and fixed coefficients.
+MUON_OPTIONS = (
+    {"lr": 0.05},
+    {"lr": 0.05, "nesterov": False, "weight_decay": 0.0, "adjust_lr_fn": "match_rms_adamw"},
+    {"lr": 0.02, "momentum": 0.9, "adjust_lr_fn": "original", "schedule": "polar_express"},
+    {"lr": 0.02, "ns_coefficients": (3.4445, -4.775, 2.0315), "weight_decay": 0.01},
+)
+
+
+def muon_float64(P: int, rank: int) -> None:
+    """float64 parameters, orthogonalised in float64 (``ns_dtype``) and in bfloat16 (the
+    default): the single-process step bit for bit."""
+    import torch
+
+    for options in MUON_OPTIONS:
+        _muon_compare(P, {**options, "ns_dtype": torch.float64}, torch.float64)
+    _muon_compare(P, MUON_OPTIONS[1], torch.float64)
+
+
+def muon_bfloat16(P: int, rank: int) -> None:
+    """bfloat16 parameters (orthogonalised in bfloat16) and float32 ones: bit for bit."""
+    import torch
+
+    for options in MUON_OPTIONS:
+        _muon_compare(P, options, torch.bfloat16)
+    _muon_compare(P, MUON_OPTIONS[0], torch.float32)
+
+
+def muon_split_sizes(P: int, rank: int) -> None:
+    """A fused parameter (``split_sizes``, equal and unequal blocks): the row blocks of the
+    processes cut across the split blocks, each with its own learning-rate adjustment."""
+    import torch
+
+    for sizes in ((10, 10, 10), (12, 5, 13)):
+        for dtype in (torch.float64, torch.bfloat16):
+            options = {"lr": 0.05, "split_sizes": sizes}
+            _muon_compare(P, options, dtype, specs=(((30, 8), "rows"), ((2, 30, 7), "rows")))
+
+
+def muon_owners(P: int, rank: int) -> None:
+    """Every matrix is orthogonalised on exactly one process, its owner: the matrices by
+    decreasing A·B·min(A, B), dealt round-robin (a batch's matrices each on its own); each
+    process's count of orthogonalised matrices is its share."""
+    import torch
+    import torch.distributed as dist
+
+    from householderla.torch import _muon
+
+    specs = MUON_SPECS[:6]
+    done = []
+    inner = _muon._orthogonalize
+
+    def counting(X: Any, *args: Any, **kw: Any) -> Any:
+        if X is not None:  # (None: the constructor's validation)
+            done.append(X.shape[:-2].numel())
+        return inner(X, *args, **kw)
+
+    _muon._orthogonalize = counting
+    try:
+        opt = _muon_compare(P, {"lr": 0.05}, torch.bfloat16, specs=specs, steps=1)
+    finally:
+        _muon._orthogonalize = inner
+    mats = [(i, e) for i, (shape, _) in enumerate(specs) for e in range(math.prod(shape[:-2]))]
+    cost = [specs[i][0][-2] * specs[i][0][-1] * min(specs[i][0][-2:]) for i, _ in mats]
+    order = sorted(range(len(mats)), key=lambda j: (-cost[j], j))
+    expected: dict[tuple[int, int], list[int]] = {(0, i): [] for i in range(len(specs))}
+    owner = {mats[j]: turn % P for turn, j in enumerate(order)}
+    for i, e in mats:
+        expected[(0, i)].append(owner[(i, e)])
+    assert opt.owners == expected, (opt.owners, expected)
+    # the reference optimizer's calls: one per parameter, its matrices
+    ref_calls = sum(math.prod(shape[:-2]) for shape, _ in specs)
+    mine = sum(done) - ref_calls
+    assert mine == sum(o == rank for os in expected.values() for o in os), (mine, done)
+    count = torch.tensor([float(mine)])
+    dist.all_reduce(count, group=_mesh(P).get_group())
+    assert int(count) == len(mats), (int(count), len(mats))
+    loads = [sum(c for c, j in zip(cost, range(len(mats)), strict=True) if owner[mats[j]] == k)
+             for k in range(P)]  # fmt: skip
+    assert max(loads) - min(loads) <= max(cost), loads
+
+
+def muon_bytes(P: int, rank: int) -> None:
+    """The bytes each process hands to collectives per step (counted): its rows of U for the
+    matrices others own, and the other processes' rows of O for those it owns (bfloat16, 2
+    bytes a number), in two ``all_to_all`` calls; below gathering every matrix to every
+    process from P = 4 on (the ratio is about 2/P)."""
+    import torch
+    from torch.distributed.tensor import distribute_tensor
+
+    import householderla.torch as ht
+    from householderla._interop import torch_distributed as td
+
+    mesh = _mesh(P)
+    shapes = [(96, 64), (64, 48), (2, 40, 40), (7, 30)]
+    params = []
+    for shape in shapes:
+        X = torch.randn(shape, dtype=torch.float32)
+        pl = _shard(len(shape) - 2)
+        params.append(torch.nn.Parameter(distribute_tensor(X, mesh, [pl], src_data_rank=None)))
+    opt = ht.Muon(params, lr=0.02)
+    for _ in range(2):
+        for prm in params:
+            G = torch.randn(tuple(prm.shape), dtype=torch.float32)
+            prm.grad = distribute_tensor(G, mesh, [_shard(prm.ndim - 2)], src_data_rank=None)
+        td.reset_sent()
+        opt.step()
+        sent = td.reset_sent()
+    expected = gather = 0
+    for i, shape in enumerate(shapes):
+        A, B = shape[-2:]
+        r0, r1 = td.row_range(A, P, rank)
+        for owner in opt.owners[(0, i)]:
+            expected += 2 * B * ((A - (r1 - r0)) if owner == rank else (r1 - r0))
+            gather += 2 * B * (r1 - r0) * (P - 1)
+    assert sent == {"bytes": expected, "calls": 2}, (sent, expected)
+    if P >= 4:
+        assert sent["bytes"] < gather, (sent, gather)
+
+
+def muon_100_steps(P: int, rank: int) -> None:
+    """100 steps in bfloat16 and float32 (``make test-long``): still bit for bit (a
+    trajectory, not only a step: nothing drifts)."""
+    import torch
+
+    for dtype in (torch.bfloat16, torch.float32):
+        _muon_compare(P, MUON_OPTIONS[0], dtype, steps=100)
+
+
+def muon_errors(P: int, rank: int) -> None:
+    """Shard of the columns and Partial raise ValueError naming the placement; so does a
+    2-D mesh."""
+    import torch
+    from torch.distributed.tensor import Partial, distribute_tensor
+
+    import householderla.torch as ht
+
+    mesh = _mesh(P)
+    for shape, pl, name in (
+        ((12, 8), _shard(1), "Shard(1)"),
+        ((2, 12, 8), _shard(2), "Shard(2)"),
+    ):
+        X = torch.ones(shape, dtype=torch.float64)
+        dt = torch.nn.Parameter(distribute_tensor(X, mesh, [pl], src_data_rank=None))
+        dt.grad = distribute_tensor(X.clone(), mesh, [pl], src_data_rank=None)
+        try:
+            ht.Muon([dt], lr=0.1).step()
+        except ValueError as e:
+            msg = str(e)
+            assert name in msg and "columns" in msg and "parameter 0 of group 0" in msg, msg
+        else:
+            raise AssertionError(f"{name} did not raise")
+    from torch.distributed.tensor import DTensor
+
+    local = torch.ones(12, 8, dtype=torch.float64)
+    dt = torch.nn.Parameter(DTensor.from_local(local, mesh, [Partial()], run_check=False))
+    dt.grad = DTensor.from_local(local.clone(), mesh, [Partial()], run_check=False)
+    try:
+        ht.Muon([dt], lr=0.1).step()
+    except ValueError as e:
+        assert "Partial(sum)" in str(e), str(e)
+    else:
+        raise AssertionError("Partial did not raise")
+    if P == 4:
+        mesh2 = _mesh(P, (2, 2))
+        placements = [_shard(0), _replicate()]
+        X = torch.ones(12, 8, dtype=torch.float64)
+        dt = torch.nn.Parameter(distribute_tensor(X, mesh2, placements, src_data_rank=None))
+        dt.grad = distribute_tensor(X.clone(), mesh2, placements, src_data_rank=None)
+        try:
+            ht.Muon([dt], lr=0.1).step()
+        except ValueError as e:
+            assert "2-D device mesh" in str(e), str(e)
+        else:
+            raise AssertionError("a 2-D mesh did not raise")
+
+
 CHECKS: dict[str, Callable[[int, int], None]] = {
     f.__name__: f
     for f in (
@@ -490,6 +732,13 @@ CHECKS: dict[str, Callable[[int, int], None]] = {
         mesh_2d_raises,
         orthogonality_100,
         orthogonality_1000,
+        muon_float64,
+        muon_bfloat16,
+        muon_split_sizes,
+        muon_owners,
+        muon_bytes,
+        muon_errors,
+        muon_100_steps,
     )
 }
 

@@ -1,5 +1,5 @@
-"""Stiefel optimizers on ``torch.distributed`` (issue 43, items 1 and 5): row-sharded and
-replicated DTensor parameters in 2 and 4 gloo processes on the CPU.
+"""Stiefel optimizers and Muon on ``torch.distributed`` (issue 43, items 1, 2 and 5):
+row-sharded and replicated DTensor parameters in 2 and 4 gloo processes on the CPU.
 
 The checks (``tests/distributed_checks.py``, which documents each) run in P processes
 spawned here, one group per P for all checks (starting the processes is most of the time);
@@ -24,10 +24,13 @@ import distributed_checks  # noqa: E402  (imports no framework)
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = (2, 4)
 #: Every test run: every check in 2 processes, and in 4 those where the blocks differ in kind
-#: (uneven and empty blocks, a 2-D mesh, counted bytes, a NaN in one block); the rest in 4
+#: (uneven and empty blocks, a 2-D mesh, counted bytes, a NaN in one block, every Muon
+#: check: ownership and its bytes change with P); the rest in 4
 #: processes and the 1,000-step runs in ``make test-long`` (4 processes on a 2-core machine
 #: take ~1 s a check).
-CHECKS_2 = [name for name in distributed_checks.CHECKS if name != "orthogonality_1000"]
+#: Checks of ``make test-long`` only, in 2 and 4 processes.
+LONG_ONLY = ("orthogonality_1000", "muon_100_steps")
+CHECKS_2 = [name for name in distributed_checks.CHECKS if name not in LONG_ONLY]
 CHECKS_4 = [
     "sgd_nesterov",
     "adam_amsgrad",
@@ -37,10 +40,16 @@ CHECKS_4 = [
     "bytes_per_step",
     "column_sharding_raises",
     "mesh_2d_raises",
+    "muon_float64",
+    "muon_bfloat16",
+    "muon_split_sizes",
+    "muon_owners",
+    "muon_bytes",
+    "muon_errors",
 ]
 DEFAULT = [f"{name}@2" for name in CHECKS_2] + [f"{name}@4" for name in CHECKS_4]
 LONG_RUNS = [f"{name}@4" for name in CHECKS_2 if name not in CHECKS_4] + [
-    f"orthogonality_1000@{P}" for P in SIZES
+    f"{name}@{P}" for name in LONG_ONLY for P in SIZES
 ]
 
 
@@ -106,7 +115,8 @@ def test_distributed(results: dict[str, str], item: str) -> None:
 
 @pytest.mark.long
 def test_distributed_long() -> None:
-    """The other checks in 4 processes, and 1,000 steps in 2 and 4."""
+    """The other checks in 4 processes, and 1,000 Stiefel steps and 100 Muon steps in 2 and
+    4."""
     res = _run(max(SIZES), LONG_RUNS, timeout=900)
     bad = {k: v for k, v in res.items() if v != "ok"}
     assert not bad, bad

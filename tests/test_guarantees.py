@@ -119,6 +119,7 @@ ROWS = {
             "test_polar_schedules.py::test_fixed_step_singular_values_in_exact_interval",
             "test_polar_schedules.py::test_norm_slack_covers_any_summation_order",
             "test_polar_schedules.py::test_muon_float32_update_within_the_certificate",
+            "test_distributed.py::test_distributed",
         ],
         "degenerate": ["test_polar_schedules.py::test_fixed_step_edge_cases_and_errors"],
         "scaling": [

@@ -1,10 +1,9 @@
-"""Row-sharded Stiefel steps on ``torch.distributed`` (``docs/distributed.rst``): the
-reductions over row blocks (:class:`householderla._lib.rows.Rows`) as collectives, and which
-DTensor placements they apply to. Beyond its own rows a step needs only sums of M×M matrices,
-maxima over rows and (``polar``'s rare QR fallback) the stacked R factors: one
-``all_reduce`` of O(M²) numbers a round, where gathering X moves N·M. Maxima ride in the
-sums' ``all_reduce``: each process writes them in its own slot of a P-slot block (zeros
-elsewhere) and the maximum is taken after, NaN and Inf kept. :data:`SENT` counts the bytes.
+"""Sharded steps on ``torch.distributed`` (``docs/distributed.rst``). Stiefel: beyond its
+own rows a step needs sums of M×M matrices, maxima over rows and (``polar``'s QR fallback) the
+stacked R factors: one ``all_reduce`` of O(M²) numbers a round (maxima ride in the sums: each
+process writes its own slot of a P-slot block). Muon: each matrix orthogonalised on one owner
+(:func:`round_robin`), its row blocks moved there and back by :func:`all_to_all`. Which DTensor
+placements apply: :func:`layout`, :func:`muon_layout`. :data:`SENT` counts the bytes.
 """
 
 from __future__ import annotations
@@ -15,7 +14,18 @@ import numpy as np
 
 from .._lib.rows import Rows
 
-__all__ = ["SENT", "ProcessRows", "any_bad", "layout", "reset_sent"]
+__all__ = [
+    "SENT",
+    "ProcessRows",
+    "all_to_all",
+    "any_bad",
+    "is_dtensor",
+    "layout",
+    "muon_layout",
+    "reset_sent",
+    "round_robin",
+    "row_range",
+]
 
 #: Bytes this process handed to collectives since the last :func:`reset_sent`, and their
 #: number (the payload: a ring ``all_reduce`` puts about twice its payload on the wire, an
@@ -190,3 +200,88 @@ def any_bad(flags: Any, group: Any) -> Any:
     _count(flags)
     dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
     return flags
+
+
+def is_dtensor(t: Any) -> bool:
+    """Whether ``t`` is a ``torch.distributed`` DTensor (without importing it otherwise)."""
+    return type(t).__name__ == "DTensor" and type(t).__module__.startswith("torch.distributed")
+
+
+def muon_layout(p: Any, what: str) -> str:
+    """How Muon steps the DTensor ``p`` (..., A, B): ``"rows"`` for ``Shard`` of the rows of
+    its matrices (each matrix gathered to its owner), ``"local"`` for ``Replicate()`` or
+    ``Shard`` of a batch dimension (each process holds whole matrices). Anything else
+    raises ``ValueError`` naming the placement."""
+    mesh, placements = p.device_mesh, tuple(p.placements)
+    if mesh.ndim != 1:
+        raise ValueError(
+            f"{what} is a DTensor with placements {placements} on a {mesh.ndim}-D device mesh; "
+            "Muon takes DTensors on a 1-D mesh, sharded by rows (Shard) or replicated "
+            "(Replicate)"
+        )
+    (pl,) = placements
+    nd = p.ndim
+    if pl.is_replicate():
+        return "local"
+    if pl.is_shard():
+        d = pl.dim % nd
+        if d < nd - 2:
+            return "local"
+        if d == nd - 2:
+            return "rows"
+        raise ValueError(
+            f"{what} (shape {tuple(p.shape)}) has placement Shard({pl.dim}), which shards the "
+            f"columns of its matrices; shard it by rows, Shard({nd - 2}), or replicate it "
+            "(Replicate())"
+        )
+    raise ValueError(
+        f"{what} has placement {pl!r}; Muon takes parameters sharded by rows (Shard({nd - 2})) "
+        "or replicated (Replicate())"
+    )
+
+
+def row_range(n: int, size: int, index: int) -> tuple[int, int]:
+    """Rows [start, stop) of block ``index`` of ``n`` rows over ``size`` processes: torch's
+    ``Shard`` (⌈n/size⌉ rows a block, the last blocks shorter or empty)."""
+    block = -(-n // size)
+    start = min(index * block, n)
+    return start, min(start + block, n)
+
+
+def round_robin(costs: list[int], size: int) -> list[int]:
+    """The owner of each item: the items by decreasing cost (ties in their order) dealt to
+    processes 0, 1, …, size − 1, 0, 1, … in turn."""
+    order = sorted(range(len(costs)), key=lambda i: (-costs[i], i))
+    owner = [0] * len(costs)
+    for turn, i in enumerate(order):
+        owner[i] = turn % size
+    return owner
+
+
+def all_to_all(send: list[list[Any]], expect: list[list[Any]], group: Any, device: Any) -> Any:
+    """One ``all_to_all_single`` of raw bytes: ``send[d]`` the tensors for process ``d``,
+    ``expect[s]`` the ``(shape, dtype)`` of those process ``s`` sends here, in order (the
+    lists of this process itself empty: its own rows do not travel). Returns the received
+    tensors, ``out[s]`` in order. Bytes, so any dtype travels (bfloat16 over gloo too)."""
+    import torch
+    import torch.distributed as dist
+
+    def nbytes(shape: Any, dtype: Any) -> int:
+        return int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+
+    flat = [t.contiguous().reshape(-1).view(torch.uint8) for ts in send for t in ts]
+    in_splits = [sum(t.numel() * t.element_size() for t in ts) for ts in send]
+    out_splits = [sum(nbytes(s, d) for s, d in es) for es in expect]
+    buf = torch.cat(flat) if flat else torch.empty(0, dtype=torch.uint8, device=device)
+    out = torch.empty(sum(out_splits), dtype=torch.uint8, device=device)
+    _count(buf)
+    dist.all_to_all_single(out, buf, out_splits, in_splits, group=group)
+    received, at = [], 0
+    for es in expect:
+        got = []
+        for shape, dtype in es:
+            n = nbytes(shape, dtype)
+            got.append(out[at : at + n].clone().view(dtype).reshape(shape))
+            at += n
+        received.append(got)
+    return received

@@ -1,17 +1,18 @@
 """``torch.optim`` Muon with the fixed-step polar factors of :func:`householderla.polar`.
 
 :class:`Muon` follows ``torch.optim.Muon`` (torch 2.13) in hyperparameters, defaults and
-conventions — momentum buffer B ← μB + (1 − μ)G (``lerp``), Nesterov update
-G + μ(B − G), decoupled weight decay θ ← (1 − ηλ)θ, the learning-rate adjustment
-``adjust_lr_fn`` ("original": √max(1, A/B); "match_rms_adamw": 0.2√max(A, B)), the state key
-``momentum_buffer`` — and orthogonalises the update with ``hl.polar(update,
-schedule=...)`` in bfloat16: ``schedule="muon"`` is torch's own iteration (Jordan et al.'s
-quintic), the default ``"certified"`` the schedule bounded under bfloat16 rounding
-(``docs/theory/lowprec.rst``). :func:`orthogonalize`, that step as a plug-in: both public.
+conventions — buffer B ← μB + (1 − μ)G (``lerp``), Nesterov update G + μ(B − G), decoupled
+weight decay θ ← (1 − ηλ)θ, ``adjust_lr_fn`` ("original": √max(1, A/B); "match_rms_adamw":
+0.2√max(A, B)), the state key ``momentum_buffer`` — and orthogonalises the update with
+``hl.polar(update, schedule=...)`` in bfloat16: ``"muon"`` is torch's own iteration (Jordan et
+al.'s quintic), the default ``"certified"`` bounded under bfloat16 rounding
+(``docs/theory/lowprec.rst``). Row-sharded DTensors: each matrix on one owner process
+(``docs/distributed.rst``). :func:`orthogonalize`, that step as a plug-in: both public.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,6 +21,7 @@ import torch
 
 from .._agnostic.fixed_polar import ADJUST_LR, DEFAULT_STEPS, adjusted_lr, check_split_sizes
 from .._agnostic.fixed_polar import orthogonalize as _orthogonalize
+from .._interop.torch_distributed import all_to_all, is_dtensor, muon_layout, round_robin, row_range
 
 __all__ = ["Muon", "orthogonalize"]
 
@@ -133,7 +135,19 @@ class Muon(torch.optim.Optimizer):
     ``torch.optim.Muon`` checkpoint loads and continues with torch's quintic, and one of this
     class built with ``ns_coefficients`` loads into ``torch.optim.Muon``.
     Cost per parameter and step: ``ns_steps`` × (4·A·B·min(A, B) + 2·min(A, B)³) flops in
-    ``ns_dtype``.
+    ``ns_dtype``. Parameters in bfloat16 or float16 take the step θ − η'·O in float32, then
+    rounded to their dtype (the same arithmetic for every entry).
+
+    DTensor parameters on a 1-D mesh (``docs/distributed.rst``): sharded by rows
+    (``Shard(ndim − 2)``, ``Shard(0)`` of a matrix, as ``fully_shard`` makes it), each matrix
+    is orthogonalised on exactly one process per step, its owner — the matrices of all such
+    parameters (each matrix of a batch on its own) dealt round-robin by decreasing cost —
+    with one ``all_to_all`` bringing every matrix's row blocks of U (in ``ns_dtype``) to its
+    owner and one taking the rows of O back; the result is the single-process step bit for
+    bit. ``owners`` maps (group, parameter) to the owner of each matrix at the last step.
+    Replicated parameters and ``Shard`` of a batch dimension step locally (no
+    communication); other placements raise ``ValueError`` naming them. The momentum buffer
+    is a DTensor sharded like the parameter.
 
     Examples
     --------
@@ -190,6 +204,7 @@ class Muon(torch.optim.Optimizer):
             "split_sizes": None if split_sizes is None else tuple(split_sizes),
         }
         super().__init__(params, defaults)
+        self.owners: dict[tuple[int, int], list[int]] = {}
         for group in self.param_groups:
             self._check_group(group)
 
@@ -240,30 +255,45 @@ class Muon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group in self.param_groups:
+        sharded: list[_Rows] = []  # row-sharded DTensors: orthogonalised by their owners below
+        for gi, group in enumerate(self.param_groups):
             lr, wd, mu = group["lr"], group["weight_decay"], group["momentum"]
-            for p in group["params"]:
+            for pi, p in enumerate(group["params"]):
                 if p.grad is None:
                     continue
                 g = p.grad
                 if g.is_sparse:
                     raise RuntimeError("Muon does not support sparse gradients")
+                rows = False
+                if is_dtensor(p):
+                    rows = muon_layout(p, f"parameter {pi} of group {gi}") == "rows"
+                    if tuple(g.placements) != tuple(p.placements):  # a Partial gradient
+                        g = g.redistribute(p.device_mesh, p.placements)
                 state = self.state[p]
                 if "momentum_buffer" not in state:
                     state["momentum_buffer"] = torch.zeros_like(
                         g, memory_format=torch.preserve_format
                     )
                 buf = state["momentum_buffer"]
+                # DTensors: the same element-wise arithmetic on this process's part
+                P, g, buf = (t.detach().to_local() if is_dtensor(t) else t for t in (p, g, buf))
                 buf.lerp_(g, 1 - mu)
                 update = g.lerp(buf, mu) if group["nesterov"] else buf
-                p.mul_(1 - lr * wd)
-                self._orthogonal_step(p, update.to(group["ns_dtype"]), lr, group)
+                P.mul_(1 - lr * wd)
+                U = update.to(group["ns_dtype"])
+                if rows:
+                    sharded.append(_Rows(p, P, U, group, (gi, pi)))
+                else:
+                    O = self._polar(U, group)
+                    self._apply(P, O, lr, group, tuple(P.shape[-2:]), 0)
+        if sharded:
+            self._owned_steps(sharded)
         return loss
 
     @staticmethod
-    def _orthogonal_step(p: torch.Tensor, U: torch.Tensor, lr: Any, group: dict) -> None:
-        """p ← p − η·adjust·polar(U), or per row block of ``split_sizes`` (each block its
-        own matrix, its own adjustment): equal blocks in one batched call."""
+    def _polar(U: torch.Tensor, group: dict) -> torch.Tensor:
+        """polar(U), or of each row block of ``split_sizes`` (each block its own matrix):
+        equal blocks in one batched call."""
 
         def polar(X: torch.Tensor) -> torch.Tensor:
             return _orthogonalize(
@@ -271,15 +301,129 @@ class Muon(torch.optim.Optimizer):
                 eps=group["eps"], xp=_xp,
             )  # fmt: skip
 
-        fn, sizes, B = group["adjust_lr_fn"], group["split_sizes"], p.shape[-1]
+        sizes = group["split_sizes"]
         if sizes is None:
-            p.add_(polar(U), alpha=-adjusted_lr(lr, fn, tuple(p.shape)))
-        elif len(set(sizes)) == 1:
-            O = polar(U.unflatten(-2, (len(sizes), sizes[0]))).flatten(-3, -2)
-            p.add_(O, alpha=-adjusted_lr(lr, fn, (sizes[0], B)))
-        else:
-            start = 0
-            for a in sizes:
-                rows = slice(start, start + a)
-                p[..., rows, :].add_(polar(U[..., rows, :]), alpha=-adjusted_lr(lr, fn, (a, B)))
-                start += a
+            return polar(U)
+        if len(set(sizes)) == 1:
+            return polar(U.unflatten(-2, (len(sizes), sizes[0]))).flatten(-3, -2)
+        blocks, start = [], 0
+        for a in sizes:
+            blocks.append(polar(U[..., start : start + a, :]))
+            start += a
+        return torch.cat(blocks, -2)
+
+    @staticmethod
+    def _apply(
+        P: torch.Tensor, O: torch.Tensor, lr: Any, group: dict, shape: tuple, start: int
+    ) -> None:
+        """P ← P − η·adjust·O where P holds rows [start, start + P.shape[-2]) of matrices of
+        ``shape`` (A, B): each row block of ``split_sizes`` with its own adjustment
+        adjust(a_i, B). 16-bit parameters: in float32, then rounded to their dtype (torch's
+        own bfloat16 ``add_`` rounds its vectorised body and its scalar tail differently)."""
+        (A, B), fn = shape, group["adjust_lr_fn"]
+        stop, at = start + P.shape[-2], 0
+        for a in group["split_sizes"] or (A,):
+            lo, hi = max(at, start) - start, min(at + a, stop) - start
+            at += a
+            if lo >= hi:
+                continue
+            alpha = -adjusted_lr(lr, fn, (a, B))
+            rows = slice(lo, hi)
+            if P.dtype in (torch.bfloat16, torch.float16):
+                P[..., rows, :] = P[..., rows, :].float().add_(O[..., rows, :].float(), alpha=alpha)
+            else:
+                P[..., rows, :].add_(O[..., rows, :], alpha=alpha)
+
+    def _owned_steps(self, sharded: list[_Rows]) -> None:
+        """The row-sharded parameters' orthogonalisations, each matrix on its owner: per
+        mesh, one ``all_to_all`` of U's row blocks to the owners, the owners' polar factors
+        (the single-process call on the same matrices), one ``all_to_all`` of O's rows back."""
+        meshes: dict[Any, list[_Rows]] = {}
+        for item in sharded:
+            meshes.setdefault(item.mesh, []).append(item)
+        self.owners = {}
+        for mesh, items in meshes.items():
+            group, size, me = mesh.get_group(), mesh.size(), mesh.get_local_rank()
+            units = [(k, e) for k, it in enumerate(items) for e in range(it.count)]
+            owner = round_robin([items[k].cost for k, _ in units], size)
+            for it in items:
+                self.owners[it.key] = []
+            for (k, _), o in zip(units, owner, strict=True):
+                self.owners[items[k].key].append(o)
+            mine = [u for u, o in zip(units, owner, strict=True) if o == me]
+            device = items[0].U.device
+            # U's row blocks to the owners
+            send: list[list[Any]] = [[] for _ in range(size)]
+            for (k, e), o in zip(units, owner, strict=True):
+                if o != me:
+                    send[o].append(items[k].U3[e])
+            expect = [[] if s == me else [items[k].block(s) for k, _ in mine] for s in range(size)]
+            got = all_to_all(send, expect, group, device)
+            # the owner's polar factors, a parameter's matrices in one call
+            whole: dict[int, list[torch.Tensor]] = {}
+            for j, (k, e) in enumerate(mine):
+                blocks = [items[k].U3[e] if s == me else got[s][j] for s in range(size)]
+                whole.setdefault(k, []).append(torch.cat(blocks, 0))
+            O_of: dict[tuple[int, int], torch.Tensor] = {}
+            for k, mats in whole.items():
+                it = items[k]
+                X = mats[0] if it.U.ndim == 2 else torch.stack(mats)
+                O = self._polar(X, it.group)
+                O = O.unsqueeze(0) if it.U.ndim == 2 else O
+                es = [e for kk, e in mine if kk == k]
+                O_of.update(((k, e), O[i]) for i, e in enumerate(es))
+            # O's rows back
+            send = [[] for _ in range(size)]
+            for k, e in mine:
+                for s in range(size):
+                    if s != me:
+                        r0, r1 = items[k].rows(s)
+                        send[s].append(O_of[(k, e)][r0:r1])
+            expect = [[] for _ in range(size)]
+            for (k, _), o in zip(units, owner, strict=True):
+                if o != me:
+                    expect[o].append(items[k].block(me))
+            got = all_to_all(send, expect, group, device)
+            taken = [0] * size
+            for (k, e), o in zip(units, owner, strict=True):
+                it = items[k]
+                if o == me:
+                    r0, r1 = it.rows(me)
+                    it.O3[e] = O_of[(k, e)][r0:r1]
+                else:
+                    it.O3[e] = got[o][taken[o]]
+                    taken[o] += 1
+            for it in items:
+                lr = it.group["lr"]
+                self._apply(it.P, it.O3.reshape(it.U.shape), lr, it.group, it.shape, it.start)
+
+
+class _Rows:
+    """A row-sharded DTensor parameter's step: this process's part P and U (..., r, B), the
+    global matrix shape (A, B), the matrices' count and cost, the row blocks of every
+    process, and O's rows as they arrive (``O3``, (count, r, B))."""
+
+    def __init__(self, p: Any, P: torch.Tensor, U: torch.Tensor, group: dict, key: tuple) -> None:
+        self.mesh, self.P, self.U, self.group, self.key = p.device_mesh, P, U, group, key
+        self.shape = tuple(p.shape[-2:])
+        A, B = self.shape
+        self.count = math.prod(p.shape[:-2])
+        self.cost = A * B * min(A, B)  # ∝ the orthogonalisation's flops
+        self.size, index = p.device_mesh.size(), p.device_mesh.get_local_rank()
+        self.start, stop = self.rows(index)
+        if P.shape[-2] != stop - self.start:
+            raise ValueError(
+                f"parameter {key[1]} of group {key[0]} (shape {tuple(p.shape)}) holds "
+                f"{P.shape[-2]} rows on process {index}; Muon expects torch's Shard blocks "
+                f"of ⌈{A}/{self.size}⌉ rows ({stop - self.start} here)"
+            )
+        self.U3 = U.reshape(self.count, stop - self.start, B)
+        self.O3 = torch.empty_like(self.U3)
+
+    def rows(self, index: int) -> tuple[int, int]:
+        return row_range(self.shape[0], self.size, index)
+
+    def block(self, index: int) -> tuple[tuple[int, int], Any]:
+        """(shape, dtype) of process ``index``'s rows of one matrix of U."""
+        r0, r1 = self.rows(index)
+        return (r1 - r0, self.shape[1]), self.U.dtype
