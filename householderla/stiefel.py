@@ -104,11 +104,12 @@ def _project_first(X: Any, count: Any, xp: Any, rows: Rows) -> Any:
 def _reduce_first(A: Any, G: Any, xp: Any, rows: Rows) -> tuple[Any, Any]:
     """XᴴG summed over the row blocks, and max |G| over them (None for one block): the step's
     first round. A NaN or Inf in any block's G raises on every process (the sum of the
-    one-hot maxima keeps it: ``householderla._interop.torch_distributed``)."""
+    one-hot maxima keeps it: ``householderla._interop.torch_distributed``); traced (a JAX
+    mesh) it propagates, as under ``jax.jit`` on one device."""
     if not rows.sharded:
         return A, None
     (A,), (g_max,) = rows.reduce([A], [block_max(G, xp, (-2, -1))])
-    if not math.isfinite(host(xp.max(g_max))):
+    if is_eager(g_max) and not math.isfinite(host(xp.max(g_max))):
         raise ValueError("G contains NaN or Inf")
     return A, g_max
 
@@ -208,7 +209,9 @@ def momentum_sgd(
         X (and G, and the state's U) are this process's row block of matrices sharded by
         rows across processes, and ``rows`` reduces over the blocks (eager NumPy or torch;
         :mod:`householderla._interop.torch_distributed` for ``torch.distributed``, which
-        :class:`householderla.torch.StiefelSGD` uses for row-sharded DTensors). Every
+        :class:`householderla.torch.StiefelSGD` uses for row-sharded DTensors; traced JAX
+        inside ``jax.shard_map``, as :func:`householderla.jax.stiefel_sgd` runs it with
+        ``row_axis``). Every
         product over the rows of X becomes a sum of M×M matrices: 3 rounds of communication
         per step, O(M²) numbers each (``docs/distributed.rst``). Default: X is whole.
     xp : namespace, optional

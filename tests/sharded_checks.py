@@ -13,12 +13,15 @@ wrong block would be O(1) off), (2) the result keeps the batch sharding, and (3)
 HLO has no collective except those listed: no all-gather, all-to-all or permute of the batch;
 where a result sums over the sharded batch (a gradient of replicated reflectors) one
 all-reduce of that sum, and in the optimizers' polar step scalar all-reduces (the "all
-converged" flags of the Newton–Schulz guard).
+converged" flags of the Newton–Schulz guard). For a Stiefel parameter sharded by its rows
+(issue 43, item 4) only M×M traffic: all-reduces of at most (2M)² numbers, the all-gather of
+TSQR's stacked M×M R factors, nothing with a device's N/P rows (``small_collective``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sys
@@ -62,11 +65,12 @@ class Context:
         return self.rng.standard_normal(shape)
 
     def compiled_collectives(self, f: Callable, *args: Any) -> list[tuple[str, str]]:
-        """(collective, result shape) of every collective in the compiled HLO of jit(f)."""
+        """(collective, result shape) of every collective in the compiled HLO of jit(f); a
+        combined collective's shape is the tuple of its results, ``(f64[6,6]{1,0}, f64[])``."""
         text = self.jax.jit(f).lower(*args).compile().as_text()
         found = []
         for line in text.splitlines():
-            m = re.search(r"= (\S+) (" + "|".join(COLLECTIVES) + r")(-start)?\(", line)
+            m = re.search(r"= (\S+|\(.*?\)) (" + "|".join(COLLECTIVES) + r")(-start)?\(", line)
             if m:
                 found.append((m.group(2), m.group(1)))
         return found
@@ -78,12 +82,17 @@ class Context:
         plain: tuple[Any, ...],
         allowed: Callable[[str, str], bool] = lambda kind, shape: False,
         out_spec: Any = None,
+        reference: Callable | None = None,
     ) -> Any:
         """Check f on sharded against plain arguments; ``allowed(kind, shape)`` says which
-        collectives may appear; ``out_spec`` is the sharding the (first) result must keep."""
+        collectives may appear; ``out_spec`` is the sharding the (first) result must keep;
+        ``reference`` computes the expected result from the plain arguments (default: f)."""
         jax, np = self.jax, self.np
         got = jax.jit(f)(*sharded)
-        want = jax.jit(f)(*(jax.numpy.asarray(a) for a in plain))
+        if reference is None:
+            want = jax.jit(f)(*(jax.numpy.asarray(a) for a in plain))
+        else:
+            want = reference(*plain)
         for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
             np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-12, atol=1e-12)
         if out_spec is not None:
@@ -96,8 +105,9 @@ class Context:
 
 
 def scalar(kind: str, shape: str) -> bool:
-    """An all-reduce of one number (a flag, a step size's gradient): no batch moves."""
-    dims = re.search(r"\[([\d,]*)\]", shape).group(1)
+    """An all-reduce of numbers one by one (a flag, a step size's gradient; combined ones
+    too): no batch moves."""
+    dims = ",".join(re.findall(r"\[([\d,]*)\]", shape))
     return kind == "all-reduce" and all(d == "1" for d in dims.split(",") if d)
 
 
@@ -228,6 +238,134 @@ def check_stiefel_optimizers(c: Context) -> None:
         X3, _ = c.run(steps, sharded, (X, *G), scalar, P("d"))
         E = np.swapaxes(np.asarray(X3), -1, -2) @ np.asarray(X3) - np.eye(6)
         assert np.abs(E).max() < 1e-13  # still on the manifold
+
+
+# -- Stiefel parameters sharded by rows (issue 43, item 4) --------------------------------------
+
+#: Rows and columns of the row-sharded parameters: N/P = 32 rows a device, P·M = 24 < 32.
+ROWS_N, ROWS_M = 128, 6
+
+
+def small_collective(kind: str, shape: str) -> bool:
+    """M×M traffic only: all-reduces of at most (2M)² numbers an operand (sums and maxima
+    over rows, flags), all-gathers of TSQR's stacked M×M R factors (P·M × M); nothing with
+    a dimension as long as a device's rows N/P (a gather of X or of a block of it)."""
+    shapes = [[int(d) for d in m.split(",") if d] for m in re.findall(r"\[([\d,]*)\]", shape)]
+    size = lambda dims: math.prod(dims)  # noqa: E731
+    if any(d >= ROWS_N // DEVICES for dims in shapes for d in dims):
+        return False
+    if kind == "all-reduce":
+        return all(size(dims) <= (2 * ROWS_M) ** 2 for dims in shapes)
+    if kind == "all-gather":
+        return all(size(dims) <= DEVICES * ROWS_M**2 for dims in shapes)
+    return False
+
+
+def row_sharded_steps(
+    c: Context, tx: Any, n_steps: int = 2, cond: float | None = None
+) -> tuple[Any, ...]:
+    """``n_steps`` of the optax-style transformation ``tx`` from a point near St(N, M) (the
+    first step projects it), as a function of (X, G_1, …); its arguments sharded by rows
+    and plain. ``cond``: start instead from a full-rank X of that condition number, whose
+    projection the jitted polar step's fixed count of iterations cannot certify: its QR
+    fallback runs, by TSQR on the mesh."""
+    import householderla.jax as hlj
+
+    np = c.np
+    X = np.linalg.qr(c.normal(ROWS_N, ROWS_M))[0] + 0.01 * c.normal(ROWS_N, ROWS_M)
+    if cond is not None:
+        V = np.linalg.qr(c.normal(ROWS_M, ROWS_M))[0]
+        X = np.linalg.qr(X)[0] * np.geomspace(1.0, 1.0 / cond, ROWS_M) @ V
+    G = [c.normal(ROWS_N, ROWS_M) for _ in range(n_steps)]
+
+    def steps(X: Any, *G: Any) -> Any:
+        state = tx.init(X)
+        for g in G:
+            X, state = hlj.update_params(tx, g, state, X)
+        return X, state
+
+    sharded = tuple(c.put(a, "d", None) for a in (X, *G))
+    return steps, sharded, (X, *G)
+
+
+def numpy_steps(opt: Any) -> Callable[..., Any]:
+    """The same steps by the functional optimizer ``opt`` on whole NumPy arrays: the
+    reference, computed without sharding (and without compiling)."""
+
+    def steps(X: Any, *G: Any) -> Any:
+        state = opt.init(X)
+        for g in G:
+            X, state = opt.update(X, g, state)
+        return X, state
+
+    return steps
+
+
+@check
+def check_stiefel_optimizers_row_sharded(c: Context) -> None:
+    """stiefel_sgd / stiefel_adam with ``row_axis``: X (N×M, N ≫ M) sharded by rows, two
+    steps (one where a second adds nothing new: Nesterov's look-ahead and the Euclidean
+    metric act from the first, plain Adam is AMSGrad but its maxima; the Nesterov step from
+    an ill-conditioned start, projected by the TSQR fallback). Each equals the same steps of
+    ``hl.stiefel`` on whole NumPy arrays; X and U (Adam's q) stay sharded by rows, Z and p
+    replicated; the compiled program has only M×M collectives (no gather of X, which the
+    plain GSPMD step does in its polar step's QR fallback: ``check_row_gather_is_caught``)."""
+    import householderla.jax as hlj
+    import householderla.stiefel as S
+
+    np, P = c.np, c.P
+    kw = {"row_axis": "d", "mesh": c.mesh}
+    cases = [
+        (hlj.stiefel_sgd(0.1, **kw), S.momentum_sgd(0.1), 2, None),
+        (
+            hlj.stiefel_sgd(0.1, metric="euclidean", nesterov=True, **kw),
+            S.momentum_sgd(0.1, metric="euclidean", nesterov=True),
+            1,
+            100.0,
+        ),
+        (hlj.stiefel_adam(0.01, amsgrad=True, **kw), S.adam(0.01, amsgrad=True), 2, None),
+        (hlj.stiefel_adam(0.01, **kw), S.adam(0.01), 1, None),
+    ]
+    for tx, opt, n_steps, cond in cases:
+        steps, sharded, plain = row_sharded_steps(c, tx, n_steps, cond)
+        X2, state = c.run(steps, sharded, plain, small_collective, P("d", None), numpy_steps(opt))
+        for name in state._fields:
+            spec = P("d", None) if name in ("U", "q", "q_max") else P()
+            leaf = getattr(state, name)
+            assert leaf.sharding.is_equivalent_to(c.NamedSharding(c.mesh, spec), leaf.ndim), name
+        E = np.asarray(X2).T @ np.asarray(X2) - np.eye(ROWS_M)
+        assert np.abs(E).max() < 1e-13  # on the manifold
+
+
+@check
+def check_muon_row_sharded(c: Context) -> None:
+    """hl.jax.muon on X sharded by rows (plain GSPMD, no option needed): equal to the
+    unsharded step (float64 Newton–Schulz), sharded by rows, only M×M all-reduces."""
+    import householderla.jax as hlj
+
+    tx = hlj.muon(0.02, ns_dtype=c.jax.numpy.float64)
+
+    def step(X: Any, G: Any) -> Any:
+        state = tx.init(X)
+        updates, state = tx.update(G, state, X)
+        return hlj.apply_updates(X, updates), state
+
+    X, G = c.normal(ROWS_N, ROWS_M), c.normal(ROWS_N, ROWS_M)
+    sharded = (c.put(X, "d", None), c.put(G, "d", None))
+    c.run(step, sharded, (X, G), small_collective, c.P("d", None))
+
+
+@check
+def check_row_gather_is_caught(c: Context) -> None:
+    """The M×M rule can fail: without ``row_axis`` GSPMD partitions the Stiefel step itself
+    and gathers X (N×M) for the QR fallback of its polar step."""
+    import householderla.jax as hlj
+
+    steps, sharded, _ = row_sharded_steps(c, hlj.stiefel_sgd(0.1), n_steps=1)
+    found = c.compiled_collectives(steps, *sharded)
+    bad = [col for col in found if not small_collective(*col)]
+    whole = f"[{ROWS_N},{ROWS_M}]"
+    assert any(kind == "all-gather" and whole in shape for kind, shape in bad), found
 
 
 @check

@@ -1,6 +1,6 @@
 """Sharded JAX (issue 14, item 2): operators, retractions and the optax-style Stiefel
 optimizers under ``jax.jit`` with ``NamedSharding`` over four CPU devices, and inside
-``jax.shard_map``.
+``jax.shard_map``; Stiefel parameters sharded by rows (issue 43, item 4: ``row_axis``, Muon).
 
 JAX fixes its device count at import, and this process imported it already with one device,
 so the checks (``tests/sharded_checks.py``, which documents each) run in one subprocess with

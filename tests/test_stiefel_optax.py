@@ -215,6 +215,23 @@ def test_bad_input():
         O.stiefel_adam(lr=-1.0)
 
 
+def test_torch_style_options_and_mesh_arguments():
+    """nesterov / dampening / amsgrad reach both kinds of leaves (as hl.torch.StiefelSGD /
+    StiefelAdam); ``row_axis`` names an axis of ``mesh`` (the row-sharded steps themselves run
+    on four devices in tests/sharded_checks.py)."""
+    params, _ = problem(jnp.float64)
+    with pytest.raises(ValueError, match="Nesterov"):
+        O.stiefel_sgd(momentum=0.0, nesterov=True)
+    state = O.stiefel_adam(amsgrad=True, stiefel=MASK).init(params)
+    assert isinstance(state["tall"], hl.stiefel.AMSGradState)
+    assert isinstance(state["bias"], hl.stiefel.EuclideanAMSGradState)
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("x",))
+    with pytest.raises(ValueError, match="without row_axis"):
+        O.stiefel_sgd(mesh=mesh)
+    with pytest.raises(ValueError, match="not an axis of the mesh"):
+        O.stiefel_adam(row_axis="y", mesh=mesh)
+
+
 @pytest.mark.parametrize("make", [O.stiefel_sgd, O.stiefel_adam])
 def test_nonfinite_gradients_raise_or_skip_under_jit(make):
     """issue 12, class 4, for the optax-style front end: "raise" names the leaf before any

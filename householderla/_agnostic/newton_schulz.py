@@ -240,8 +240,7 @@ def _tsqr(Xw: Any, xp: Any, rows: Rows) -> tuple[Any, Any]:
         pad = xp.zeros(r.shape[:-2] + (M - k, M), dtype=r.dtype, device=device_of(r))
         r = xp.concat([r, pad], axis=-2)
     q2, R = xp.linalg.qr(rows.stack(r))
-    start = rows.index * M
-    return q @ q2[..., start : start + k, :], R
+    return q @ rows.own(q2, M, k), R
 
 
 def polar_maxima(X: Any, xp: Any) -> list[Any]:
@@ -290,11 +289,11 @@ def polar_impl(
 ) -> tuple[Any, dict[str, Any]]:
     """Polar factor of X (..., N, M), M ≤ N, and an info dict (see :func:`hl.polar`).
 
-    ``rows``: X is this process's row block of a row-sharded matrix (eager NumPy or torch;
-    ``docs/distributed.rst``): the maxima over rows and the Gram matrices are reduced over
-    the blocks, everything else is the same M × M work on every process; ``maxima`` are the
-    reduced :func:`polar_maxima` when the caller reduced them with its own (else one round
-    here)."""
+    ``rows``: X is this process's row block of a row-sharded matrix (eager NumPy or torch,
+    traced JAX under ``jax.shard_map``; ``docs/distributed.rst``): the maxima over rows and
+    the Gram matrices are reduced over the blocks, everything else is the same M × M work on
+    every process; ``maxima`` are the reduced :func:`polar_maxima` when the caller reduced
+    them with its own (else one round here)."""
     xp = kernel_namespace(xp)
     # X beyond the range p of power_of_two_scale covers (subnormal, or half X near its
     # largest number: p² must be finite in the work dtype) is first scaled into it exactly;

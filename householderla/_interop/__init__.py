@@ -1,1 +1,2 @@
-"""Interoperability: Dask operands (lazy, chunkwise) and zero-copy DLPack hand-over."""
+"""Interoperability: Dask operands (lazy, chunkwise), zero-copy DLPack hand-over, and row-sharded
+Stiefel steps on ``torch.distributed`` and on a JAX mesh."""

@@ -25,8 +25,10 @@ class Rows:
 
     ``reduce(sums, maxes)`` returns the sums over the blocks of the arrays ``sums`` and the
     element-wise maxima of ``maxes`` (one round of communication for both); ``stack(a)``
-    the blocks' arrays (..., K, M) stacked along axis −2 in block order; ``index`` is this
-    block's position in that order, ``total(n)`` the row count of X from this block's ``n``.
+    the blocks' arrays (..., K, M) stacked along axis −2 in block order, ``own(a, width, k)``
+    this block's k rows of such a stack of ``width``-row arrays; ``index`` is this block's
+    position in that order (traced on a JAX mesh), ``total(n)`` the row count of X from this
+    block's ``n``.
     """
 
     sharded = False
@@ -40,6 +42,10 @@ class Rows:
 
     def stack(self, a: Any) -> Any:
         return a
+
+    def own(self, a: Any, width: int, k: int) -> Any:
+        start = self.index * width
+        return a[..., start : start + k, :]
 
 
 #: One block: X is whole.

@@ -6,17 +6,20 @@ with the same fields without optax). A Stiefel leaf's update is X⁺ − X, so `
 within one rounding of X⁺ (:func:`update_params` returns X⁺ itself). ``stiefel`` selects the
 Stiefel leaves (bool, pytree prefix or function); others get the Euclidean update. Wide leaves go
 through their transpose; complex leaves take ``jax.grad``'s conjugate gradient as it is
-(``complex_grads="jax"``) or an already conjugated one (``"gradient"``).
+(``complex_grads="jax"``) or an already conjugated one (``"gradient"``). ``row_axis``: leaves
+sharded by rows step under ``jax.shard_map`` with M×M collectives (``_interop/jax_mesh.py``).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 
 from .. import stiefel as S
+from .._interop.jax_mesh import MeshRows, shard_rows
 from .._lib.tracing import is_eager
 
 __all__ = [
@@ -67,6 +70,8 @@ class _Update:
         mask: Any,
         nonfinite: str = "raise",
         complex_grads: str = "jax",
+        mesh: Any = None,
+        sharded: S.StiefelOptimizer | None = None,
     ):
         if nonfinite not in NONFINITE:
             raise ValueError(f"nonfinite must be one of {NONFINITE}; got {nonfinite!r}")
@@ -74,6 +79,21 @@ class _Update:
             raise ValueError(f"complex_grads must be one of {COMPLEX_GRADS}; got {complex_grads!r}")
         self.manifold, self.euclid, self.mask, self.nonfinite = manifold, euclid, mask, nonfinite
         self.conj = complex_grads == "jax"
+        # row-sharded Stiefel leaves: (mesh, axis) and the optimizer reducing over the axis
+        self.mesh, self.sharded = mesh, sharded
+
+    def manifold_init(self, x: Any) -> Any:
+        if self.sharded is None:
+            return self.manifold.init(x)
+        mesh, axis = self.mesh
+        kind = type(jax.eval_shape(self.manifold.init, x))  # the state's NamedTuple
+        return shard_rows(self.sharded.init, mesh, axis, x.ndim, kind, update=False)(x)
+
+    def manifold_update(self, x: Any, g: Any, s: Any) -> tuple[Any, Any]:
+        if self.sharded is None:
+            return self.manifold.update(x, g, s)
+        mesh, axis = self.mesh
+        return shard_rows(self.sharded.update, mesh, axis, x.ndim, type(s), update=True)(x, g, s)
 
     def leaves(self, params: Any) -> tuple[list[Any], Any, list[bool]]:
         leaves, treedef = jax.tree_util.tree_flatten(params)
@@ -96,7 +116,7 @@ class _Update:
     def init(self, params: Any) -> Any:
         leaves, treedef, flags = self.leaves(params)
         states = [
-            self.manifold.init(_orient(x)) if flag else self.euclid.init(x)
+            self.manifold_init(_orient(x)) if flag else self.euclid.init(x)
             for x, flag in zip(leaves, flags, strict=True)
         ]
         inner = treedef.unflatten(states)
@@ -131,7 +151,7 @@ class _Update:
                 g = jnp.conj(g)  # jax.grad's cotangent -> the gradient ∂L/∂Re + i ∂L/∂Im
             if flag:
                 wide = x.shape[-2] < x.shape[-1]
-                x_new, s_new = self.manifold.update(_orient(x), _orient(g), s)
+                x_new, s_new = self.manifold_update(_orient(x), _orient(g), s)
                 x_new = _mT(x_new) if wide else x_new
             else:
                 x_new, s_new = self.euclid.update(x, g, s)
@@ -160,6 +180,18 @@ def _transformation(update: _Update) -> Any:
     return GradientTransformation(update.init, update)
 
 
+def _on_mesh(mesh: Any, row_axis: Any, make: Callable[..., Any]) -> tuple[Any, Any]:
+    """((mesh, row_axis), ``make(rows=...)`` reducing over row_axis), or (None, None)."""
+    if row_axis is None:
+        if mesh is not None:
+            raise ValueError("mesh is given without row_axis: name the mesh axis of the rows")
+        return None, None
+    names = row_axis if isinstance(row_axis, tuple) else (row_axis,)
+    if mesh is not None and not set(names) <= set(mesh.axis_names):
+        raise ValueError(f"row_axis {row_axis!r} is not an axis of the mesh {mesh.axis_names}")
+    return (mesh, row_axis), make(rows=MeshRows(row_axis))
+
+
 def stiefel_sgd(
     lr: float = 0.1,
     momentum: float = 0.9,
@@ -167,17 +199,22 @@ def stiefel_sgd(
     *,
     expm_method: str = "euler",
     transport: str = "energy",
+    nesterov: bool = False,
+    dampening: float = 0.0,
     stiefel: bool | Any | Callable[[Any], Any] = True,
     nonfinite: str = "raise",
     complex_grads: str = "jax",
+    row_axis: Any = None,
+    mesh: Any = None,
 ) -> Any:
     """Momentum SGD on Stiefel leaves (Kong, Wang & Tao, ICLR 2023, Algorithm 1) as an optax
     transformation.
 
     Parameters
     ----------
-    lr, momentum, metric, expm_method, transport
-        As in :func:`householderla.stiefel.momentum_sgd`.
+    lr, momentum, metric, expm_method, transport, nesterov, dampening
+        As in :func:`householderla.stiefel.momentum_sgd` (and, for the Euclidean leaves,
+        :func:`~householderla.stiefel.euclidean_sgd`).
     stiefel : bool, pytree of bools, or callable
         Which leaves are Stiefel matrices (default: all); the others get
         :func:`~householderla.stiefel.euclidean_sgd` with the same lr and momentum.
@@ -191,6 +228,19 @@ def stiefel_sgd(
         Euclidean): "jax" (default) takes ``jax.grad``'s output, ∂L/∂Re z − i ∂L/∂Im z, and
         conjugates it; "gradient" takes ∂L/∂Re z + i ∂L/∂Im z (what optax's own optimizers
         expect, ``jnp.conj(jax.grad(...))``). Real leaves are unaffected.
+    row_axis : str or tuple of str, optional
+        The Stiefel leaves are sharded by rows over this axis of a device mesh
+        (``NamedSharding(mesh, P(..., row_axis, None))`` of a tall leaf (..., N, M),
+        ``P(..., None, row_axis)`` of a wide one, the batch dimensions replicated): each step
+        runs under ``jax.shard_map``, each device on its own rows, and what it needs from the
+        others is sums and maxima of M×M matrices (``psum``, ``pmax``; the QR fallback of the
+        polar step gathers the M×M R factors), never X (``docs/distributed.rst``, "JAX: a
+        mesh"). The rows must split evenly over the axis; the result and the state's U (Adam's
+        q) keep the row sharding, Z and p are replicated. The same steps as on one device up
+        to the order of the sums. Default: GSPMD partitions the step as it sees fit (under
+        ``jax.jit`` a row-sharded X is then gathered in the polar step's QR fallback).
+    mesh : jax.sharding.Mesh, optional
+        The mesh of ``row_axis``; default: the mesh set by ``jax.set_mesh``.
 
     Returns
     -------
@@ -214,9 +264,13 @@ def stiefel_sgd(
     >>> bool(jnp.abs(W.T @ W - jnp.eye(2)).max() < 10 * jnp.finfo(W.dtype).eps)
     True
     """
-    manifold = S.momentum_sgd(lr, momentum, metric, expm_method=expm_method, transport=transport)
-    euclid = S.euclidean_sgd(lr, momentum)
-    return _transformation(_Update(manifold, euclid, stiefel, nonfinite, complex_grads))
+    kw = {"nesterov": nesterov, "dampening": dampening}
+    make = functools.partial(
+        S.momentum_sgd, lr, momentum, metric, expm_method=expm_method, transport=transport, **kw
+    )
+    euclid = S.euclidean_sgd(lr, momentum, **kw)
+    on_mesh = _on_mesh(mesh, row_axis, make)
+    return _transformation(_Update(make(), euclid, stiefel, nonfinite, complex_grads, *on_mesh))
 
 
 def stiefel_adam(
@@ -228,21 +282,24 @@ def stiefel_adam(
     *,
     expm_method: str = "euler",
     transport: str = "energy",
+    amsgrad: bool = False,
     stiefel: bool | Any | Callable[[Any], Any] = True,
     nonfinite: str = "raise",
     complex_grads: str = "jax",
+    row_axis: Any = None,
+    mesh: Any = None,
 ) -> Any:
     """Adam on Stiefel leaves (Kong, Wang & Tao, ICLR 2023, Algorithm 2) as an optax transformation.
 
     Parameters
     ----------
-    lr, b1, b2, eps, metric, expm_method, transport
+    lr, b1, b2, eps, metric, expm_method, transport, amsgrad
         As in :func:`householderla.stiefel.adam`.
     stiefel : bool, pytree of bools, or callable
         As in :func:`stiefel_sgd`; non-Stiefel leaves get
         :func:`~householderla.stiefel.euclidean_adam` (Algorithm 2's bias correction, which
         is not ``optax.adam``'s).
-    nonfinite, complex_grads : str
+    nonfinite, complex_grads, row_axis, mesh
         As in :func:`stiefel_sgd`.
 
     Returns
@@ -250,9 +307,11 @@ def stiefel_adam(
     GradientTransformation
         As in :func:`stiefel_sgd`.
     """
-    manifold = S.adam(lr, b1, b2, eps, metric, expm_method=expm_method, transport=transport)
-    euclid = S.euclidean_adam(lr, b1, b2, eps)
-    return _transformation(_Update(manifold, euclid, stiefel, nonfinite, complex_grads))
+    kw = {"expm_method": expm_method, "transport": transport, "amsgrad": amsgrad}
+    make = functools.partial(S.adam, lr, b1, b2, eps, metric, **kw)
+    euclid = S.euclidean_adam(lr, b1, b2, eps, amsgrad=amsgrad)
+    on_mesh = _on_mesh(mesh, row_axis, make)
+    return _transformation(_Update(make(), euclid, stiefel, nonfinite, complex_grads, *on_mesh))
 
 
 def update_params(tx: Any, grads: Any, state: Any, params: Any) -> tuple[Any, Any]:
