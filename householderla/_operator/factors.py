@@ -308,10 +308,11 @@ def scan_reflectors(V: Any) -> tuple[bool, bool] | None:
 
 
 def _upper_is_zero(V: Any, xp: Any) -> bool:
-    """:func:`~householderla._agnostic.compact_wy.is_lower_trapezoidal`; for a stack of
-    NumPy arrays or plain CPU tensors (float32/float64) one Numba pass over the strict upper
-    part instead of ``triu(V) == 0``'s two full-size temporaries."""
-    if V.ndim >= 3 and math.prod(V.shape):
+    """:func:`~householderla._agnostic.compact_wy.is_lower_trapezoidal`; for NumPy arrays or
+    plain CPU tensors (float32/float64, one matrix or a stack) one Numba pass over the strict
+    upper part, stopping at its first nonzero, instead of ``triu(V) == 0``'s two full-size
+    temporaries (a third of forming Q at N = 256)."""
+    if V.ndim >= 2 and math.prod(V.shape) and is_eager(V):
         views = [V] if type(V) is np.ndarray else plain_cpu_views(V)
         nk = numba_enabled() if views is not None else None
         if nk is not None and views[0].dtype in (np.float32, np.float64):
