@@ -217,7 +217,11 @@ LAYER_ROWS = [
     ("cpu", 1024, 64, True, ("one_node", 64)),
     ("cpu", 1024, 2048, True, ("one_node", 64)),
     ("cpu", 128, 256, True, ("one_node_one_block", 128)),
-    ("cpu", 128, 64, True, ("one_node", 64)),
+    ("cpu", 128, 64, True, ("one_node_one_block", 128)),
+    ("cpu", 160, 64, True, ("one_node_one_block", 160)),
+    ("cpu", 192, 64, True, ("one_node", 64)),
+    ("cpu", 192, 256, True, ("one_node_one_block", 192)),
+    ("cpu", 256, 512, True, ("one_node", 64)),
     ("cuda", 1024, 64, True, ("one_node_one_block", 1024)),
     ("cuda", 4096, 8192, True, ("one_node_one_block", 4096)),
     ("cpu", 1024, 64, False, ("operator", 0)),
@@ -239,6 +243,7 @@ def test_layer_plan_table(device, N, rows, one_node, expected):
         graph=one_node,
         block=64,
         single_max_n=192,
+        applied_single_max_n=160,
     )
     path = P.plan_layer(facts)
     assert (path.name, path.block) == expected

@@ -278,8 +278,9 @@ def test_one_node_dispatch(monkeypatch):
     """The one node runs for a training forward only: not without grad, not for x of another
     dtype, not with ``ONE_NODE = False``, not under ``torch.func`` (whose gradient, through
     the composed rules, equals the one node's), never for the other maps; it gets blocks of
-    ``_blocked.BLOCK`` for the operator path and one block for a formed W with
-    N ≤ ``SINGLE_BLOCK_MAX_N``; NaN in V raises as on the composed path."""
+    ``_blocked.BLOCK`` for the operator path above N = ``SINGLE_BLOCK_APPLIED_MAX_N`` and one
+    block below, and one block for a formed W with N ≤ ``SINGLE_BLOCK_MAX_N``; NaN in V
+    raises as on the composed path."""
     from householderla._autodiff.torch import CWYLinear
 
     layer = hl.torch.OrthogonalLinear(6, 6, dtype=torch.float64)
@@ -304,7 +305,11 @@ def test_one_node_dispatch(monkeypatch):
     G = torch.randn(3, 6, dtype=torch.float64)
     layer(torch.randn(7, 6, dtype=torch.float64))  # B > N: W formed, from one block
     (layer(x) * G).sum().backward()
-    assert calls == [((7, 6), True, 6), ((3, 6), False, _blocked.BLOCK)]
+    assert calls == [((7, 6), True, 6), ((3, 6), False, 6)]  # N ≤ SINGLE_BLOCK_APPLIED_MAX_N
+    calls.clear()
+    wide = hl.torch.OrthogonalLinear(200, 200, dtype=torch.float64)
+    wide(torch.randn(3, 200, dtype=torch.float64)).sum().backward()
+    assert calls == [((3, 200), False, _blocked.BLOCK)]  # the operator path's blocks
     calls.clear()
     params = dict(layer.named_parameters())
 

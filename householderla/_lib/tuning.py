@@ -27,6 +27,7 @@ __all__ = [
     "SEQUENTIAL_MAX_LB_PRECOMPUTED",
     "SEQUENTIAL_MAX_N",
     "SEQ_DETECT_FLOPS",
+    "SINGLE_BLOCK_APPLIED_MAX_N",
     "SINGLE_BLOCK_MAX_N",
     "SMALL_N",
     "STRUCTURED_BLOCK",
@@ -106,3 +107,4 @@ LAPACK_SEQUENTIAL_MAX_M = 128  # largest m sequential over panels; results/tunin
 OPERATOR_MAX_ROWS = 1.0  # rows per N for the operator path; results/training_step.md
 ONE_NODE = True  # training forward as one autograd node; results/tuning.md
 SINGLE_BLOCK_MAX_N = 192  # largest N forming W as one block; results/tuning.md
+SINGLE_BLOCK_APPLIED_MAX_N = 160  # largest N applying one block to the rows; results/tuning.md

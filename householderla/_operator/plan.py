@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .._agnostic import trapezoidal as _trapezoidal
+from .._lib.tuning import SINGLE_BLOCK_APPLIED_MAX_N as _SINGLE_APPLIED
 from .._lib.tuning import SINGLE_BLOCK_MAX_N as _SINGLE
 from .._lib.tuning import SMALL_N
 from .blocked import use_blocks
@@ -203,17 +204,21 @@ class LayerFacts:
     has_operator: bool = True  # an operator represents W (not a wide "cwy" with extra L)
     block: int = 64  # the CPU's reflectors per block (``CWY_BLOCK``)
     single_max_n: int = _SINGLE  # largest N whose formed W is one block on the CPU
+    applied_single_max_n: int = _SINGLE_APPLIED  # largest N applied as one block on the CPU
 
 
 def plan_layer(f: LayerFacts) -> Path:
     """The path of ``OrthogonalLinear.forward``. A square CWY training step is one autograd
     node: on CUDA one compact WY block (a Gram, a triangular solve, a few GEMMs forward and
     backward) whether W is formed or applied; on the CPU blocks of ``block`` reflectors (one
-    block where W is formed and N ≤ ``single_max_n``). Otherwise W formed (batch above
-    ``operator_rows``), the operator applied, or the parametrization's ``weight``."""
+    block where W is formed and N ≤ ``single_max_n``, or applied and N ≤
+    ``applied_single_max_n``: there the blocks' extra ops cost more than their flops save).
+    Otherwise W formed (batch above ``operator_rows``), the operator applied, or the
+    parametrization's ``weight``."""
     applied = f.rows <= f.operator_rows
     if f.one_node:
-        if f.device != "cpu" or (not applied and f.N <= f.single_max_n):
+        one = f.applied_single_max_n if applied else f.single_max_n
+        if f.device != "cpu" or f.N <= one:
             return Path("one_node_one_block", block=f.L)
         return Path("one_node", block=f.block)
     if not applied:

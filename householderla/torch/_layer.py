@@ -19,7 +19,12 @@ import torch
 from .._autodiff.torch import CWYLinear
 from .._lib.device import device_kind
 from .._lib.tracing import is_transformed, needs_graph
-from .._lib.tuning import ONE_NODE, OPERATOR_MAX_ROWS, SINGLE_BLOCK_MAX_N
+from .._lib.tuning import (
+    ONE_NODE,
+    OPERATOR_MAX_ROWS,
+    SINGLE_BLOCK_APPLIED_MAX_N,
+    SINGLE_BLOCK_MAX_N,
+)
 from .._operator import blocked as _blocked
 from .._operator.plan import LayerFacts, plan_layer
 from ._param import INITS, MAPS, STRUCTURES, Orthogonal
@@ -185,6 +190,7 @@ class OrthogonalLinear(torch.nn.Module):
             graph=needs_graph(*self.vectors),
             block=_blocked.BLOCK,
             single_max_n=SINGLE_BLOCK_MAX_N,
+            applied_single_max_n=SINGLE_BLOCK_APPLIED_MAX_N,
         )
 
     def _one_node(self, x: torch.Tensor) -> bool:
