@@ -63,7 +63,7 @@ docs: $(STAMP)
 	$(PY) -m sphinx -W --keep-going -q -b doctest -d docs/_build/doctrees docs docs/_build/doctest
 
 # every benchmark script (make bench-all; with --quick, make bench-quick)
-BENCH_SCRIPTS := run forming retractions sequential structured svd training_step stiefel dispatch lapack small dask_tall lowprec muon by_hand peft
+BENCH_SCRIPTS := run forming retractions sequential structured svd training_step stiefel dispatch lapack small dask_tall lowprec muon by_hand cpu_rows peft
 # where make bench, bench-all and bench-repro write: git-ignored unless you ask for the
 # committed results (make bench BENCH_OUT=benchmarks/results)
 BENCH_OUT ?= build/bench

@@ -23,7 +23,7 @@ from pathlib import Path
 #: Every script (the Makefile's ``BENCH_SCRIPTS``, then ``reproduce``).
 SCRIPTS = (
     "run forming retractions sequential structured svd training_step stiefel dispatch lapack "
-    "small dask_tall lowprec muon by_hand reproduce"
+    "small dask_tall lowprec muon by_hand cpu_rows reproduce"
 ).split()
 
 

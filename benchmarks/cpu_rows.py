@@ -1,0 +1,149 @@
+"""The CPU rows an independent run checks (issue 44, item 4), by a plain timing.
+
+Run ``python -m benchmarks.cpu_rows`` (about a minute; ``--quick``: tiny sizes, a smoke
+test). Nothing of ``benchmarks/_harness.py`` is used: ours and the anchor are timed by
+``timeit`` in turns, nine samples each, the fastest sample of each kept, one thread, as
+``benchmarks/by_hand.py`` times the headline's three ratios. Each row is ours / anchor
+(lower is better) unless it says "speed-up" (anchor / ours, higher is better):
+
+* a prebuilt ``Q @ h`` (past the repeat switch) / the two bare GEMMs ``U (Uᵀ h)``;
+* ``hl.from_lapack(a, τ).matrix()`` and ``hl.cwy(V).matrix()`` on the unit lower-trapezoidal
+  V of the same reflectors / ``torch.linalg.householder_product`` (LAPACK's ``?orgqr``,
+  MKL), torch tensors as ``torch.geqrf`` returns them and NumPy views of them;
+* ``hl.vjp.cwy_apply`` / the forward ``hl.cwy(V) @ h`` it differentiates;
+* 8192 float64 (16, 16) reflector sets: ``householder_product`` / ours (speed-up);
+* ``hl.householder_apply`` of 16 reflections to one vector / the same product written by
+  hand with precomputed factors ``h − U (T (Uᵀ h))``.
+
+The OrthogonalLinear training-step rows are ``benchmarks/training_step.py``'s. Writes
+``cpu_rows.md`` to ``--out`` (default ``build/bench``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import timeit
+from pathlib import Path
+
+import numpy as np
+import torch
+from threadpoolctl import threadpool_limits
+
+import householderla as hl
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def fastest(ours, anchor, number: int, samples: int = 9) -> tuple[float, float]:
+    """(fastest ours, fastest anchor) per call over ``samples`` samples of ``number`` calls
+    each, the two sampled in turns (a slow spell of the machine then falls on both)."""
+    t_ours, t_anchor = [], []
+    ours(), anchor()  # first calls: caches, lazily built factors, compiled kernels
+    for _ in range(samples):
+        t_ours.append(timeit.timeit(ours, number=number))
+        t_anchor.append(timeit.timeit(anchor, number=number))
+    return min(t_ours) / number, min(t_anchor) / number
+
+
+def rows(quick: bool) -> list[tuple[str, float, float, bool]]:
+    """(name, ours in s, anchor in s, speed-up row) for every row."""
+    out = []
+
+    def add(name, ours, anchor, number, speedup=False):
+        t = fastest(ours, anchor, number)
+        out.append((name, *t, speedup))
+
+    rng = np.random.default_rng(0)
+    N, L, B = (128, 32, 8) if quick else (1024, 256, 64)
+    V, U, h = (rng.standard_normal(s) for s in ((N, L), (N, L), (N, B)))
+    Q = hl.cwy(V)
+    Q @ np.ones((N, N))  # past the repeat switch: N columns multiplied
+    add(f"prebuilt Q @ h, N={N} L={L} B={B}, NumPy / U (Uᵀ h)", lambda: Q @ h,
+        lambda: U @ (U.T @ h), 50)  # fmt: skip
+    Vt, Ut, ht = (torch.from_numpy(a) for a in (V, U, h))
+    Qt = hl.cwy(Vt)
+    Qt @ torch.ones(N, N, dtype=torch.float64)
+    add(f"prebuilt Q @ h, N={N} L={L} B={B}, torch / U (Uᵀ h)", lambda: Qt @ ht,
+        lambda: Ut @ (Ut.mT @ ht), 50)  # fmt: skip
+    for n in (96,) if quick else (256, 1024):
+        A = torch.from_numpy(rng.standard_normal((n, n)))
+        a, tau = torch.geqrf(A)
+        an, taun = a.numpy(), tau.numpy()
+        Vu = (a.tril(-1) + torch.eye(n, dtype=torch.float64)).contiguous()
+        Vun = Vu.numpy()
+        k = 20 if n <= 256 else 1
+
+        def orgqr(a=a, tau=tau):
+            return torch.linalg.householder_product(a, tau)
+
+        add(f"from_lapack(a, τ).matrix(), N={n}, torch / householder_product",
+            lambda a=a, tau=tau: hl.from_lapack(a, tau).matrix(), orgqr, k)  # fmt: skip
+        add(f"from_lapack(a, τ).matrix(), N={n}, NumPy / householder_product",
+            lambda a=an, tau=taun: hl.from_lapack(a, tau).matrix(), orgqr, k)  # fmt: skip
+        add(f"cwy(V).matrix(), unit lower V, N={n}, torch / householder_product",
+            lambda V=Vu: hl.cwy(V).matrix(), orgqr, k)  # fmt: skip
+        add(f"cwy(V).matrix(), unit lower V, N={n}, NumPy / householder_product",
+            lambda V=Vun: hl.cwy(V).matrix(), orgqr, k)  # fmt: skip
+    rng = np.random.default_rng(5)
+    V, H, G = (rng.standard_normal(s) for s in ((N, L), (N, B), (N, B)))
+    add(f"vjp.cwy_apply, N={N} L={L} B={B}, NumPy / forward cwy(V) @ h",
+        lambda: hl.vjp.cwy_apply(V, H, G), lambda: hl.cwy(V) @ H, 3)  # fmt: skip
+    P, n = (64, 16) if quick else (8192, 16)
+    A = torch.from_numpy(rng.standard_normal((P, n, n)))
+    a, tau = torch.geqrf(A)
+    Vs = (a.tril(-1) + torch.eye(n, dtype=torch.float64)).contiguous()
+    add(f"{P} (16, 16) float64 torch: householder_product / cwy(V).matrix() (speed-up)",
+        lambda: hl.cwy(Vs).matrix(), lambda: torch.linalg.householder_product(a, tau), 3,
+        speedup=True)  # fmt: skip
+    add(f"{P} (16, 16) float64 torch: householder_product / from_lapack(a, τ).matrix() "
+        "(speed-up)", lambda: hl.from_lapack(a, tau).matrix(),
+        lambda: torch.linalg.householder_product(a, tau), 3, speedup=True)  # fmt: skip
+    N, L = 128, 16
+    V, h = rng.standard_normal((N, L)), rng.standard_normal(N)
+    Un = V / np.linalg.norm(V, axis=0)
+    T = np.triu(rng.standard_normal((L, L)))
+    add("householder_apply(V, h), N=128 L=16, one vector, NumPy / h − U (T (Uᵀ h))",
+        lambda: hl.householder_apply(V, h), lambda: h - Un @ (T @ (Un.T @ h)), 2000)  # fmt: skip
+    Vt, htt, Unt, Tt = (torch.from_numpy(x) for x in (V, h, Un, T))
+    add("householder_apply(V, h), N=128 L=16, one vector, torch / h − U (T (Uᵀ h))",
+        lambda: hl.householder_apply(Vt, htt), lambda: htt - Unt @ (Tt @ (Unt.mT @ htt)),
+        2000)  # fmt: skip
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").strip().splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test")
+    p.add_argument("--out", type=Path, default=ROOT / "build" / "bench", help="results folder")
+    args = p.parse_args(argv)
+    threadpool_limits(1)  # one-thread figures, as the headline's
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        found = rows(args.quick)
+    finally:
+        torch.set_num_threads(threads)
+    date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    lines = [
+        f"Plain timeit, one thread, the fastest of nine samples each, in turns ({date}; "
+        f"{platform.processor() or platform.machine()}, torch {torch.__version__}, "
+        f"NumPy {np.__version__}). Ratio: ours / anchor (lower is better), or anchor / ours "
+        "where the row says speed-up.",
+        "",
+        "| row | ours | anchor | ratio |",
+        "|---|---|---|---|",
+    ]
+    for name, ours, anchor, speedup in found:
+        r = anchor / ours if speedup else ours / anchor
+        lines.append(f"| {name} | {ours * 1e3:.3f} ms | {anchor * 1e3:.3f} ms | {r:.2f}× |")
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "cpu_rows.md").write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
