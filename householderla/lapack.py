@@ -510,7 +510,10 @@ def from_lapack(a: Any, tau: Any, *, thin: bool = False, xp: Any = None) -> CWY 
     read-only Numba pass and then read in place as well
     (``LapackColumns`` above): ``.matrix()`` and the first product run the
     panels on ``a`` itself, each panel copied into one buffer reused for all of them, and V
-    is built when anything else needs it. A fresh V freed with the result made glibc return
+    is built when anything else needs it; a row-major ``a`` is copied to column-major order
+    first. Plain CPU torch tensors (no grad, ``torch.geqrf``'s layout or row-major), one
+    ``a`` or a stack, take these in-place paths through their NumPy views, the results
+    returned as tensors (so do not write into ``a`` while you use the operator either). A fresh V freed with the result made glibc return
     the heap, so a plain loop faulted V's pages in again on every call
     (``benchmarks/results/tuning.md``).
 
