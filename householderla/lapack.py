@@ -513,9 +513,9 @@ def from_lapack(a: Any, tau: Any, *, thin: bool = False, xp: Any = None) -> CWY 
     is built when anything else needs it; a row-major ``a`` is copied to column-major order
     first. Plain CPU torch tensors (no grad, ``torch.geqrf``'s layout or row-major), one
     ``a`` or a stack, take these in-place paths through their NumPy views, the results
-    returned as tensors (so do not write into ``a`` while you use the operator either). A fresh V freed with the result made glibc return
-    the heap, so a plain loop faulted V's pages in again on every call
-    (``benchmarks/results/tuning.md``).
+    returned as tensors (so do not write into ``a`` while you use the operator either). A
+    fresh V freed with the result made glibc return the heap, so a plain loop faulted V's
+    pages in again on every call (``benchmarks/results/tuning.md``).
 
     Examples
     --------

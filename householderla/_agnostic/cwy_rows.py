@@ -15,7 +15,13 @@ from __future__ import annotations
 from typing import Any
 
 from .._lib.checks import check_finite_norms
-from .._lib.linalg import eye_like, row_major_copy, solve_upper_triangular, subtract_product
+from .._lib.linalg import (
+    eye_like,
+    row_major_copy,
+    solve_upper_triangular,
+    subtract_product,
+    with_diagonal,
+)
 from .._lib.namespace import accumulation_dtype_for, device_of
 from .._lib.tracing import is_eager
 
@@ -45,18 +51,18 @@ def rows_factor(V: Any, xp: Any) -> Any:
     form (:func:`.compact_wy.normalize_columns`, scaled by max |v|) takes; a float64 column
     with ‖v‖ < 1e-154 counts as zero. float32 columns (squared in float64) have neither."""
     Va = _acc(V, accumulation_dtype_for(xp, V), xp)
-    delta = xp.sum(Va * Va, axis=-2, keepdims=True)  # (1, L), the diagonal of VᵀV
+    G = Va.mT @ Va
+    delta = xp.linalg.diagonal(G)  # (..., L): ‖v_j‖²
     if is_eager(delta) and not bool(xp.all(xp.isfinite(delta))):
         check_finite_norms(xp.max(xp.abs(Va), axis=-2, keepdims=True), xp)  # NaN or Inf
-        bad = [j for j in range(delta.shape[-1]) if not bool(xp.isfinite(delta[0, j]))]
+        flat = xp.reshape(delta, (-1, delta.shape[-1]))
+        bad = [j for j in range(flat.shape[-1]) if not bool(xp.all(xp.isfinite(flat[:, j])))]
         raise ValueError(
             f"V has column(s) {bad[:10]} whose squared norm overflows {Va.dtype}; "
             "rescale them (H(αv) = H(v))"
         )
-    G = Va.mT @ Va
-    L = G.shape[-1]
     half = xp.where(delta > 0, 0.5 * delta, xp.ones_like(delta))
-    return xp.triu(G, k=1) + eye_like(xp, L, G.dtype, device_of(G)) * half
+    return with_diagonal(xp.triu(G, k=1), half, xp)
 
 
 def rows_product(V: Any, S: Any, x: Any, xp: Any, formed: bool) -> tuple[Any, Any]:
@@ -166,7 +172,12 @@ def blocks_vjp(
         gt = gb[..., row:]
         c = gt @ Vb
         d = _acc(solve_upper_triangular(S, _acc(c.mT, S.dtype, xp), xp, True), V.dtype, xp).mT
-        Vbar = _gram_vjp(Vb, d.mT @ b, xp) - gt.mT @ b - z.mT @ d
+        Vbar = _gram_vjp(Vb, d.mT @ b, xp)
+        if inplace and Vbar.ndim == 2:  # (torch's addmm_, NumPy's ?gemm: no temporaries)
+            subtract_product(Vbar, gt.mT, b, xp)
+            subtract_product(Vbar, z.mT, d, xp)
+        else:
+            Vbar = Vbar - gt.mT @ b - z.mT @ d
         if row:
             pad = xp.zeros((*Vbar.shape[:-2], row, e - s), dtype=Vbar.dtype, device=device_of(V))
             Vbar = xp.concat([pad, Vbar], axis=-2)

@@ -33,6 +33,7 @@ __all__ = [
     "subtract_product",
     "sum_to_shape",
     "where0",
+    "with_diagonal",
     "workspace",
 ]
 
@@ -41,6 +42,20 @@ def eye_like(xp: Any, n: int, dtype: Any, device: Any, batch: tuple[int, ...] = 
     """Identity of shape ``batch + (n, n)`` (broadcast, not materialised per batch)."""
     eye = xp.eye(n, dtype=dtype, device=device)
     return xp.broadcast_to(eye, batch + (n, n)) if batch else eye
+
+
+def with_diagonal(S: Any, d: Any, xp: Any) -> Any:
+    """S (..., L, L) with its diagonal set to d (..., L), for an S whose diagonal is zero
+    and which the caller owns (a fresh ``triu(G, k=1)``): written in place on torch (one
+    op: a copy into the diagonal view, which autograd records if it records S) and NumPy;
+    S + I·d elsewhere (JAX, array-api-strict, Dask: immutable or without views)."""
+    if aac.is_torch_namespace(xp):
+        S.diagonal(dim1=-2, dim2=-1).copy_(d)
+        return S
+    if aac.is_numpy_namespace(xp) and S.flags.writeable:
+        np.einsum("...ii->...i", S)[...] = d
+        return S
+    return S + eye_like(xp, S.shape[-1], S.dtype, device_of(S)) * d[..., None, :]
 
 
 def inv_upper_triangular(S: Any, xp: Any) -> Any:
