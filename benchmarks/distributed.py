@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         H.write(out_dir / "distributed_fsdp.json", res)
         H.write(out_dir / "distributed_fsdp.md", md)
         return 0
-    by = {(r["optimizer"], r["N"], r["M"], r["P"]): r for r in raw if r["optimizer"] != "Muon"}
+    by = {(r["optimizer"], r["N"], r["M"], r["P"]): r for r in raw if r["optimizer"] in OPTIMIZERS}
     lines = [
         "| optimizer | N × M | bytes / step / process (P = 2, 4) | gathering X | ratio "
         "| all_reduces | plain tensor | P = 1 | P = 2 | P = 4 |",
