@@ -16,7 +16,15 @@ process hands to the two ``all_to_all`` calls of a step (counted, the largest ov
 processes) against gathering every matrix of U into every process (Σ A·B·2 bytes), and the
 median step time at P = 1, 2, 4 with the plain single-process step as the anchor.
 
-``python -m benchmarks.distributed [--quick] [--out DIR]``.
+``hl.torch.OrthogonalLinear`` under ``fully_shard`` (FSDP2, float32): per N, one training
+step (forward, backward, SGD) of a batch of ``fsdp_rows`` rows a process, with the layer's
+reflectors V sharded by FSDP (gathered for the forward, again for the backward of a non-root
+layer unless ``reshard_after_forward=False``, V̄ reduce-scattered) or kept whole on every
+process (``ignored_params``, V̄ averaged by one ``all_reduce``): the tensors handed to each
+collective (counted by wrapping ``torch.distributed``) and the median step time.
+``--fsdp`` runs only that part and writes ``distributed_fsdp.{json,md}``.
+
+``python -m benchmarks.distributed [--quick] [--fsdp] [--out DIR]``.
 """
 
 from __future__ import annotations
@@ -48,6 +56,15 @@ QUICK = {
     "muon_steps": 3,
 }
 OPTIMIZERS = {"StiefelSGD": {"lr": 0.1}, "StiefelAdam": {"lr": 0.01}}
+FULL.update(fsdp_N=[256, 1024], fsdp_rows=64, fsdp_steps=7)
+QUICK.update(fsdp_N=[64], fsdp_rows=16, fsdp_steps=3)
+#: The ways of running OrthogonalLinear under fully_shard, measured: V sharded (FSDP's
+#: default for a layer with its own ``fully_shard`` below the root; and not resharded after
+#: the forward) or kept whole on every process; and the same step without ``fully_shard``
+#: and without collectives (each process alone: the computation's share of the step).
+FSDP_MODES = ("sharded", "sharded, no reshard", "replicated", "no FSDP")
+_COLLECTIVES = ("all_gather_single", "reduce_scatter_single", "all_reduce",
+                "all_gather_into_tensor", "reduce_scatter_tensor")  # fmt: skip
 
 
 def muon_sets(d: int) -> list[tuple[str, list[tuple[int, ...]]]]:
@@ -81,7 +98,7 @@ def _worker(P: int, rank: int, init: str, out: str, cfg: dict[str, Any]) -> None
     )  # fmt: skip
     mesh = init_device_mesh("cpu", (P,))
     rows = []
-    for N, M in cfg["shapes"]:
+    for N, M in [] if cfg.get("fsdp_only") else cfg["shapes"]:
         g = torch.Generator().manual_seed(N + M)
         X0 = torch.linalg.qr(torch.randn(N, M, generator=g, dtype=torch.float64))[0]
         # a gradient of the scale of a loss of O(1) per column (a tangent step of O(lr))
@@ -115,7 +132,12 @@ def _worker(P: int, rank: int, init: str, out: str, cfg: dict[str, Any]) -> None
             rows.append({"optimizer": name, "N": N, "M": M, "P": P, "bytes": step_bytes,
                          "calls": calls, "step_s": times["dtensor"],
                          "tensor_step_s": times.get("tensor")})  # fmt: skip
-    rows += _muon_rows(P, mesh, cfg)
+    if not cfg.get("fsdp_only"):
+        rows += _muon_rows(P, mesh, cfg)
+    else:
+        rows = []
+    if P > 1:
+        rows += _fsdp_rows(P, mesh, cfg)
     if rank == 0:
         Path(out).write_text(json.dumps(rows), encoding="utf-8")
     dist.barrier()
@@ -172,6 +194,135 @@ def _muon_rows(P: int, mesh: Any, cfg: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def _fsdp_rows(P: int, mesh: Any, cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    """OrthogonalLinear (N, N, float32) as ``Sequential(layer, head)`` under ``fully_shard``
+    in each of :data:`FSDP_MODES`: the payloads handed to collectives in one step (name,
+    bytes) and the median step time."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    import householderla.torch as ht
+
+    calls: list[tuple[str, int]] = []
+    originals = {name: getattr(dist, name) for name in _COLLECTIVES}
+
+    def counting(name: str, fn: Any) -> Any:
+        def wrapped(*args: Any, **kw: Any) -> Any:
+            if name == "all_reduce":
+                t = args[0] if args else kw["tensor"]
+            else:
+                t = args[1] if len(args) > 1 else kw.get("input", kw.get("input_tensor"))
+            calls.append((name, t.numel() * t.element_size()))
+            return fn(*args, **kw)
+
+        return wrapped
+
+    rows = []
+    try:
+        for name, fn in originals.items():
+            setattr(dist, name, counting(name, fn))
+        for N in cfg["fsdp_N"]:
+            b = cfg["fsdp_rows"]
+            g = torch.Generator().manual_seed(N)
+            x = torch.randn(b, N, generator=g)
+            for mode in FSDP_MODES:
+                lay = ht.OrthogonalLinear(N, N, generator=torch.Generator().manual_seed(0))
+                head = torch.nn.Linear(N, 16)
+                model = torch.nn.Sequential(lay, head)
+                if mode == "replicated":
+                    fully_shard(model, mesh=mesh, ignored_params=set(lay.parameters()))
+                elif mode != "no FSDP":
+                    fully_shard(lay, mesh=mesh, reshard_after_forward=mode == "sharded")
+                    fully_shard(model, mesh=mesh)
+                opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+                per = []
+                for _ in range(cfg["fsdp_steps"] + 1):
+                    dist.barrier()
+                    del calls[:]
+                    t0 = time.perf_counter()
+                    model(x).square().mean().backward()
+                    if mode == "replicated":  # what DDP would do for these parameters
+                        for p in lay.parameters():
+                            dist.all_reduce(p.grad, group=mesh.get_group())
+                            p.grad /= P
+                    opt.step()
+                    opt.zero_grad()
+                    per.append(time.perf_counter() - t0)
+                    counted = list(calls)
+                per = sorted(per[1:])
+                vbytes = 4 * N * N
+                rows.append({"optimizer": "fsdp", "mode": mode, "N": N, "P": P, "rows": b,
+                             "calls": counted, "V_bytes": vbytes,
+                             "step_s": per[len(per) // 2]})  # fmt: skip
+    finally:
+        for name, fn in originals.items():
+            setattr(dist, name, fn)
+    return rows
+
+
+def _wire(name: str, nbytes: int, P: int) -> float:
+    """Bytes a process sends for a collective with this payload, by a ring: an all_gather
+    sends (P − 1) shards; a reduce_scatter (P − 1)/P of its input; an all_reduce twice
+    that."""
+    if name.startswith("all_gather"):
+        return (P - 1) * nbytes
+    if name.startswith("reduce_scatter"):
+        return (P - 1) / P * nbytes
+    return 2 * (P - 1) / P * nbytes
+
+
+def _fsdp_table(raw: list[dict[str, Any]], cfg: dict[str, Any]) -> list[str]:
+    """The FSDP section: per N, P and mode, the collectives that carry V or V̄ (sharded: the
+    layer's gathers of its shard of V and the bias, padded to ⌈N/P⌉ rows, and the
+    reduce-scatter of P such shards; replicated: the all_reduce of V̄), the others (the
+    head's; the bias' all_reduce) apart, and the step time."""
+    lines = [
+        "| N | P | V | collectives of V, V̄ (payload bytes a process) | sent a process, ring "
+        "| others (the head, the bias) | persistent V a process | step |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in raw:
+        if r["optimizer"] != "fsdp":
+            continue
+        N, P, vb = r["N"], r["P"], r["V_bytes"]
+        own = 4 * -(-N // P) * (N + 1)
+        ours = {("all_gather_single", own), ("reduce_scatter_single", P * own), ("all_reduce", vb)}
+        big = [c for c in r["calls"] if tuple(c) in ours]
+        small = [c for c in r["calls"] if tuple(c) not in ours]
+        short = {"all_gather_single": "AG", "reduce_scatter_single": "RS", "all_reduce": "AR"}
+        desc = ", ".join(f"{short.get(n, n)} {b:,}" for n, b in big)
+        wire = sum(_wire(n, b, P) for n, b in big)
+        other = sum(b for _, b in small)
+        keep = -(-N // P) * N * 4 if r["mode"].startswith("sharded") else vb
+        lines.append(
+            f"| {N:,} | {P} | {r['mode']} | {desc} | {wire:,.0f} | {len(small)}: "
+            f"{other:,} | {keep:,} | {H.fmt_t(r['step_s'])} |"
+        )
+    return lines
+
+
+def _fsdp_md(machine: dict[str, Any], raw: list[dict[str, Any]], cfg: dict[str, Any]) -> str:
+    return (
+        f"## OrthogonalLinear under fully_shard (float32, {cfg['fsdp_rows']} rows a "
+        "process)\n\n"
+        + H.machine_line(machine, extra="1 thread per process")
+        + "\n\n"
+        + "\n".join(_fsdp_table(raw, cfg))
+        + "\n\nOne training step of Sequential(OrthogonalLinear(N, N), Linear(N, 16)): "
+        "forward, backward, SGD. sharded: V (and the bias, in the same collectives) sharded "
+        "by rows by the layer's own fully_shard below the root's, gathered for the forward "
+        "and again for the backward (AG), V̄ reduce-scattered (RS); 'no reshard': "
+        "reshard_after_forward=False, one gather; replicated: the layer's parameters in the "
+        "root's ignored_params, whole on every process, V̄ and the bias' averaged by "
+        "all_reduce (AR) after the backward. Payload = the tensor handed over: an AG's own "
+        "shard (FSDP pads the rows to a multiple of P), an RS's whole input, an AR's tensor; "
+        "'sent, ring' = what a ring sends a process: (P − 1) shards for an AG, (P − 1)/P of "
+        "the input for an RS, twice that for an AR. 'no FSDP': the same step on each "
+        "process alone, no collectives. Times: median of the steps after the first.\n"
+    )
+
+
 def _muon_table(raw: list[dict[str, Any]], cfg: dict[str, Any]) -> list[str]:
     by = {(r["set"], r["P"]): r for r in raw if r["optimizer"] == "Muon"}
     lines = [
@@ -219,15 +370,26 @@ def main(argv: list[str] | None = None) -> int:
         _worker(int(argv[2]), int(argv[3]), argv[4], argv[5], cfg)
         return 0
     quick = "small shapes, 3 steps: a smoke test (~30 s: the processes' starts)"
-    args = H.parser(__doc__, quick).parse_args(argv)
-    cfg = QUICK if args.quick else FULL
+    parser = H.parser(__doc__, quick)
+    parser.add_argument("--fsdp", action="store_true", help="OrthogonalLinear under "
+                        "fully_shard only (writes distributed_fsdp.{json,md})")  # fmt: skip
+    args = parser.parse_args(argv)
+    cfg = dict(QUICK if args.quick else FULL, fsdp_only=args.fsdp)
     out_dir = H.out_dir(args)
     t0 = time.perf_counter()
     machine = H.machine_info()
     raw = []
-    for P in cfg["P"]:
+    for P in [P for P in cfg["P"] if P > 1] if args.fsdp else cfg["P"]:
         raw += _group(P, cfg)
-    by = {(r["optimizer"], r["N"], r["M"], r["P"]): r for r in raw if r["optimizer"] != "Muon"}
+    if args.fsdp:
+        md = _fsdp_md(machine, raw, cfg)
+        print(md)
+        res = {"machine": machine, "quick": args.quick, "config": cfg, "raw": raw,
+               "wall_s": time.perf_counter() - t0}  # fmt: skip
+        H.write(out_dir / "distributed_fsdp.json", res)
+        H.write(out_dir / "distributed_fsdp.md", md)
+        return 0
+    by = {(r["optimizer"], r["N"], r["M"], r["P"]): r for r in raw if r["optimizer"] in OPTIMIZERS}
     lines = [
         "| optimizer | N × M | bytes / step / process (P = 2, 4) | gathering X | ratio "
         "| all_reduces | plain tensor | P = 1 | P = 2 | P = 4 |",
@@ -262,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows of O for those it owns, bfloat16), the largest over the processes, counted; "
         "gathering U brings every matrix, Σ A·B·2 bytes, into every process. The ratio is "
         "about 2(P − 1)/P² where the owners' shares are even. Times as above, for the whole "
-        "set of parameters.\n"
+        "set of parameters.\n\n" + _fsdp_md(machine, raw, cfg)
     )
     print(md)
     res = {"machine": machine, "quick": args.quick, "config": cfg, "raw": raw,

@@ -1,5 +1,6 @@
-"""Checks of the Stiefel optimizers on ``torch.distributed`` (issue 43), run by
-``tests/test_distributed.py`` in P gloo processes on the CPU.
+"""Checks of the Stiefel optimizers and Muon on ``torch.distributed`` and of
+``OrthogonalLinear`` under ``fully_shard`` (issue 43), run by ``tests/test_distributed.py`` in
+P gloo processes on the CPU.
 
 ``python tests/distributed_checks.py WORLD RANK INIT_FILE OUT CHECK@P...`` joins a process
 group of WORLD processes (``init_method=file://INIT_FILE``), runs each named check on the
@@ -706,6 +707,182 @@ def muon_errors(P: int, rank: int) -> None:
             raise AssertionError("a 2-D mesh did not raise")
 
 
+# -- OrthogonalLinear under fully_shard --------------------------------------------------------
+
+#: (N, rows a process, bias, dtype, nested): N = 8 one block; N = 200 the blocked one-node
+#: path, applied (16 rows) and formed (400 rows > N); N = 37 and 13 uneven row shards
+#: (19 + 18, 10 + 10 + 10 + 7; 7 + 6, 4 + 4 + 4 + 1).
+FSDP_CASES = (
+    (8, 5, True, "float64", False),
+    (200, 16, False, "float64", True),
+    (200, 400, True, "float64", False),
+    (37, 7, True, "float64", True),
+    (13, 30, False, "float64", False),
+    (37, 7, True, "float32", True),
+    (200, 16, False, "float32", False),
+)
+#: float32: the P micro-batch gradients are summed in another order than the reference's
+#: accumulation (FSDP's reduce-scatter), ≤ (P − 1)·eps relative an entry; the forward and
+#: each micro-batch's gradient are the same operations on the same numbers.
+FSDP_TOL = {"float64": TOL, "float32": 3e-6}
+
+
+def _fsdp_pair(N: int, bias: bool, dtype: Any, nested: bool, P: int) -> tuple[Any, Any, Any]:
+    """(reference layer, its fully_shard copy, the module stepped): the same initial
+    parameters; ``nested``: the layer inside a ``Sequential`` with its own ``fully_shard``
+    (not the root: resharded after forward, gathered again for backward)."""
+    import torch
+    from torch.distributed.fsdp import fully_shard
+
+    import householderla.torch as ht
+
+    def layer() -> Any:
+        g = torch.Generator().manual_seed(N)
+        return ht.OrthogonalLinear(N, N, bias=bias, generator=g, dtype=dtype)
+
+    ref, lay = layer(), layer()
+    if nested:
+        model = torch.nn.Sequential(lay, torch.nn.Identity())
+        fully_shard(lay, mesh=_mesh(P))
+        fully_shard(model, mesh=_mesh(P))
+    else:
+        model = fully_shard(lay, mesh=_mesh(P))
+    return ref, lay, model
+
+
+def fsdp_layer(P: int, rank: int) -> None:
+    """``OrthogonalLinear`` under ``fully_shard`` (FSDP2): its reflectors V (and the bias) are
+    DTensors sharded by rows; FSDP gathers them into a plain parameter before the forward,
+    so the layer (its one autograd node, blocked or not, applied or formed) sees the full V.
+    Each process takes its own micro-batch; the forward rows, the gradients (reduce-scattered:
+    averaged over the processes), an SGD step and the next forward equal the single-process
+    layer run on each micro-batch with the gradients averaged."""
+    import torch
+
+    from householderla.torch import _layer
+
+    inner, seen = _layer.CWYLinear, []
+
+    class Recording:
+        @staticmethod
+        def apply(V: Any, x: Any, trapezoidal: bool, formed: bool, block: int) -> Any:
+            seen.append((type(V).__name__, tuple(V.shape), formed))
+            return inner.apply(V, x, trapezoidal, formed, block)
+
+    _layer.CWYLinear = Recording
+    try:
+        for N, b, bias, dt, nested in FSDP_CASES:
+            dtype = getattr(torch, dt)
+            ref, lay, model = _fsdp_pair(N, bias, dtype, nested, P)
+            names = [n for n, _ in ref.named_parameters()]
+            assert type(lay.vectors[0]).__name__ == "DTensor", type(lay.vectors[0])
+            assert tuple(lay.vectors[0].placements) == (_shard(0),)
+            g = torch.Generator().manual_seed(N + b)
+            xs = torch.randn(P, b, N, generator=g, dtype=dtype)
+            ws = torch.randn(P, b, N, generator=g, dtype=dtype)
+            opt = torch.optim.SGD(model.parameters(), lr=0.05)
+            opt_ref = torch.optim.SGD(ref.parameters(), lr=0.05)
+            for step in range(2):
+                del seen[:]
+                y = model(xs[rank])
+                assert seen == [("Parameter", (N, N), b > N)], seen
+                (y * ws[rank]).sum().backward()
+                ys = []
+                for k in range(P):  # the single-process layer, micro-batch by micro-batch
+                    yk = ref(xs[k])
+                    ((yk * ws[k]).sum() / P).backward()
+                    ys.append(yk.detach())
+                tol = FSDP_TOL[dt]
+                case = (N, b, bias, dt, nested, step)
+                assert _rel(y.detach(), ys[rank]) <= tol, (case, _rel(y.detach(), ys[rank]))
+                for name, p, q in zip(names, ref.parameters(), lay.parameters(), strict=True):
+                    assert type(q.grad).__name__ == "DTensor", (case, name)
+                    err = _rel(q.grad, p.grad)
+                    assert err <= tol, (case, name, err)
+                opt.step()
+                opt_ref.step()
+                opt.zero_grad()
+                opt_ref.zero_grad()
+                for name, p, q in zip(names, ref.parameters(), lay.parameters(), strict=True):
+                    assert _rel(q.detach(), p.detach()) <= tol, (case, name, "after the step")
+    finally:
+        _layer.CWYLinear = inner
+
+
+def fsdp_layer_replicated(P: int, rank: int) -> None:
+    """The alternative to sharding V (``docs/distributed.rst``): ``fully_shard`` of the model
+    with the layer's parameters in ``ignored_params`` (V kept whole on every process) and
+    their gradients averaged by one ``all_reduce``: the gradients of the sharded layer
+    (≤ 1e-12 relative); and the collectives of a step (counted) in both ways: sharded, V's
+    and the bias' shard (padded to ⌈N/P⌉ rows) gathered for the forward and again for the
+    backward of a layer below the root, their gradients reduce-scattered; replicated, one
+    all_reduce of V̄, none of V's size else."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    import householderla.torch as ht
+
+    N, b, dtype = 37, 6, torch.float64
+    g = torch.Generator().manual_seed(3)
+    xs = torch.randn(P, b, N, generator=g, dtype=dtype)
+    ws = torch.randn(P, b, N, generator=g, dtype=dtype)
+    sent: list[tuple[str, int]] = []
+    originals = {}
+    for name in ("all_gather_single", "reduce_scatter_single", "all_reduce",
+                 "all_gather_into_tensor", "reduce_scatter_tensor"):  # fmt: skip
+        originals[name] = fn = getattr(dist, name)
+
+        def counting(*args: Any, _fn: Any = fn, _name: str = name, **kw: Any) -> Any:
+            if _name == "all_reduce":  # (tensor, ...)
+                t = args[0] if args else kw["tensor"]
+            else:  # (output, input, ...)
+                t = args[1] if len(args) > 1 else kw.get("input", kw.get("input_tensor"))
+            sent.append((_name, t.numel() * t.element_size()))
+            return _fn(*args, **kw)
+
+        setattr(dist, name, counting)
+    try:
+        grads = {}
+        for mode in ("sharded", "replicated"):
+            gl = torch.Generator().manual_seed(N)
+            lay = ht.OrthogonalLinear(N, N, generator=gl, dtype=dtype)
+            head = torch.nn.Linear(N, 3, dtype=dtype)
+            torch.nn.init.ones_(head.weight)
+            torch.nn.init.zeros_(head.bias)
+            model = torch.nn.Sequential(lay, head)
+            if mode == "sharded":
+                fully_shard(lay, mesh=_mesh(P))
+                fully_shard(model, mesh=_mesh(P))
+            else:
+                fully_shard(model, mesh=_mesh(P), ignored_params=set(lay.parameters()))
+            del sent[:]
+            (model(xs[rank]) * ws[rank][:, :3]).sum().backward()
+            if mode == "replicated":
+                for p in lay.parameters():
+                    dist.all_reduce(p.grad, group=_mesh(P).get_group())
+                    p.grad /= P
+            grads[mode] = [_full(p.grad) for p in lay.parameters()]
+            counted = sorted(sent)
+            pad = -(-N // P)  # FSDP pads V's rows to a multiple of P
+            if mode == "sharded":
+                # V and the bias in one all_gather each time: forward and backward (nested);
+                # their gradients in one reduce_scatter; the head likewise, separately
+                own = 8 * (pad * N + -(-N // P))
+                assert ("all_gather_single", own) in counted, counted
+                assert counted.count(("all_gather_single", own)) == 2, counted
+                assert ("reduce_scatter_single", P * own) in counted, counted
+            else:
+                assert ("all_reduce", 8 * N * N) in counted, counted
+                assert not any(n.startswith("all_gather") and s >= 8 * N * N // P
+                               for n, s in counted), counted  # fmt: skip
+        for a, c in zip(grads["sharded"], grads["replicated"], strict=True):
+            assert _rel(a, c) <= TOL, _rel(a, c)
+    finally:
+        for name, fn in originals.items():
+            setattr(dist, name, fn)
+
+
 CHECKS: dict[str, Callable[[int, int], None]] = {
     f.__name__: f
     for f in (
@@ -739,6 +916,8 @@ CHECKS: dict[str, Callable[[int, int], None]] = {
         muon_bytes,
         muon_errors,
         muon_100_steps,
+        fsdp_layer,
+        fsdp_layer_replicated,
     )
 }
 

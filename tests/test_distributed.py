@@ -1,5 +1,6 @@
 """Stiefel optimizers and Muon on ``torch.distributed`` (issue 43, items 1, 2 and 5):
-row-sharded and replicated DTensor parameters in 2 and 4 gloo processes on the CPU.
+row-sharded and replicated DTensor parameters in 2 and 4 gloo processes on the CPU; and
+``OrthogonalLinear`` under ``fully_shard`` (item 3: ``fsdp_layer``, ``fsdp_layer_replicated``).
 
 The checks (``tests/distributed_checks.py``, which documents each) run in P processes
 spawned here, one group per P for all checks (starting the processes is most of the time);
@@ -25,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SIZES = (2, 4)
 #: Every test run: every check in 2 processes, and in 4 those where the blocks differ in kind
 #: (uneven and empty blocks, a 2-D mesh, counted bytes, a NaN in one block, every Muon
-#: check: ownership and its bytes change with P); the rest in 4
+#: check: ownership and its bytes change with P; FSDP's shards of the layer, a 1-row one
+#: and sums of 4 gradients); the rest in 4
 #: processes and the 1,000-step runs in ``make test-long`` (4 processes on a 2-core machine
 #: take ~1 s a check).
 #: Checks of ``make test-long`` only, in 2 and 4 processes.
@@ -46,6 +48,8 @@ CHECKS_4 = [
     "muon_owners",
     "muon_bytes",
     "muon_errors",
+    "fsdp_layer",
+    "fsdp_layer_replicated",
 ]
 DEFAULT = [f"{name}@2" for name in CHECKS_2] + [f"{name}@4" for name in CHECKS_4]
 LONG_RUNS = [f"{name}@4" for name in CHECKS_2 if name not in CHECKS_4] + [

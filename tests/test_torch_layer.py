@@ -324,3 +324,24 @@ def test_one_node_dispatch(monkeypatch):
         layer.vectors[0][4, 1] = float("nan")
     with pytest.raises(ValueError, match=r"V contains NaN or Inf \(in column\(s\) \[1\]\)"):
         layer(x)
+
+
+@pytest.mark.parametrize("map_", ["cwy", "tcwy"])
+def test_output_is_not_a_view(map_):
+    """Without a bias the output is a new tensor, not a view, for rows of any shape (one node
+    and the operator path): ``fully_shard`` hooks a module's outputs for its backward, and
+    an in-place op on a view would drop the hook (FSDP2 warns of such an output); the 3-D
+    output and its gradients equal the 2-D ones."""
+    layer = hl.torch.OrthogonalLinear(6, 6 if map_ == "cwy" else 4, False, map_,
+                                      dtype=torch.float64)  # fmt: skip
+    x = torch.randn(2, 3, 6, dtype=torch.float64)
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad):
+            y2, y3 = layer(x.reshape(6, 6)), layer(x)
+        assert y2._base is None and y3._base is None, (map_, grad)
+        assert torch.equal(y3.reshape(6, -1), y2)
+    G = torch.randn(6, layer.out_features, dtype=torch.float64)
+    grads = []
+    for y in (layer(x.reshape(6, 6)), layer(x).reshape(6, -1)):
+        grads.append(torch.autograd.grad((y * G).sum(), layer.vectors[0])[0])
+    assert torch.equal(grads[0], grads[1])

@@ -164,7 +164,10 @@ class OrthogonalLinear(torch.nn.Module):
             y = CWYLinear.apply(
                 self.vectors[0], x2, self.structure == "trapezoidal", formed, path.block
             )
-            y = y.reshape(*x.shape[:-1], self.out_features)
+            # never a view (nor is ``torch.nn.Linear``'s output): ``fully_shard`` hooks a
+            # module's outputs for its backward, and an in-place op on a view drops the hook
+            if x.ndim != 2:
+                y = torch.ops.aten._unsafe_view(y, (*x.shape[:-1], self.out_features))
             return y if self.bias is None else y + self.bias
         if path.name == "formed":
             return torch.nn.functional.linear(x, self._formed(), self.bias)
@@ -173,7 +176,9 @@ class OrthogonalLinear(torch.nn.Module):
             return torch.nn.functional.linear(x, self.weight, self.bias)
         # the method, not ``@``: dynamo puts ``object @ tensor`` into a graph as it is
         y = op.__matmul__(x2.mT).mT.reshape(*x.shape[:-1], self.out_features)
-        return y if self.bias is None else y + self.bias
+        if self.bias is None:  # a new tensor, as above
+            return y if y._base is None else y.clone()
+        return y + self.bias
 
     def _layer_facts(self, x2: torch.Tensor) -> LayerFacts:
         """The facts :func:`~householderla._operator.plan.plan_layer` reads for rows x2."""
