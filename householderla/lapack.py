@@ -31,6 +31,7 @@ from ._agnostic.lapack_panels import (
 from ._interop.dlpack import numpy_dtype, plain_cpu_tensor, plain_cpu_views
 from ._kernels import numba_enabled, numba_for
 from ._lib.checks import check_finite
+from ._lib.device import device_kind
 from ._lib.modes import is_deterministic
 from ._lib.namespace import device_of, is_complex, mH, resolve
 from ._lib.tracing import is_eager
@@ -192,7 +193,7 @@ def lapack_stack(a: Any, tau: Any, xp: Any, small_m: int) -> tuple[LapackStack, 
     of plain CPU torch tensors is read the same way through its NumPy views, the results
     returned as tensors sharing their memory."""
     tensors = None
-    if aac.is_torch_namespace(xp) and getattr(a, "ndim", 0) >= 3:
+    if aac.is_torch_namespace(xp) and getattr(a, "ndim", 0) >= 3 and device_kind(a) == "cpu":
         views = plain_cpu_views(a, tau)  # (None for grad, subclasses, other devices, tracing)
         if views is None:
             return None
@@ -322,7 +323,7 @@ def lapack_columns(
     (``torch.geqrf``'s) is read the same way through its NumPy view, the results returned
     as tensors sharing their memory. None for anything else."""
     tensors = None
-    if aac.is_torch_namespace(xp) and getattr(a, "ndim", 0) == 2:
+    if aac.is_torch_namespace(xp) and getattr(a, "ndim", 0) == 2 and device_kind(a) == "cpu":
         views = plain_cpu_views(a, tau)  # (None for grad, subclasses, other devices, tracing)
         if views is None:
             return None
