@@ -264,7 +264,8 @@ class _InPlacePanels:
                 return None
             views = plain_cpu_views(h)
             h = None if views is None else views[0]
-        ok = type(h) is np.ndarray and h.dtype == s["tau"].dtype and h.ndim in (1, 2)
+        tau = s.get("views", (None, s["tau"]))[1]  # (NumPy's dtype to compare with)
+        ok = type(h) is np.ndarray and h.dtype == tau.dtype and h.ndim in (1, 2)
         return h if ok and h.shape[0] == self._n_rows_cols[1] else None
 
     def matrix(self) -> Any:

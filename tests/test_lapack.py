@@ -655,7 +655,8 @@ def test_a_plain_cpu_tensor_is_read_in_place_as_numpy_is(dtype, layout):
     hp = torch.linalg.householder_product(full, t)  # LAPACK's own Q[:, :k]
     np.testing.assert_allclose(fresh(True).matrix().numpy(), hp.numpy(), atol=tol)
     op = fresh()
-    op @ Ct  # the in-place first product; the second builds V from the tensors
+    op @ Ct  # the in-place first product (no V); the second builds V from the tensors
+    assert "op" not in op._state and op._state.get("used")
     np.testing.assert_allclose((op @ Ct).numpy(), Q @ C, atol=tol)
     assert type(op.V) is torch.Tensor and op.V.dtype == a.dtype and op.V.shape == (m, k)
     with pytest.raises(ValueError, match="unitary" if cx else "not LAPACK's 2/"):
