@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import platform
-import timeit
 from pathlib import Path
 
 import numpy as np
@@ -32,19 +31,9 @@ import torch
 from threadpoolctl import threadpool_limits
 
 import householderla as hl
+from benchmarks.by_hand import fastest_times
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def fastest(ours, anchor, number: int, samples: int = 9) -> tuple[float, float]:
-    """(fastest ours, fastest anchor) per call over ``samples`` samples of ``number`` calls
-    each, the two sampled in turns (a slow spell of the machine then falls on both)."""
-    t_ours, t_anchor = [], []
-    ours(), anchor()  # first calls: caches, lazily built factors, compiled kernels
-    for _ in range(samples):
-        t_ours.append(timeit.timeit(ours, number=number))
-        t_anchor.append(timeit.timeit(anchor, number=number))
-    return min(t_ours) / number, min(t_anchor) / number
 
 
 def rows(quick: bool) -> list[tuple[str, float, float, bool]]:
@@ -52,7 +41,7 @@ def rows(quick: bool) -> list[tuple[str, float, float, bool]]:
     out = []
 
     def add(name, ours, anchor, number, speedup=False):
-        t = fastest(ours, anchor, number)
+        t = fastest_times(ours, anchor, number)
         out.append((name, *t, speedup))
 
     rng = np.random.default_rng(0)
