@@ -370,7 +370,7 @@ def cayley_retraction(
     if not is_eager(c) or bool(xp.any(c > lim)) or bool(xp.any(c < 1 / lim)):
         at = abs(tw) if isinstance(tw, float) else xp.abs(tw)
         # (half the largest float: fin.max / |t| · |t| may round above fin.max)
-        cap = 0.5 * fin.max / (max(at, 1.0) if isinstance(at, float) else xp.maximum(at, 1.0))
+        cap = 0.5 * fin.max / (max(at, 1.0) if isinstance(at, float) else xp.clip(at, 1.0, None))
         Zw, tw = Zw / c, tw * xp.minimum(c, cap)
     Y, drift = call(r, "cayley", xp, Xw, Zw, tw)
     if drift_tol is None:

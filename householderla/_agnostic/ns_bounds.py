@@ -124,7 +124,7 @@ def counts(lo: Any, hi: Any, sq: Any, tol: float, xp: Any) -> Any:
     p, q = 1.0 - lo * sq, 1.0 - hi * sq
     r0 = xp.maximum(xp.abs(p), xp.abs(q))
     ok = (lo > 0) & (q > -2.0)
-    pc, qc = (xp.minimum(xp.maximum(r, -4.0), 1.0) for r in (p, q))  # no overflow in φ
+    pc, qc = (xp.clip(r, -4.0, 1.0) for r in (p, q))  # no overflow in φ
     r1 = xp.where(ok, xp.maximum(phi(pc), phi(qc)), xp.ones_like(p))
     t = xp.asarray(_thresholds(tol), dtype=p.dtype, device=device_of(p))
     k = 1.0 + xp.sum(xp.astype(r1[..., None] > t, p.dtype), axis=-1)
@@ -135,7 +135,7 @@ def counts(lo: Any, hi: Any, sq: Any, tol: float, xp: Any) -> Any:
 def centre_scale(lo: Any, hi: Any, xp: Any) -> Any:
     """s with s²·(lo + hi)/2 ≈ 1, rounded to 8 significant bits so that s² is exact (then
     scaling X by s only rounds each entry: no systematic error in the 1/√c of the result)."""
-    mid = 0.5 * (xp.maximum(lo, 0.0) + hi)
+    mid = 0.5 * (xp.clip(lo, 0.0, None) + hi)
     mid = xp.where(mid > 0, mid, xp.ones_like(mid))
     s = 1.0 / xp.sqrt(mid)
     e = xp.floor(xp.log2(s))
@@ -149,7 +149,7 @@ def power_of_two_scale(X: Any, xp: Any) -> Any:
     m = xp.max(xp.abs(X), axis=(-2, -1))
     e = xp.floor(xp.log2(xp.where(m > 0, m, xp.ones_like(m))))
     cap = scale_cap(xp, real_dtype(xp, X.dtype))
-    return 2.0 ** (-xp.minimum(xp.maximum(e, -cap), cap))
+    return 2.0 ** (-xp.clip(e, -cap, cap))
 
 
 def scale_cap(xp: Any, dtype: Any) -> float:
@@ -165,7 +165,7 @@ def stage_plan(xp: Any, lo: Any, hi: Any, p: Any, tol: float) -> tuple[Any, Any]
     sc = centre_scale(lo, hi, xp)
     # hi ≥ max diag(A) ≥ 1 (max|pX| ≥ 1), so any s² ≥ 3 certifies nothing: capping it at 4
     # keeps lo·s², hi·s² finite for X at 1e±160 and beyond without changing a count
-    ku = counts(lo, hi, xp.minimum(su * su, 4.0), tol, xp)
+    ku = counts(lo, hi, xp.clip(su * su, None, 4.0), tol, xp)
     kc = counts(lo, hi, sc * sc, tol, xp)
     unscaled = ku <= kc
     return xp.where(unscaled, su, sc), xp.where(unscaled, ku, kc)
