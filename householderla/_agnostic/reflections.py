@@ -14,6 +14,7 @@ from typing import Any
 import array_api_compat as aac
 
 from .._lib.checks import as_matrix_operand, check_reflectors
+from .._lib.jit import fori
 from .._lib.linalg import sum_to_shape
 from .._lib.namespace import device_of, mH
 from .compact_wy import normalize_columns, normalize_columns_vjp
@@ -84,50 +85,34 @@ def positive_qr_reflectors(A: Any) -> Any:
     LAPACK's dnrm2/dlarfg do. Columns at 1e±300 give the same reflections as at unit scale.
     With y = 0, or ‖y‖ ≤ N·eps·|α| (rounding noise of the earlier steps, or entries near
     1e-200 of an orthogonal Q: a backward error below N·eps·‖x‖), the reflector is 0
-    (α ≥ 0: H = I) or −e₁ (α < 0).
+    (α ≥ 0: H = I) or −e₁ (α < 0). On JAX the same steps run on fixed shapes
+    (:func:`_fixed_shape_reflectors`).
     """
-    xp = aac.array_namespace(A)
-    K = A.shape[-1]
-    batch = tuple(A.shape[:-2])
-    device = device_of(A)
-    W = A
-    cols = []
-    negligible = float(xp.finfo(A.dtype).eps) * A.shape[-2]
-    for k in range(K):
-        x = W[..., :, 0]
-        alpha = x[..., 0]
-        rest = x[..., 1:]
-        one, zero = xp.ones_like(alpha), xp.zeros_like(alpha)
-        if rest.shape[-1]:
-            mr = xp.max(xp.abs(rest), axis=-1)
-        else:
-            mr = zero
-        rs = rest / xp.where(mr > 0, mr, one)[..., None]
-        rho = mr * xp.sqrt(xp.sum(rs * rs, axis=-1))  # ‖y‖ without squaring y
-        # ‖y‖ at rounding level next to |α| (a column already reduced, as in an orthogonal
-        # input after k steps) counts as y = 0: its direction is noise, and XLA may evaluate
-        # that noise differently in the fused expressions below (inconsistent reflectors,
-        # an error of order 1, seen under jax.jit). Backward error ≤ tiny·|α|.
-        has = rho > negligible * xp.abs(alpha)
-        big = xp.maximum(xp.abs(alpha), rho)
-        big1 = xp.where(big > 0, big, one)
-        a_s, r_s = alpha / big1, rho / big1
-        nrm = big * xp.sqrt(a_s * a_s + r_s * r_s)  # ‖x‖
-        pos = alpha > 0
-        rho1 = xp.where(has, rho, one)
-        head = xp.where(pos, -rho / xp.where(pos, alpha + nrm, one), (alpha - nrm) / rho1)
-        v0 = xp.where(has, head, xp.where(alpha < 0, -one, zero))
-        y = xp.where(has[..., None], rest / rho1[..., None], xp.zeros_like(rest))
-        v = xp.concat([v0[..., None], y], axis=-1)
-        if k + 1 < K:
-            vv = xp.sum(v * v, axis=-1)  # 1 + v0² when y ≠ 0, 1 or 0 when y = 0: no underflow
-            coef = xp.where(vv > 0, 2.0 / xp.where(vv > 0, vv, one), zero)
-            Wr = W[..., :, 1:]
-            Wr = Wr - (coef[..., None, None] * v[..., :, None]) * (v[..., None, :] @ Wr)
-            W = Wr[..., 1:, :]
-        pad = xp.zeros(batch + (k,), dtype=A.dtype, device=device)
-        cols.append(xp.concat([pad, v], axis=-1))
-    return xp.stack(cols, axis=-1)
+    return _qr_reflectors(A, _positive_reflector)[0]
+
+
+def _positive_reflector(alpha: Any, rest: Any, negligible: float, xp: Any) -> tuple[Any, Any]:
+    """(v₀, θ = 0) and y/ρ of :func:`positive_qr_reflectors` for the column [α; y] (``rest``
+    = y, possibly padded with zeros, which change neither its max nor its norm)."""
+    one, zero = xp.ones_like(alpha), xp.zeros_like(alpha)
+    mr = xp.max(xp.abs(rest), axis=-1) if rest.shape[-1] else zero
+    rs = rest / xp.where(mr > 0, mr, one)[..., None]
+    rho = mr * xp.sqrt(xp.sum(rs * rs, axis=-1))  # ‖y‖ without squaring y
+    # ‖y‖ at rounding level next to |α| (a column already reduced, as in an orthogonal input
+    # after k steps) counts as y = 0: its direction is noise, and XLA may evaluate that noise
+    # differently in the fused expressions below (inconsistent reflectors, an error of order
+    # 1, seen under jax.jit). Backward error ≤ tiny·|α|.
+    has = rho > negligible * xp.abs(alpha)
+    big = xp.maximum(xp.abs(alpha), rho)
+    big1 = xp.where(big > 0, big, one)
+    a_s, r_s = alpha / big1, rho / big1
+    nrm = big * xp.sqrt(a_s * a_s + r_s * r_s)  # ‖x‖
+    pos = alpha > 0
+    rho1 = xp.where(has, rho, one)
+    head = xp.where(pos, -rho / xp.where(pos, alpha + nrm, one), (alpha - nrm) / rho1)
+    v0 = xp.where(has, head, xp.where(alpha < 0, -one, zero))
+    y = xp.where(has[..., None], rest / rho1[..., None], xp.zeros_like(rest))
+    return (v0, zero), y
 
 
 def _from_parts(re: Any, im: Any, xp: Any, dtype: Any) -> Any:
@@ -155,7 +140,53 @@ def unitary_qr_reflectors(A: Any) -> tuple[Any, Any]:
     columns), Mhammedi et al., ICML 2017, §4.3, Corollary 1; the last reflector of a square A
     is 0. For any full-rank A this is its Q factor with a positive diagonal R.
     """
+    return _qr_reflectors(A, _unitary_reflector)
+
+
+def _unitary_reflector(alpha: Any, rest: Any, negligible: float, xp: Any) -> tuple[Any, Any]:
+    """(v₀, θ) and e^{−iφ}y/ρ of :func:`unitary_qr_reflectors` for the column [α; y] (zero
+    padding of ``rest`` allowed, as in :func:`_positive_reflector`)."""
+    a_re, a_im = xp.real(alpha), xp.imag(alpha)
+    aa = xp.abs(alpha)
+    one, zero = xp.ones_like(aa), xp.zeros_like(aa)
+    ar = xp.abs(rest)
+    mr = xp.max(ar, axis=-1) if ar.shape[-1] else zero
+    mr1 = xp.where(mr > 0, mr, one)
+    rho = mr * xp.sqrt(xp.sum((ar / mr1[..., None]) ** 2, axis=-1))  # ‖y‖, no squares
+    has = rho > negligible * aa
+    big = xp.maximum(aa, rho)
+    big1 = xp.where(big > 0, big, one)
+    nrm = big * xp.sqrt((aa / big1) ** 2 + (rho / big1) ** 2)  # ‖x‖
+    head = xp.where(has, -rho / xp.where(has, aa + nrm, one), zero)
+    aa1 = xp.where(aa > 0, aa, one)
+    unit = _from_parts(xp.where(aa > 0, a_re / aa1, one), a_im / aa1, xp, alpha.dtype)
+    rho1 = xp.where(has, rho, one)
+    y = _div_real(xp.conj(unit)[..., None] * rest, rho1[..., None], xp)
+    y = xp.where(has[..., None], y, xp.zeros_like(y))
+    return (xp.astype(head, alpha.dtype), xp.atan2(a_im, a_re)), y
+
+
+def _reflect_rest(W: Any, v: Any, xp: Any) -> Any:
+    """H(v) W for v with vᴴv = 1 + v₀² or 0 (no underflow; H(0) = I)."""
+    vv = xp.sum(xp.real(xp.conj(v) * v), axis=-1) if _cplx(v, xp) else xp.sum(v * v, axis=-1)
+    one, zero = xp.ones_like(vv), xp.zeros_like(vv)
+    coef = xp.where(vv > 0, 2.0 / xp.where(vv > 0, vv, one), zero)
+    vh = xp.conj(v)[..., None, :] if _cplx(v, xp) else v[..., None, :]
+    coef = xp.astype(coef, v.dtype) if _cplx(v, xp) else coef
+    return W - (coef[..., None, None] * v[..., :, None]) * (vh @ W)
+
+
+def _cplx(v: Any, xp: Any) -> bool:
+    return xp.isdtype(v.dtype, "complex floating")
+
+
+def _qr_reflectors(A: Any, reflector: Any) -> tuple[Any, Any]:
+    """The column steps of Householder QR with ``reflector`` (:func:`_positive_reflector` or
+    :func:`_unitary_reflector`): (V, θ). Eager namespaces shrink the working block each step;
+    JAX runs :func:`_fixed_shape_reflectors`."""
     xp = aac.array_namespace(A)
+    if aac.is_jax_namespace(xp):
+        return _fixed_shape_reflectors(A, reflector, xp)
     K = A.shape[-1]
     batch = tuple(A.shape[:-2])
     device = device_of(A)
@@ -164,33 +195,38 @@ def unitary_qr_reflectors(A: Any) -> tuple[Any, Any]:
     negligible = float(xp.finfo(A.dtype).eps) * A.shape[-2]
     for k in range(K):
         x = W[..., :, 0]
-        alpha = x[..., 0]
-        a_re, a_im = xp.real(alpha), xp.imag(alpha)
-        aa = xp.abs(alpha)
-        one, zero = xp.ones_like(aa), xp.zeros_like(aa)
-        ar = xp.abs(x[..., 1:])
-        mr = xp.max(ar, axis=-1) if ar.shape[-1] else zero
-        mr1 = xp.where(mr > 0, mr, one)
-        rho = mr * xp.sqrt(xp.sum((ar / mr1[..., None]) ** 2, axis=-1))  # ‖y‖, no squares
-        has = rho > negligible * aa
-        big = xp.maximum(aa, rho)
-        big1 = xp.where(big > 0, big, one)
-        nrm = big * xp.sqrt((aa / big1) ** 2 + (rho / big1) ** 2)  # ‖x‖
-        head = xp.where(has, -rho / xp.where(has, aa + nrm, one), zero)
-        aa1 = xp.where(aa > 0, aa, one)
-        unit = _from_parts(xp.where(aa > 0, a_re / aa1, one), a_im / aa1, xp, A.dtype)
-        rho1 = xp.where(has, rho, one)
-        y = _div_real(xp.conj(unit)[..., None] * x[..., 1:], rho1[..., None], xp)
-        y = xp.where(has[..., None], y, xp.zeros_like(y))
-        v = xp.concat([xp.astype(head, A.dtype)[..., None], y], axis=-1)
-        phases.append(xp.atan2(a_im, a_re))
+        (v0, theta), y = reflector(x[..., 0], x[..., 1:], negligible, xp)
+        v = xp.concat([v0[..., None], y], axis=-1)
+        phases.append(theta)
         if k + 1 < K:
-            vv = xp.sum(xp.real(xp.conj(v) * v), axis=-1)  # 1 + head² or 0
-            coef = xp.where(vv > 0, 2.0 / xp.where(vv > 0, vv, one), zero)
-            Wr = W[..., :, 1:]
-            vh = xp.conj(v)[..., None, :]
-            Wr = Wr - (xp.astype(coef, A.dtype)[..., None, None] * v[..., :, None]) * (vh @ Wr)
-            W = Wr[..., 1:, :]
+            W = _reflect_rest(W[..., :, 1:], v, xp)[..., 1:, :]
         pad = xp.zeros(batch + (k,), dtype=A.dtype, device=device)
         cols.append(xp.concat([pad, v], axis=-1))
     return xp.stack(cols, axis=-1), xp.stack(phases, axis=-1)
+
+
+def _fixed_shape_reflectors(A: Any, reflector: Any, xp: Any) -> tuple[Any, Any]:
+    """:func:`_qr_reflectors` on the whole (..., N, K) array in a :func:`fori` loop: step k
+    reads column k at rows ≥ k (the rows above masked to 0, so max and norm are unchanged)
+    and reflects every column (rows < k see v = 0). One compiled step whatever K: the
+    shrinking steps unrolled under ``jax.jit`` compiled K different ones (227 s at N = 64)."""
+    N, K = A.shape[-2], A.shape[-1]
+    rows = xp.arange(N, device=device_of(A))
+    cols = xp.arange(K, device=device_of(A))
+    negligible = float(xp.finfo(A.dtype).eps) * N
+    theta0 = xp.zeros(A.shape[:-2] + (K,), dtype=xp.real(A).dtype, device=device_of(A))
+
+    def step(k: Any, carry: tuple[Any, Any, Any]) -> tuple[Any, Any, Any]:
+        W, V, theta = carry
+        x = W[..., :, k]
+        rest = xp.where(rows > k, x, xp.zeros_like(x))
+        (v0, phase), y = reflector(x[..., k], rest, negligible, xp)
+        v = xp.where(rows == k, v0[..., None], y)
+        return (
+            _reflect_rest(W, v, xp),
+            xp.where(cols == k, v[..., :, None], V),
+            xp.where(cols == k, phase[..., None], theta),
+        )
+
+    _, V, theta = fori(xp, K, step, (A, xp.zeros_like(A), theta0))
+    return V, theta

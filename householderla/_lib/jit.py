@@ -13,7 +13,7 @@ from typing import Any
 
 import array_api_compat as aac
 
-__all__ = ["host", "jit_for", "kernel_namespace", "select"]
+__all__ = ["fori", "host", "jit_for", "kernel_namespace", "select"]
 
 
 def jit_for(xp: Any, fn: Any, static: tuple[int, ...] = (0,)) -> Any:
@@ -46,6 +46,19 @@ def kernel_namespace(xp: Any) -> Any:
 
         return numpy
     return xp
+
+
+def fori(xp: Any, n: int, body: Any, carry: Any) -> Any:
+    """``carry = body(k, carry)`` for k = 0, …, n − 1: ``jax.lax.fori_loop`` on JAX (one
+    compiled body whatever n; a Python loop unrolled under ``jax.jit`` compiles n copies), a
+    Python loop elsewhere. ``body`` must keep the carry's shapes (index with k, mask by it)."""
+    if aac.is_jax_namespace(xp):
+        import jax
+
+        return jax.lax.fori_loop(0, n, body, carry)
+    for k in range(n):
+        carry = body(k, carry)
+    return carry
 
 
 def select(xp: Any, eager: bool, pred: Any, on_true: Any, on_false: Any) -> Any:
