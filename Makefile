@@ -57,10 +57,14 @@ unit: $(STAMP)
 unit-long: $(STAMP)
 	HL_TEST_LONG=1 HL_TEST_BACKENDS=$(HL_TEST_BACKENDS) $(PY) -m pytest -n $(PYTEST_WORKERS) -q
 
-# the pages (their plot examples run), then every Python example on them (doctest builder)
+# the pages (their plot examples run), then every Python example on them (doctest builder);
+# one BLAS/OpenMP thread: `make test` runs it beside bench-quick on two cores, and Dask's
+# thread pool on the Dask page calls LAPACK from two threads at once (OpenBLAS's own threads
+# on top made the page's tall QRs ~20x slower: the doctests took 63 s instead of 35)
+DOCS_ENV ?= OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 NUMBA_NUM_THREADS=1
 docs: $(STAMP)
-	$(PY) -m sphinx -W --keep-going -q -b html -d docs/_build/doctrees docs docs/_build/html
-	$(PY) -m sphinx -W --keep-going -q -b doctest -d docs/_build/doctrees docs docs/_build/doctest
+	$(DOCS_ENV) $(PY) -m sphinx -W --keep-going -q -b html -d docs/_build/doctrees docs docs/_build/html
+	$(DOCS_ENV) $(PY) -m sphinx -W --keep-going -q -b doctest -d docs/_build/doctrees docs docs/_build/doctest
 
 # every benchmark script (make bench-all; with --quick, make bench-quick)
 BENCH_SCRIPTS := run forming retractions sequential structured svd training_step stiefel dispatch lapack small dask_tall lowprec muon by_hand cpu_rows peft
