@@ -7,13 +7,16 @@
 #                the `long` tests, full shape ranges and the `jax_long` cases on JAX
 #   make warm    compile the Numba kernels into Numba's on-disk cache (install does it too)
 # What the install ($(VENV)/.installed-stamp) does:
-#   1. creates $(VENV) unless it exists (VENV=/path/to/env uses an existing environment);
+#   1. creates $(VENV) unless it exists (VENV=/path/to/env uses an existing environment),
+#      installs the package with Numba and starts compiling the kernels (make warm) while
+#      steps 2 and 3 install the rest (a minute less than one after the other);
 #   2. installs torch only when $(VENV) has none: $(TORCH_SPEC) from $(TORCH_INDEX), PyTorch's
 #      CPU wheel index (a CPU build: no CUDA packages, no triton), falling back to the default
 #      index if that fails; a torch already there (a CUDA build, say) is kept, and the extras
 #      ask for torch>=2.4 only, so the next step never replaces it;
 #   3. pip install -e ".[test,docs,bench]";
-#   4. make warm: the kernels compile once here (a minute or two) instead of in the tests.
+#   4. waits for make warm: the kernels compile once here (a minute or two) instead of in
+#      the tests.
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -33,11 +36,13 @@ PIP_NET     ?= --timeout 10 --retries 1
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)" \
+	$(PY) -m pip install --quiet -e ".[numba]"
+	$(PY) -m householderla._kernels.warm & warm=$$!; \
+	{ $(PY) -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)" \
 	  || $(PY) -m pip install --quiet --no-deps $(PIP_NET) --index-url $(TORCH_INDEX) "$(TORCH_SPEC)" \
-	  || $(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[test,docs,bench]"
-	$(PY) -m householderla._kernels.warm
+	  || $(PY) -m pip install --quiet "$(TORCH_SPEC)"; } \
+	&& $(PY) -m pip install --quiet -e ".[test,docs,bench]"; rc=$$?; \
+	wait $$warm || rc=1; exit $$rc
 	touch $(STAMP)
 
 install: $(STAMP)
