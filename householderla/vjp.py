@@ -151,15 +151,30 @@ def _apply_vjp(
     if _blocked_vjp_serves(V, hm, xp, theta, transpose, mode):
         V_bar, x_bar = _blocked_apply_vjp(V, hm, gm, xp)
         return _as_inputs(real, xp, V_bar, x_bar[..., 0] if vector else x_bar)
-    U, T, r = K.cwy_factors(V, xp)
     if theta is not None:
         hm = hm if is_complex(hm.dtype) else xp.astype(hm, V.dtype)
-        V_bar, h_bar, t_bar = P.apply_vjp(U, T, r, p, hm, gm, xp, transpose=transpose, mode=mode)
-        t_bar = xp.astype(sum_to_shape(t_bar, tuple(theta.shape), xp), theta.dtype)
+        V_bar, h_bar, t_bar = jit_for(xp, _phased_apply_core, (0, 6, 7))(
+            xp, V, p, hm, gm, theta, transpose, mode
+        )
         return (*_as_inputs(real, xp, V_bar, h_bar[..., 0] if vector else h_bar), t_bar)
-    U_bar, h_bar, _, S_bar = K.lowrank_vjp(U, T, hm, gm, xp, transpose=transpose, mode=mode)
-    V_bar = K.factors_vjp(U, r, U_bar, S_bar, xp)
+    V_bar, h_bar = jit_for(xp, _apply_core, (0, 4, 5))(xp, V, hm, gm, transpose, mode)
     return _as_inputs(real, xp, V_bar, h_bar[..., 0] if vector else h_bar)
+
+
+def _apply_core(xp: Any, V: Any, hm: Any, gm: Any, transpose: bool, mode: str) -> Any:
+    """(V̄, h̄) of the single factor pair (checked inputs; one compiled program on JAX)."""
+    U, T, r = K.cwy_factors(V, xp)
+    U_bar, h_bar, _, S_bar = K.lowrank_vjp(U, T, hm, gm, xp, transpose=transpose, mode=mode)
+    return K.factors_vjp(U, r, U_bar, S_bar, xp), h_bar
+
+
+def _phased_apply_core(
+    xp: Any, V: Any, p: Any, hm: Any, gm: Any, theta: Any, transpose: bool, mode: str
+) -> Any:
+    """(V̄, h̄, θ̄) of :func:`_apply_core` with the phases e^{iθ} (``p``)."""
+    U, T, r = K.cwy_factors(V, xp)
+    V_bar, h_bar, t_bar = P.apply_vjp(U, T, r, p, hm, gm, xp, transpose=transpose, mode=mode)
+    return V_bar, h_bar, xp.astype(sum_to_shape(t_bar, tuple(theta.shape), xp), theta.dtype)
 
 
 def _blocked_vjp_serves(V: Any, hm: Any, xp: Any, theta: Any, transpose: bool, mode: str) -> bool:
@@ -212,14 +227,25 @@ def _matrix_vjp(V: Any, G: Any, xp: Any, theta: Any, *, mode: str) -> Any:
         batches.append(("theta", theta.shape[:-1]))
     shape = broadcast_batch(batches) + ((N, N) if mode == "square" else (N, L))
     check_cotangent(G, shape, "G")
-    U, T, r = K.cwy_factors(V, xp)
     if theta is not None:
-        V_bar, t_bar = P.matrix_vjp(U, T, r, p, G, xp, mode=mode)
-        V_bar = sum_to_shape(V_bar, tuple(V.shape), xp)
-        t_bar = xp.astype(sum_to_shape(t_bar, tuple(theta.shape), xp), theta.dtype)
+        V_bar, t_bar = jit_for(xp, _phased_matrix_core, (0, 5))(xp, V, p, G, theta, mode)
         return _as_inputs([real], xp, V_bar)[0], t_bar
+    return _as_inputs([real], xp, jit_for(xp, _matrix_core, (0, 3))(xp, V, G, mode))[0]
+
+
+def _matrix_core(xp: Any, V: Any, G: Any, mode: str) -> Any:
+    """V̄ of the formed matrix (checked inputs; one compiled program on JAX)."""
+    U, T, r = K.cwy_factors(V, xp)
     U_bar, _, _, S_bar = K.lowrank_vjp(U, T, None, G, xp, transpose=False, mode=mode)
-    return _as_inputs([real], xp, K.factors_vjp(U, r, U_bar, S_bar, xp))[0]
+    return K.factors_vjp(U, r, U_bar, S_bar, xp)
+
+
+def _phased_matrix_core(xp: Any, V: Any, p: Any, G: Any, theta: Any, mode: str) -> Any:
+    """(V̄, θ̄) of :func:`_matrix_core` with the phases e^{iθ} (``p``)."""
+    U, T, r = K.cwy_factors(V, xp)
+    V_bar, t_bar = P.matrix_vjp(U, T, r, p, G, xp, mode=mode)
+    V_bar = sum_to_shape(V_bar, tuple(V.shape), xp)
+    return V_bar, xp.astype(sum_to_shape(t_bar, tuple(theta.shape), xp), theta.dtype)
 
 
 def cwy_apply(V: Any, h: Any, g: Any, *, theta: Any = None, xp: Any = None) -> tuple[Any, ...]:
