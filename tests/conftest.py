@@ -70,8 +70,17 @@ def _share_cores_between_workers() -> None:
         # (a bare "intra_op_parallelism_threads=n", often quoted with it, is no XLA flag: XLA
         # stops reading XLA_FLAGS there, dropping every flag after it)
         os.environ["XLA_FLAGS"] = f"{xla} --xla_cpu_multi_thread_eigen=false".strip()
+    # a plugin may have imported NumPy already, and OpenBLAS reads its variable when loaded:
+    # two OpenBLAS threads per worker stayed (measured: a tall QR's dorgqr ~20× slower under
+    # the other worker's load, one polar test 77 s instead of 0.3 s), so limit them directly
+    try:
+        import threadpoolctl
+    except ImportError:  # pragma: no cover - the bench extra brings it
+        return
+    _LIMITS.append(threadpoolctl.threadpool_limits(int(os.environ["OPENBLAS_NUM_THREADS"])))
 
 
+_LIMITS: list[Any] = []
 _share_cores_between_workers()
 
 

@@ -274,10 +274,15 @@ def test_make_installs_cpu_torch_only_into_an_environment_without_one():
     assert "TORCH_INDEX ?= https://download.pytorch.org/whl/cpu" in make
     recipe = make.split("$(STAMP): pyproject.toml Makefile\n", 1)[1].split("\n\n", 1)[0]
     lines = recipe.replace("\\\n", " ").splitlines()
-    torch_line = next(line for line in lines if "TORCH_SPEC" in line)
+    torch_line = next(line for line in lines if "TORCH_SPEC" in line).strip()
+    # the kernels compile in the background (make warm) while torch and the extras install,
+    # and the recipe fails if either fails
+    assert torch_line.startswith("$(PY) -m householderla._kernels.warm & warm=$$!;")
+    assert torch_line.endswith("wait $$warm || rc=1; exit $$rc")
     # the guard first (find_spec: no torch -> exit 1 -> install), then the CPU index, then
     # the default index as the fallback
-    guard, cpu, fallback = (part.strip() for part in torch_line.split("||"))
+    torch_step = torch_line.split("{", 1)[1].split("}", 1)[0]
+    guard, cpu, fallback = (part.strip().rstrip(";") for part in torch_step.split("||"))
     assert "find_spec('torch') is None" in guard
     assert "--index-url $(TORCH_INDEX)" in cpu and "$(PIP_NET)" in cpu and "--no-deps" in cpu
     assert re.search(r"^PIP_NET +\?= --timeout \d+ --retries \d$", make, re.M)
