@@ -215,13 +215,14 @@ def test_matrix_plan_table(backend, device, dtype, N, L, extra, expected):
 LAYER_ROWS = [
     # device, N, rows, one_node, expected (name, block)
     ("cpu", 1024, 64, True, ("one_node", 64)),
-    ("cpu", 1024, 2048, True, ("one_node", 64)),
+    ("cpu", 1024, 2048, True, ("one_node", 128)),  # W formed from blocks of formed_block
     ("cpu", 128, 256, True, ("one_node_one_block", 128)),
     ("cpu", 128, 64, True, ("one_node_one_block", 128)),
     ("cpu", 160, 64, True, ("one_node_one_block", 160)),
     ("cpu", 192, 64, True, ("one_node", 64)),
     ("cpu", 192, 256, True, ("one_node_one_block", 192)),
-    ("cpu", 256, 512, True, ("one_node", 64)),
+    ("cpu", 256, 512, True, ("one_node", 128)),
+    ("cpu", 256, 256, True, ("one_node", 64)),  # applied: blocks of block
     ("cuda", 1024, 64, True, ("one_node_one_block", 1024)),
     ("cuda", 4096, 8192, True, ("one_node_one_block", 4096)),
     ("cpu", 1024, 64, False, ("operator", 0)),
@@ -242,6 +243,7 @@ def test_layer_plan_table(device, N, rows, one_node, expected):
         operator_rows=1.0 * N,
         graph=one_node,
         block=64,
+        formed_block=128,
         single_max_n=192,
         applied_single_max_n=160,
     )
