@@ -286,10 +286,10 @@ def test_one_node_equals_the_agnostic_rule(trapezoidal, formed, block, dtype, ma
     (``_agnostic.cwy_rows.layer_forward`` / ``layer_vjp``, the node's former body), one
     block (9) and blocks of 4 (three, the last of 1), applied and formed, with the
     masks and with the ``triu`` fallback above ``MASKED_MAX_N``. V has a zero column
-    (H(0) = I: S's diagonal entry := 1, the fallback's branch of ``_factor``), whose
-    gradient is exactly 0. Same dtypes and operations, in another association (the solves
-    from the left or right, in place or not): 20·eps·N of the largest entry; a transposed
-    solve or a lost term is off by O(1)."""
+    (H(0) = I: ``_factor`` sets S_jj := 1), whose gradient is exactly 0. The formed
+    blocks read only their trailing rows (``identity``). Same dtypes and operations, in
+    another association (the solves from the left or right, in place or not, fewer zero
+    rows): 20·eps·N of the largest entry; a transposed solve or a lost term is off by O(1)."""
     import array_api_compat
 
     from householderla._agnostic import cwy_rows as R

@@ -251,19 +251,22 @@ def _masks(n: int, dtype: Any, device: Any) -> tuple[Any, Any]:
 
 def _factor(Vb: Any, acc: Any) -> Any:
     """S = ½ diag(δ) + striu(VᵀV) in ``acc`` (``cwy_rows.rows_factor``; δ_j := 2 for a zero
-    column; NaN/Inf raise there): a Gram, one reduction read on the host (min and max of
-    δ), and S = G ∘ H from a cached mask where no column is zero."""
+    column, which the last reflector of a QR often is; NaN/Inf raise there): a Gram, one
+    reduction read on the host (min and max of δ), and S = G ∘ H from a cached mask."""
     Va = Vb.to(acc)
     G = Va.mT @ Va
     n = G.shape[-1]
     delta = G.diagonal()
-    lo, hi = torch.stack(torch.aminmax(delta.detach())).tolist()  # one sync on a GPU
+    lo, hi = torch.stack(torch.aminmax(delta)).tolist()  # one sync on a GPU
     if not math.isfinite(hi):
         R.rows_factor(Vb, _xp)  # raises, naming the columns
-    if lo > 0 and n <= MASKED_MAX_N:
-        return G * _masks(n, acc, G.device)[0]
-    S = G.triu(1)
-    S.diagonal().copy_(torch.where(delta > 0, delta * 0.5, 1.0))
+    if n <= MASKED_MAX_N:
+        S = G * _masks(n, acc, G.device)[0]
+    else:
+        S = G.triu()
+        S.diagonal().mul_(0.5)
+    if lo <= 0:  # zero columns: S_jj = 1
+        S.diagonal().add_(delta == 0)
     return S
 
 
@@ -293,21 +296,26 @@ def _contiguous(x: Any) -> Any:
 
 
 def _node_product(
-    V: Any, Ss: list, x: Any, blocks: list, acc: Any, inplace: bool
+    V: Any, Ss: list, x: Any, blocks: list, acc: Any, inplace: bool, identity: bool = False
 ) -> tuple[Any, list]:
     """``cwy_rows.blocks_product`` for 2-D x: y = x Q_mᵀ⋯Q₁ᵀ, the last block first, each
     a = z V_b, b = a S_b⁻ᵀ, z −= b V_bᵀ on columns row…; kept: each block's input columns
-    and b. ``inplace``: on one copy of x (one block: y = x − b Vᵀ, no copy)."""
+    and b. ``inplace``: on one copy of x (one block: y = x − b Vᵀ, no copy). ``identity``
+    (x = I, in place): block b also reads and updates rows row… only (``?orgqr``'s order:
+    the blocks after it changed the trailing rows and columns only, so the rows above are
+    zero in its columns); its kept input and b then have those rows only."""
     dt, last = V.dtype, len(blocks) - 1
     z = _contiguous(x) if inplace and last else x
+    trailing = identity and inplace and last
     kept = []
     for i in range(last, -1, -1):
         row, s, e = blocks[i]
-        Vb, zt = V[row:, s:e], z[:, row:]
+        r0 = row if trailing else 0
+        Vb, zt = V[row:, s:e], z[r0:, row:]
         if not inplace or not last:
             zin = zt
         else:
-            zin = x[:, row:] if i == last else _contiguous(zt)
+            zin = x[r0:, row:] if i == last else _contiguous(zt)
         b = _solve(Ss[i], (zt @ Vb).mT, dt, own=True).mT
         if inplace and last:
             zt.addmm_(b, Vb.mT, alpha=-1)
@@ -330,8 +338,10 @@ def _node_blocks_vjp(
     for i, ((row, s, e), S, (z, b)) in enumerate(zip(blocks, Ss, kept, strict=True)):
         Vb, gt = V[row:, s:e], gb[:, row:]
         d = _solve(S, (gt @ Vb).mT, dt, adjoint=True, own=True).mT
-        Vbar = torch.addmm(Vb @ _sym_upper(d.mT @ b), gt.mT, b, alpha=-1)
-        Vbar = torch.addmm(Vbar, z.mT, d, alpha=-1)
+        off = gt.shape[0] - b.shape[0]  # the rows that ``identity`` left out (zero in b, z)
+        dr, gr = (d[off:], gt[off:]) if off else (d, gt)
+        Vbar = torch.addmm(Vb @ _sym_upper(dr.mT @ b), gr.mT, b, alpha=-1)
+        Vbar = torch.addmm(Vbar, z.mT, dr, alpha=-1)
         if m == 1:
             out = Vbar
         else:
@@ -359,7 +369,7 @@ def _node_forward(
         Z = _solve(Ss[0], V.mT, V.dtype)
         W = torch.addmm(eye, V, Z, alpha=-1)
         return x @ W.mT, (Ss, (W, Z))
-    P, kept = _node_product(V, Ss, eye, blocks, acc, inplace)
+    P, kept = _node_product(V, Ss, eye, blocks, acc, inplace, identity=True)
     return x @ P, (Ss, (P, kept))
 
 
