@@ -275,11 +275,14 @@ def test_one_node_first_and_second_derivatives(trapezoidal, formed, block):
     assert torch.autograd.gradgradcheck(f, (V, x))
 
 
+@pytest.mark.parametrize("need_x", [True, False])
 @pytest.mark.parametrize("masked", [True, False])  # cached masks; triu (MASKED_MAX_N = 0)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize(("formed", "block"), [(False, 9), (False, 4), (True, 9), (True, 4)])
 @pytest.mark.parametrize("trapezoidal", [False, True])
-def test_one_node_equals_the_agnostic_rule(trapezoidal, formed, block, dtype, masked, monkeypatch):
+def test_one_node_equals_the_agnostic_rule(
+    trapezoidal, formed, block, dtype, masked, need_x, monkeypatch
+):
     """The node's torch calls (``_autodiff.torch._node_forward`` / ``_node_vjp``: S = G ∘ H
     from a cached mask, E(M) by one ``where``, solves in place) give the output and the
     gradients of V and x of the namespace-generic rule they transcribe
@@ -289,7 +292,8 @@ def test_one_node_equals_the_agnostic_rule(trapezoidal, formed, block, dtype, ma
     (H(0) = I: ``_factor`` sets S_jj := 1), whose gradient is exactly 0. The formed
     blocks read only their trailing rows (``identity``). Same dtypes and operations, in
     another association (the solves from the left or right, in place or not, fewer zero
-    rows): 20·eps·N of the largest entry; a transposed solve or a lost term is off by O(1)."""
+    rows; without x̄ the cotangent's update skips the columns no later block reads): 20·eps·N
+    of the largest entry; a transposed solve or a lost term is off by O(1)."""
     import array_api_compat
 
     from householderla._agnostic import cwy_rows as R
@@ -304,16 +308,17 @@ def test_one_node_equals_the_agnostic_rule(trapezoidal, formed, block, dtype, ma
     V[:, 3] = 0
     x = torch.randn(12 if formed else 5, N, dtype=dtype, generator=gen)
     g = torch.randn(x.shape, dtype=dtype, generator=gen)
-    Vr, xr = V.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    Vr, xr = V.clone().requires_grad_(True), x.clone().requires_grad_(need_x)
     y = _autodiff_torch.CWYLinear.apply(Vr, xr, trapezoidal, formed, block)
-    V_bar, x_bar = torch.autograd.grad(y, (Vr, xr), g)
+    V_bar, *x_bar = torch.autograd.grad(y, (Vr, xr) if need_x else (Vr,), g)
     Vt = V.tril() if trapezoidal else V
     blocks = R.column_blocks(N, block, trapezoidal)
     y0, state = R.layer_forward(Vt, x, xp, blocks, formed)
     V_bar0, x_bar0 = R.layer_vjp(Vt, x, g, state, xp, blocks, formed, True)
     V_bar0 = V_bar0.tril() if trapezoidal else V_bar0
     tol = 20 * torch.finfo(dtype).eps * N
-    for a, b in ((y, y0), (V_bar, V_bar0), (x_bar, x_bar0)):
+    pairs = ((y, y0), (V_bar, V_bar0), *(((x_bar[0], x_bar0),) if need_x else ()))
+    for a, b in pairs:
         assert float(b.abs().max()) > 0
         torch.testing.assert_close(a.detach(), b, rtol=0, atol=tol * float(b.abs().max()))
     assert not bool(V_bar[:, 3].any())

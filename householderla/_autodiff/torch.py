@@ -330,7 +330,8 @@ def _node_blocks_vjp(
     V: Any, Ss: list, g: Any, kept: list, blocks: list, need_x: bool, inplace: bool
 ) -> tuple[Any, Any]:
     """``cwy_rows.blocks_vjp``: the first block first, c = ḡ V_b, d = c S_b⁻¹,
-    V̄_b = V_b E(dᵀb) − ḡᵀb − zᵀd, ḡ −= d V_bᵀ on columns row…; x̄ = ḡ at the end."""
+    V̄_b = V_b E(dᵀb) − ḡᵀb − zᵀd, ḡ −= d V_bᵀ on columns row…; x̄ = ḡ at the end. Without
+    x̄ the update covers the columns the next block reads (row of the next block…) only."""
     dt, m = V.dtype, len(blocks)
     update = inplace and m > 1
     gb = _contiguous(g) if update else g
@@ -346,12 +347,14 @@ def _node_blocks_vjp(
             out = Vbar
         else:
             out[row:, s:e] = Vbar
-        if need_x or i < m - 1:
+        if need_x or i < m - 1:  # without x̄, only the columns the next blocks read
+            c0 = row if need_x else blocks[i + 1][0]
+            Vc = V[c0:, s:e]
             if update:
-                gt.addmm_(d, Vb.mT, alpha=-1)
+                gb[:, c0:].addmm_(d, Vc.mT, alpha=-1)
             else:
-                tail = torch.addmm(gt, d, Vb.mT, alpha=-1)
-                gb = torch.cat([gb[:, :row], tail], 1) if row else tail
+                tail = torch.addmm(gb[:, c0:], d, Vc.mT, alpha=-1)
+                gb = torch.cat([gb[:, :c0], tail], 1) if c0 else tail
     return out, (gb if need_x else None)
 
 
