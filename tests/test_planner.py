@@ -252,6 +252,41 @@ def test_layer_plan_table(device, N, rows, one_node, expected):
     assert path.name in P.LAYER_PATHS
 
 
+@pytest.mark.parametrize(
+    ("N", "rows", "threads", "expected"),
+    [
+        (256, 256, 1, ("one_node", 64)),  # one thread: blocks above applied_single_max_n
+        (256, 256, 2, ("one_node_one_block", 256)),  # two: one block up to 256
+        (256, 1024, 1, ("one_node", 128)),
+        (256, 1024, 2, ("one_node_one_block", 256)),
+        (512, 1024, 2, ("one_node", 128)),
+        (512, 256, 4, ("one_node", 64)),
+        (128, 64, 2, ("one_node_one_block", 128)),
+    ],
+)
+def test_layer_plan_threads(N, rows, threads, expected):
+    """With two or more torch threads the GEMMs run faster and the ops around them do not:
+    one block up to ``threaded_single_max_n`` (applied or formed), the CPU's blocks above."""
+    facts = P.LayerFacts(
+        device="cpu",
+        N=N,
+        L=N,
+        rows=rows,
+        square_cwy=True,
+        one_node=True,
+        operator_rows=1.0 * N,
+        graph=True,
+        block=64,
+        formed_block=128,
+        single_max_n=192,
+        applied_single_max_n=160,
+        threads=threads,
+        threaded_single_max_n=256,
+    )
+    path = P.plan_layer(facts)
+    assert (path.name, path.block) == expected
+
+
 def test_pure_apply_facts_table():
     """The planner is a function of its facts alone: the same facts, the same path, and the
     history moves a product along the repeat switch."""

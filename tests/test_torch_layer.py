@@ -219,6 +219,7 @@ def test_one_node_equals_the_composed_nodes(structure, rows, single, dtype, monk
     monkeypatch.setattr(_blocked, "MIN_L_GRAPH", 8)
     monkeypatch.setattr(_torch_layer, "SINGLE_BLOCK_MAX_N", 12 if single else 0)
     monkeypatch.setattr(_torch_layer, "FORMED_BLOCK", 4)
+    monkeypatch.setattr(_torch_layer, "THREADED_SINGLE_BLOCK_MAX_N", 0)  # any thread count
     N = 12
 
     def make():
@@ -342,6 +343,7 @@ def test_one_node_dispatch(monkeypatch):
     monkeypatch.setattr(_torch_layer, "ONE_NODE", False)
     assert not layer._one_node(x)
     monkeypatch.undo()
+    monkeypatch.setattr(_torch_layer, "THREADED_SINGLE_BLOCK_MAX_N", 0)  # any thread count
     assert not hl.torch.OrthogonalLinear(6, 6, map="tcwy", dtype=torch.float64)._one_node(x)
     calls = []
 

@@ -38,7 +38,7 @@ __all__ = [
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "ca1013c90c95d1d6"
+KERNEL_DEPS = "caba10b2c392a085"
 
 
 def _sigs() -> Any:

@@ -33,6 +33,7 @@ __all__ = [
     "SINGLE_BLOCK_MAX_N",
     "SMALL_N",
     "STRUCTURED_BLOCK",
+    "THREADED_SINGLE_BLOCK_MAX_N",
     "TILE_MAX_N",
     "TRAPEZOIDAL_BLOCK",
     "TRAPEZOIDAL_FEW_RHS",
@@ -114,3 +115,4 @@ ONE_NODE = True  # training forward as one autograd node; results/tuning.md
 SINGLE_BLOCK_MAX_N = 192  # largest N forming W as one block; results/tuning.md
 SINGLE_BLOCK_APPLIED_MAX_N = 160  # largest N applying one block to the rows; results/tuning.md
 FORMED_BLOCK = 128  # reflectors per block of a W formed from blocks; results/tuning.md
+THREADED_SINGLE_BLOCK_MAX_N = 256  # the same two with 2+ torch threads; results/tuning.md

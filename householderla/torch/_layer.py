@@ -25,6 +25,7 @@ from .._lib.tuning import (
     OPERATOR_MAX_ROWS,
     SINGLE_BLOCK_APPLIED_MAX_N,
     SINGLE_BLOCK_MAX_N,
+    THREADED_SINGLE_BLOCK_MAX_N,
 )
 from .._operator import blocked as _blocked
 from .._operator.plan import LayerFacts, plan_layer
@@ -198,6 +199,8 @@ class OrthogonalLinear(torch.nn.Module):
             formed_block=FORMED_BLOCK,
             single_max_n=SINGLE_BLOCK_MAX_N,
             applied_single_max_n=SINGLE_BLOCK_APPLIED_MAX_N,
+            threads=torch.get_num_threads(),
+            threaded_single_max_n=THREADED_SINGLE_BLOCK_MAX_N,
         )
 
     def _one_node(self, x: torch.Tensor, V: torch.Tensor | None = None) -> bool:
