@@ -15,7 +15,7 @@ to the fastest anchor is the median over the rounds of the per-round ratio,
 
 * ``hl OrthogonalLinear``: ``hl.torch.OrthogonalLinear(N, N, bias=False)`` — lower-
   trapezoidal reflectors (the default ``structure``) applied to the batch by blocked compact
-  WY when B ≤ N (never forming W); above, W formed by the same blocks applied to I (one
+  WY when B ≤ N (never forming W); above, W formed by blocks of 128 applied to I (one
   block up to N = 192); forward and backward in one autograd node.
 * ``hl OrthogonalLinear (dense V)``: the same layer with ``structure="dense"`` (every entry
   of V a parameter, as ``hl.torch.orthogonal`` has it).

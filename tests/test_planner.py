@@ -215,13 +215,14 @@ def test_matrix_plan_table(backend, device, dtype, N, L, extra, expected):
 LAYER_ROWS = [
     # device, N, rows, one_node, expected (name, block)
     ("cpu", 1024, 64, True, ("one_node", 64)),
-    ("cpu", 1024, 2048, True, ("one_node", 64)),
+    ("cpu", 1024, 2048, True, ("one_node", 128)),  # W formed from blocks of formed_block
     ("cpu", 128, 256, True, ("one_node_one_block", 128)),
     ("cpu", 128, 64, True, ("one_node_one_block", 128)),
     ("cpu", 160, 64, True, ("one_node_one_block", 160)),
     ("cpu", 192, 64, True, ("one_node", 64)),
     ("cpu", 192, 256, True, ("one_node_one_block", 192)),
-    ("cpu", 256, 512, True, ("one_node", 64)),
+    ("cpu", 256, 512, True, ("one_node", 128)),
+    ("cpu", 256, 256, True, ("one_node", 64)),  # applied: blocks of block
     ("cuda", 1024, 64, True, ("one_node_one_block", 1024)),
     ("cuda", 4096, 8192, True, ("one_node_one_block", 4096)),
     ("cpu", 1024, 64, False, ("operator", 0)),
@@ -242,12 +243,48 @@ def test_layer_plan_table(device, N, rows, one_node, expected):
         operator_rows=1.0 * N,
         graph=one_node,
         block=64,
+        formed_block=128,
         single_max_n=192,
         applied_single_max_n=160,
     )
     path = P.plan_layer(facts)
     assert (path.name, path.block) == expected
     assert path.name in P.LAYER_PATHS
+
+
+@pytest.mark.parametrize(
+    ("N", "rows", "threads", "expected"),
+    [
+        (256, 256, 1, ("one_node", 64)),  # one thread: blocks above applied_single_max_n
+        (256, 256, 2, ("one_node_one_block", 256)),  # two: one block up to 256
+        (256, 1024, 1, ("one_node", 128)),
+        (256, 1024, 2, ("one_node_one_block", 256)),
+        (512, 1024, 2, ("one_node", 128)),
+        (512, 256, 4, ("one_node", 64)),
+        (128, 64, 2, ("one_node_one_block", 128)),
+    ],
+)
+def test_layer_plan_threads(N, rows, threads, expected):
+    """With two or more torch threads the GEMMs run faster and the ops around them do not:
+    one block up to ``threaded_single_max_n`` (applied or formed), the CPU's blocks above."""
+    facts = P.LayerFacts(
+        device="cpu",
+        N=N,
+        L=N,
+        rows=rows,
+        square_cwy=True,
+        one_node=True,
+        operator_rows=1.0 * N,
+        graph=True,
+        block=64,
+        formed_block=128,
+        single_max_n=192,
+        applied_single_max_n=160,
+        threads=threads,
+        threaded_single_max_n=256,
+    )
+    path = P.plan_layer(facts)
+    assert (path.name, path.block) == expected
 
 
 def test_pure_apply_facts_table():

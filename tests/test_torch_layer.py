@@ -218,6 +218,8 @@ def test_one_node_equals_the_composed_nodes(structure, rows, single, dtype, monk
     monkeypatch.setattr(_blocked, "BLOCK", 4)
     monkeypatch.setattr(_blocked, "MIN_L_GRAPH", 8)
     monkeypatch.setattr(_torch_layer, "SINGLE_BLOCK_MAX_N", 12 if single else 0)
+    monkeypatch.setattr(_torch_layer, "FORMED_BLOCK", 4)
+    monkeypatch.setattr(_torch_layer, "THREADED_SINGLE_BLOCK_MAX_N", 0)  # any thread count
     N = 12
 
     def make():
@@ -274,6 +276,55 @@ def test_one_node_first_and_second_derivatives(trapezoidal, formed, block):
     assert torch.autograd.gradgradcheck(f, (V, x))
 
 
+@pytest.mark.parametrize("need_x", [True, False])
+@pytest.mark.parametrize("masked", [True, False])  # cached masks; triu (MASKED_MAX_N = 0)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize(("formed", "block"), [(False, 9), (False, 4), (True, 9), (True, 4)])
+@pytest.mark.parametrize("trapezoidal", [False, True])
+def test_one_node_equals_the_agnostic_rule(
+    trapezoidal, formed, block, dtype, masked, need_x, monkeypatch
+):
+    """The node's torch calls (``_autodiff.torch._node_forward`` / ``_node_vjp``: S = G ∘ H
+    from a cached mask, E(M) by one ``where``, solves in place) give the output and the
+    gradients of V and x of the namespace-generic rule they transcribe
+    (``_agnostic.cwy_rows.layer_forward`` / ``layer_vjp``, the node's former body), one
+    block (9) and blocks of 4 (three, the last of 1), applied and formed, with the
+    masks and with the ``triu`` fallback above ``MASKED_MAX_N``. V has a zero column
+    (H(0) = I: ``_factor`` sets S_jj := 1), whose gradient is exactly 0. The formed
+    blocks read only their trailing rows (``identity``). Same dtypes and operations, in
+    another association (the solves from the left or right, in place or not, fewer zero
+    rows; without x̄ the cotangent's update skips the columns no later block reads): 20·eps·N
+    of the largest entry; a transposed solve or a lost term is off by O(1)."""
+    import array_api_compat
+
+    from householderla._agnostic import cwy_rows as R
+    from householderla._autodiff import torch as _autodiff_torch
+
+    if not masked:
+        monkeypatch.setattr(_autodiff_torch, "MASKED_MAX_N", 0)
+    xp = array_api_compat.array_namespace(torch.empty(0))
+    N = 9
+    gen = torch.Generator().manual_seed(7)
+    V = torch.randn(N, N, dtype=dtype, generator=gen)
+    V[:, 3] = 0
+    x = torch.randn(12 if formed else 5, N, dtype=dtype, generator=gen)
+    g = torch.randn(x.shape, dtype=dtype, generator=gen)
+    Vr, xr = V.clone().requires_grad_(True), x.clone().requires_grad_(need_x)
+    y = _autodiff_torch.CWYLinear.apply(Vr, xr, trapezoidal, formed, block)
+    V_bar, *x_bar = torch.autograd.grad(y, (Vr, xr) if need_x else (Vr,), g)
+    Vt = V.tril() if trapezoidal else V
+    blocks = R.column_blocks(N, block, trapezoidal)
+    y0, state = R.layer_forward(Vt, x, xp, blocks, formed)
+    V_bar0, x_bar0 = R.layer_vjp(Vt, x, g, state, xp, blocks, formed, True)
+    V_bar0 = V_bar0.tril() if trapezoidal else V_bar0
+    tol = 20 * torch.finfo(dtype).eps * N
+    pairs = ((y, y0), (V_bar, V_bar0), *(((x_bar[0], x_bar0),) if need_x else ()))
+    for a, b in pairs:
+        assert float(b.abs().max()) > 0
+        torch.testing.assert_close(a.detach(), b, rtol=0, atol=tol * float(b.abs().max()))
+    assert not bool(V_bar[:, 3].any())
+
+
 def test_one_node_dispatch(monkeypatch):
     """The one node runs for a training forward only: not without grad, not for x of another
     dtype, not with ``ONE_NODE = False``, not under ``torch.func`` (whose gradient, through
@@ -292,6 +343,7 @@ def test_one_node_dispatch(monkeypatch):
     monkeypatch.setattr(_torch_layer, "ONE_NODE", False)
     assert not layer._one_node(x)
     monkeypatch.undo()
+    monkeypatch.setattr(_torch_layer, "THREADED_SINGLE_BLOCK_MAX_N", 0)  # any thread count
     assert not hl.torch.OrthogonalLinear(6, 6, map="tcwy", dtype=torch.float64)._one_node(x)
     calls = []
 

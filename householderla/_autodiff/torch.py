@@ -11,6 +11,8 @@ double backward and ``torch.func`` compose; ``vmap`` by ``generate_vmap_rule`` o
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Any
 
 import array_api_compat
@@ -26,6 +28,8 @@ from .._agnostic.reflections import householder_apply_vjp, reflect_all
 from .._interop.dlpack import from_numpy, to_numpy
 from .._kernels import load_numba
 from .._lib.linalg import sum_to_shape
+from .._lib.namespace import accumulation_dtype_for
+from .._lib.tuning import MASKED_MAX_N
 
 _xp = array_api_compat.array_namespace(torch.empty(0))
 
@@ -192,18 +196,21 @@ class CWYLinear(torch.autograd.Function):
     ``block`` reflectors (one block when ``block`` ≥ N): an orthogonal layer's Grams,
     products and their backward as one autograd node (``householderla.torch._layer``),
     where composed nodes' Python, dispatch, normalisation passes and copies outweigh the
-    GEMMs. ``formed``: W is formed and x Wᵀ taken. The products update one copy of x inside
-    the GEMMs (``addmm_``); the backward reads the S_b and the kept products
-    (``layer_vjp``). Under double backward (grad mode on in the backward) they are
-    recomputed from the saved V and x by the same torch operations, out of place, which
-    autograd then records."""
+    GEMMs. ``formed``: W is formed and x Wᵀ taken. The same math as ``cwy_rows``'
+    ``layer_forward`` / ``layer_vjp``, written in torch calls (``_node_forward``,
+    ``_node_vjp``: no namespace wrappers, masks instead of ``triu``). The products update
+    one copy of x inside the GEMMs (``addmm_``); the backward reads the S_b and the kept
+    products. Under double backward (grad mode on in the backward) they are recomputed from
+    the saved V and x by the same torch operations, out of place, which autograd then
+    records."""
 
     @staticmethod
     def forward(ctx: Any, V: Any, x: Any, trapezoidal: bool, formed: bool, block: int) -> Any:
-        Vt = V.tril() if trapezoidal else V
+        Vt = _tril(V) if trapezoidal else V
         blocks = R.column_blocks(V.shape[-1], block, trapezoidal)
-        y, (Ss, kept) = R.layer_forward(Vt, x, _xp, blocks, formed, inplace=True)
-        ctx.trapezoidal, ctx.formed, ctx.blocks = trapezoidal, formed, blocks
+        acc = accumulation_dtype_for(_xp, V)
+        y, (Ss, kept) = _node_forward(Vt, x, blocks, formed, acc, inplace=True)
+        ctx.trapezoidal, ctx.formed, ctx.blocks, ctx.acc = trapezoidal, formed, blocks, acc
         flat, ctx.spec = _flatten(kept)
         ctx.save_for_backward(V, x, Vt, *Ss, *flat)
         return y
@@ -213,16 +220,181 @@ class CWYLinear(torch.autograd.Function):
         V, x, Vt, *rest = ctx.saved_tensors
         m = len(ctx.blocks)
         if torch.is_grad_enabled():
-            Vt = V.tril() if ctx.trapezoidal else V
-            _, state = R.layer_forward(Vt, x, _xp, ctx.blocks, ctx.formed)
+            Vt = _tril(V) if ctx.trapezoidal else V
+            _, state = _node_forward(Vt, x, ctx.blocks, ctx.formed, ctx.acc)
             inplace = False
         else:
             state = (rest[:m], _unflatten(rest[m:], ctx.spec))
             inplace = True
-        V_bar, x_bar = R.layer_vjp(
-            Vt, x, g, state, _xp, ctx.blocks, ctx.formed, ctx.needs_input_grad[1], inplace
-        )
-        return (V_bar.tril() if ctx.trapezoidal else V_bar), x_bar, None, None, None
+        need_x = ctx.needs_input_grad[1]
+        V_bar, x_bar = _node_vjp(Vt, x, g, state, ctx.blocks, ctx.formed, need_x, inplace)
+        return (V_bar.tril_() if ctx.trapezoidal else V_bar), x_bar, None, None, None
+
+
+# -- the layer node's math in torch calls (``cwy_rows``' functions, without the wrappers) ---
+
+
+def _tril(V: Any) -> Any:
+    """tril(V) as a copy then ``tril_`` (torch's out-of-place ``tril`` took 2–3× as long)."""
+    return V.clone(memory_format=torch.contiguous_format).tril_()
+
+
+@functools.lru_cache(maxsize=8)
+def _masks(n: int, dtype: Any, device: Any) -> tuple[Any, Any]:
+    """(H, U) for n × n blocks: H = ½ on the diagonal, 1 above it, 0 below (S = G ∘ H for
+    nonzero columns), U the boolean upper triangle with its diagonal (E(M) below)."""
+    U = torch.ones(n, n, dtype=torch.bool, device=device).triu_()
+    H = U.to(dtype)
+    H.diagonal().fill_(0.5)
+    return H, U
+
+
+def _factor(Vb: Any, acc: Any) -> Any:
+    """S = ½ diag(δ) + striu(VᵀV) in ``acc`` (``cwy_rows.rows_factor``; δ_j := 2 for a zero
+    column, which the last reflector of a QR often is; NaN/Inf raise there): a Gram, one
+    reduction read on the host (min and max of δ), and S = G ∘ H from a cached mask."""
+    Va = Vb.to(acc)
+    G = Va.mT @ Va
+    n = G.shape[-1]
+    delta = G.diagonal()
+    lo, hi = torch.stack(torch.aminmax(delta)).tolist()  # one sync on a GPU
+    if not math.isfinite(hi):
+        R.rows_factor(Vb, _xp)  # raises, naming the columns
+    if n <= MASKED_MAX_N:
+        S = G * _masks(n, acc, G.device)[0]
+    else:
+        S = G.triu()
+        S.diagonal().mul_(0.5)
+    if lo <= 0:  # zero columns: S_jj = 1
+        S.diagonal().add_(delta == 0)
+    return S
+
+
+def _sym_upper(M: Any) -> Any:
+    """E(M) = triu(M) + striu(M)ᵀ, the Gram's cotangent map (``cwy_rows._gram_vjp``), by
+    one ``where`` on a cached mask (half the time of ``triu`` + transposed add)."""
+    n = M.shape[-1]
+    if n > MASKED_MAX_N:
+        return M.triu() + M.triu(1).mT
+    return torch.where(_masks(n, M.dtype, M.device)[1], M, M.mT)
+
+
+def _solve(S: Any, r: Any, dt: Any, adjoint: bool = False, own: bool = False) -> Any:
+    """S⁻¹ r (``adjoint``: S⁻ᵀ r) in S's dtype, rounded to ``dt``. r is solved in place (no
+    copy, ``out=``) where the node owns it (``own``, or cast here) and autograd records
+    nothing."""
+    if r.dtype != S.dtype:
+        r, own = r.to(S.dtype), True
+    A = S.mT if adjoint else S
+    if own and not torch.is_grad_enabled():
+        return torch.linalg.solve_triangular(A, r, upper=not adjoint, out=r).to(dt)
+    return torch.linalg.solve_triangular(A, r, upper=not adjoint).to(dt)
+
+
+def _contiguous(x: Any) -> Any:
+    return x.clone(memory_format=torch.contiguous_format)
+
+
+def _node_product(
+    V: Any, Ss: list, x: Any, blocks: list, acc: Any, inplace: bool, identity: bool = False
+) -> tuple[Any, list]:
+    """``cwy_rows.blocks_product`` for 2-D x: y = x Q_mᵀ⋯Q₁ᵀ, the last block first, each
+    a = z V_b, b = a S_b⁻ᵀ, z −= b V_bᵀ on columns row…; kept: each block's input columns
+    and b. ``inplace``: on one copy of x (one block: y = x − b Vᵀ, no copy). ``identity``
+    (x = I, in place): block b also reads and updates rows row… only (``?orgqr``'s order:
+    the blocks after it changed the trailing rows and columns only, so the rows above are
+    zero in its columns); its kept input and b then have those rows only."""
+    dt, last = V.dtype, len(blocks) - 1
+    z = _contiguous(x) if inplace and last else x
+    trailing = identity and inplace and last
+    kept = []
+    for i in range(last, -1, -1):
+        row, s, e = blocks[i]
+        r0 = row if trailing else 0
+        Vb, zt = V[row:, s:e], z[r0:, row:]
+        if not inplace or not last:
+            zin = zt
+        else:
+            zin = x[r0:, row:] if i == last else _contiguous(zt)
+        b = _solve(Ss[i], (zt @ Vb).mT, dt, own=True).mT
+        if inplace and last:
+            zt.addmm_(b, Vb.mT, alpha=-1)
+        else:
+            tail = torch.addmm(zt, b, Vb.mT, alpha=-1)
+            z = torch.cat([z[:, :row], tail], 1) if row else tail
+        kept.append((zin, b))
+    return z, kept[::-1]
+
+
+def _node_blocks_vjp(
+    V: Any, Ss: list, g: Any, kept: list, blocks: list, need_x: bool, inplace: bool
+) -> tuple[Any, Any]:
+    """``cwy_rows.blocks_vjp``: the first block first, c = ḡ V_b, d = c S_b⁻¹,
+    V̄_b = V_b E(dᵀb) − ḡᵀb − zᵀd, ḡ −= d V_bᵀ on columns row…; x̄ = ḡ at the end. Without
+    x̄ the update covers the columns the next block reads (row of the next block…) only."""
+    dt, m = V.dtype, len(blocks)
+    update = inplace and m > 1
+    gb = _contiguous(g) if update else g
+    out = V.new_zeros(V.shape) if m > 1 else None
+    for i, ((row, s, e), S, (z, b)) in enumerate(zip(blocks, Ss, kept, strict=True)):
+        Vb, gt = V[row:, s:e], gb[:, row:]
+        d = _solve(S, (gt @ Vb).mT, dt, adjoint=True, own=True).mT
+        off = gt.shape[0] - b.shape[0]  # the rows that ``identity`` left out (zero in b, z)
+        dr, gr = (d[off:], gt[off:]) if off else (d, gt)
+        Vbar = torch.addmm(Vb @ _sym_upper(dr.mT @ b), gr.mT, b, alpha=-1)
+        Vbar = torch.addmm(Vbar, z.mT, dr, alpha=-1)
+        if m == 1:
+            out = Vbar
+        else:
+            out[row:, s:e] = Vbar
+        if need_x or i < m - 1:  # without x̄, only the columns the next blocks read
+            c0 = row if need_x else blocks[i + 1][0]
+            Vc = V[c0:, s:e]
+            if update:
+                gb[:, c0:].addmm_(d, Vc.mT, alpha=-1)
+            else:
+                tail = torch.addmm(gb[:, c0:], d, Vc.mT, alpha=-1)
+                gb = torch.cat([gb[:, :c0], tail], 1) if c0 else tail
+    return out, (gb if need_x else None)
+
+
+def _node_forward(
+    V: Any, x: Any, blocks: list, formed: bool, acc: Any, inplace: bool = False
+) -> tuple[Any, tuple[list, Any]]:
+    """``cwy_rows.layer_forward``: (y, (S_b, kept)); formed from one block W = I − V Z with
+    Z = S⁻¹Vᵀ (kept: W, Z), from several P = the blocks applied to I (kept: P and theirs)."""
+    Ss = [_factor(V[row:, s:e], acc) for row, s, e in blocks]
+    if not formed:
+        y, kept = _node_product(V, Ss, x, blocks, acc, inplace)
+        return y, (Ss, kept)
+    eye = torch.eye(V.shape[-2], dtype=V.dtype, device=V.device)
+    if len(blocks) == 1:
+        Z = _solve(Ss[0], V.mT, V.dtype)
+        W = torch.addmm(eye, V, Z, alpha=-1)
+        return x @ W.mT, (Ss, (W, Z))
+    P, kept = _node_product(V, Ss, eye, blocks, acc, inplace, identity=True)
+    return x @ P, (Ss, (P, kept))
+
+
+def _node_vjp(
+    V: Any, x: Any, g: Any, state: Any, blocks: list, formed: bool, need_x: bool, inplace: bool
+) -> tuple[Any, Any]:
+    """``cwy_rows.layer_vjp``: applied, the blocks' rule; formed from one block
+    W̄ = gᵀx, C = S⁻ᵀVᵀW̄, V̄ = V E(C Zᵀ) − W̄ Zᵀ − Cᵀ, x̄ = g W; from several, the blocks'
+    rule for P̄ = xᵀg and x̄ = g Pᵀ."""
+    Ss, kept = state
+    if not formed:
+        return _node_blocks_vjp(V, Ss, g, kept, blocks, need_x, inplace)
+    if len(blocks) == 1:  # Cᵀ = W̄ᵀV S⁻¹ (C = S⁻ᵀ (W̄ᵀV)ᵀ solved in place: Cᵀ row-major)
+        W, Z = kept
+        Wbar = g.mT @ x
+        Ct = _solve(Ss[0], (Wbar.mT @ V).mT, V.dtype, adjoint=True, own=True).mT
+        Vbar = torch.addmm(Ct, Wbar, Z.mT, beta=-1, alpha=-1)
+        Vbar = torch.addmm(Vbar, V, _sym_upper(Ct.mT @ Z.mT))
+        return Vbar, (g @ W if need_x else None)
+    P, kept = kept
+    Vbar, _ = _node_blocks_vjp(V, Ss, x.mT @ g, kept, blocks, False, inplace)
+    return Vbar, (g @ P.mT if need_x else None)
 
 
 def _flatten(tree: Any) -> tuple[list[torch.Tensor], Any]:

@@ -69,7 +69,7 @@ __all__ = [
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "1036ffc6fb80f377"
+KERNEL_DEPS = "bf7d69d9f6449f95"
 
 
 # -- entry kernels (explicit signatures: read-only C inputs accept writable arrays too) -------

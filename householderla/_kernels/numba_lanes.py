@@ -33,7 +33,7 @@ __all__ = ["LANES", "apply_lanes"]
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "7cc9189ab027fe14"
+KERNEL_DEPS = "eaf2171f22051f8b"
 
 
 def _sigs() -> Any:

@@ -13,12 +13,14 @@ __all__ = [
     "CWY_BLOCKS_MIN_L_GRAPH",
     "DASK_FAN_IN",
     "EIG_BOUNDS_MAX_M",
+    "FORMED_BLOCK",
     "FUSED_ROW_BYTES",
     "FUSE_MAX_COLUMNS",
     "FUSE_MIN_N",
     "LANES_MAX_N",
     "LAPACK_SEQUENTIAL_MAX_M",
     "LAPACK_SMALL_M",
+    "MASKED_MAX_N",
     "NT_MIN_BYTES",
     "ONE_NODE",
     "OPERATOR_MAX_ROWS",
@@ -31,6 +33,7 @@ __all__ = [
     "SINGLE_BLOCK_MAX_N",
     "SMALL_N",
     "STRUCTURED_BLOCK",
+    "THREADED_SINGLE_BLOCK_MAX_N",
     "TILE_MAX_N",
     "TRAPEZOIDAL_BLOCK",
     "TRAPEZOIDAL_FEW_RHS",
@@ -80,6 +83,9 @@ TRAPEZOIDAL_MAX_BLOCKS = 8  # most blocks, trapezoidal V; results/tuning.md
 TRAPEZOIDAL_MIN_COLUMNS = 2 * TRAPEZOIDAL_BLOCK  # fewest L for blocks; results/structured.md
 TRAPEZOIDAL_FEW_RHS = 16  # h narrower than this needs L ≥ 3N/4; results/structured.md
 
+# -- householderla/_autodiff/torch.py ------------------------------------------------------
+MASKED_MAX_N = 1024  # largest block whose masks CWYLinear caches; results/tuning.md
+
 # -- householderla/_interop/dask_tall.py -------------------------------------------------------
 DASK_FAN_IN = 8  # partials combined per Dask reduction task; results/tuning.md
 
@@ -108,3 +114,5 @@ OPERATOR_MAX_ROWS = 1.0  # rows per N for the operator path; results/training_st
 ONE_NODE = True  # training forward as one autograd node; results/tuning.md
 SINGLE_BLOCK_MAX_N = 192  # largest N forming W as one block; results/tuning.md
 SINGLE_BLOCK_APPLIED_MAX_N = 160  # largest N applying one block to the rows; results/tuning.md
+FORMED_BLOCK = 128  # reflectors per block of a W formed from blocks; results/tuning.md
+THREADED_SINGLE_BLOCK_MAX_N = 256  # the same two with 2+ torch threads; results/tuning.md

@@ -13,9 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .._agnostic import trapezoidal as _trapezoidal
+from .._lib.tuning import FORMED_BLOCK as _FORMED_BLOCK
 from .._lib.tuning import SINGLE_BLOCK_APPLIED_MAX_N as _SINGLE_APPLIED
 from .._lib.tuning import SINGLE_BLOCK_MAX_N as _SINGLE
 from .._lib.tuning import SMALL_N
+from .._lib.tuning import THREADED_SINGLE_BLOCK_MAX_N as _SINGLE_THREADED
 from .blocked import use_blocks
 from .sequential import sequential_is_faster
 
@@ -203,24 +205,31 @@ class LayerFacts:
     graph: bool  # autograd records the vectors
     has_operator: bool = True  # an operator represents W (not a wide "cwy" with extra L)
     block: int = 64  # the CPU's reflectors per block (``CWY_BLOCK``)
+    formed_block: int = _FORMED_BLOCK  # the CPU's reflectors per block of a formed W
     single_max_n: int = _SINGLE  # largest N whose formed W is one block on the CPU
     applied_single_max_n: int = _SINGLE_APPLIED  # largest N applied as one block on the CPU
+    threads: int = 1  # torch's intra-op threads
+    threaded_single_max_n: int = _SINGLE_THREADED  # largest N in one block with 2+ threads
 
 
 def plan_layer(f: LayerFacts) -> Path:
     """The path of ``OrthogonalLinear.forward``. A square CWY training step is one autograd
     node: on CUDA one compact WY block (a Gram, a triangular solve, a few GEMMs forward and
-    backward) whether W is formed or applied; on the CPU blocks of ``block`` reflectors (one
-    block where W is formed and N ≤ ``single_max_n``, or applied and N ≤
-    ``applied_single_max_n``: there the blocks' extra ops cost more than their flops save).
+    backward) whether W is formed or applied; on the CPU blocks of ``block`` reflectors
+    applied to the rows, of ``formed_block`` where W is formed (one block where W is formed
+    and N ≤ ``single_max_n``, or applied and N ≤ ``applied_single_max_n``: there the blocks'
+    extra ops cost more than their flops save; with 2+ ``threads``, which speed up the GEMMs
+    but not the ops around them, either up to ``threaded_single_max_n``).
     Otherwise W formed (batch above ``operator_rows``), the operator applied, or the
     parametrization's ``weight``."""
     applied = f.rows <= f.operator_rows
     if f.one_node:
         one = f.applied_single_max_n if applied else f.single_max_n
+        if f.threads > 1:
+            one = max(one, f.threaded_single_max_n)
         if f.device != "cpu" or f.N <= one:
             return Path("one_node_one_block", block=f.L)
-        return Path("one_node", block=f.block)
+        return Path("one_node", block=f.block if applied else f.formed_block)
     if not applied:
         return Path("formed")
     return Path("operator" if f.has_operator else "weight")

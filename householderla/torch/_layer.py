@@ -20,10 +20,12 @@ from .._autodiff.torch import CWYLinear
 from .._lib.device import device_kind
 from .._lib.tracing import is_transformed, needs_graph
 from .._lib.tuning import (
+    FORMED_BLOCK,
     ONE_NODE,
     OPERATOR_MAX_ROWS,
     SINGLE_BLOCK_APPLIED_MAX_N,
     SINGLE_BLOCK_MAX_N,
+    THREADED_SINGLE_BLOCK_MAX_N,
 )
 from .._operator import blocked as _blocked
 from .._operator.plan import LayerFacts, plan_layer
@@ -158,12 +160,11 @@ class OrthogonalLinear(torch.nn.Module):
             got = "a scalar" if x.ndim == 0 else f"shape {tuple(x.shape)}"
             raise ValueError(f"x must have shape (..., {self.in_features}); got {got}")
         x2 = x.reshape(-1, self.in_features)
-        path = plan_layer(self._layer_facts(x2))
+        V = self.vectors[0]  # (a ParameterList lookup costs microseconds: once per call)
+        path = plan_layer(self._layer_facts(x2, V))
         if path.name.startswith("one_node"):
             formed = not self.uses_operator(x2.shape[0])
-            y = CWYLinear.apply(
-                self.vectors[0], x2, self.structure == "trapezoidal", formed, path.block
-            )
+            y = CWYLinear.apply(V, x2, self.structure == "trapezoidal", formed, path.block)
             # never a view (nor is ``torch.nn.Linear``'s output): ``fully_shard`` hooks a
             # module's outputs for its backward, and an in-place op on a view drops the hook
             if x.ndim != 2:
@@ -180,9 +181,10 @@ class OrthogonalLinear(torch.nn.Module):
             return y if y._base is None else y.clone()
         return y + self.bias
 
-    def _layer_facts(self, x2: torch.Tensor) -> LayerFacts:
-        """The facts :func:`~householderla._operator.plan.plan_layer` reads for rows x2."""
-        V = self.vectors[0]
+    def _layer_facts(self, x2: torch.Tensor, V: torch.Tensor | None = None) -> LayerFacts:
+        """The facts :func:`~householderla._operator.plan.plan_layer` reads for rows x2
+        (V: ``vectors[0]``, when the caller has it)."""
+        V = self.vectors[0] if V is None else V
         N = max(self.in_features, self.out_features)
         return LayerFacts(
             device=device_kind(V),
@@ -190,20 +192,23 @@ class OrthogonalLinear(torch.nn.Module):
             L=V.shape[-1],
             rows=x2.shape[0],
             square_cwy=self.map == "cwy" and self.in_features == self.out_features,
-            one_node=self._one_node(x2),
+            one_node=self._one_node(x2, V),
             operator_rows=OPERATOR_MAX_ROWS * N,
-            graph=needs_graph(*self.vectors),
+            graph=needs_graph(*self.vectors) if len(self.vectors) > 1 else needs_graph(V),
             block=_blocked.BLOCK,
+            formed_block=FORMED_BLOCK,
             single_max_n=SINGLE_BLOCK_MAX_N,
             applied_single_max_n=SINGLE_BLOCK_APPLIED_MAX_N,
+            threads=torch.get_num_threads(),
+            threaded_single_max_n=THREADED_SINGLE_BLOCK_MAX_N,
         )
 
-    def _one_node(self, x: torch.Tensor) -> bool:
+    def _one_node(self, x: torch.Tensor, V: torch.Tensor | None = None) -> bool:
         """Whether ``forward`` runs as one ``CWYLinear`` node (``ONE_NODE``): a square CWY
         weight whose vectors autograd records (a training step), x of the
         vectors' dtype, outside ``torch.func`` transforms and ``torch.compile`` tracing
         (which take the composed nodes, whose rules they support)."""
-        V = self.vectors[0]
+        V = self.vectors[0] if V is None else V
         return (
             self.map == "cwy"
             and x.dtype == V.dtype
