@@ -231,9 +231,9 @@ LAYER_ROWS = [
 ]
 
 
-@pytest.mark.parametrize(("device", "N", "rows", "one_node", "expected"), LAYER_ROWS)
-def test_layer_plan_table(device, N, rows, one_node, expected):
-    facts = P.LayerFacts(
+def _layer_facts(device, N, rows, one_node, **more):
+    """A square CWY layer's facts with the tuning values the tables are written for."""
+    return P.LayerFacts(
         device=device,
         N=N,
         L=N,
@@ -246,7 +246,13 @@ def test_layer_plan_table(device, N, rows, one_node, expected):
         formed_block=128,
         single_max_n=192,
         applied_single_max_n=160,
+        **more,
     )
+
+
+@pytest.mark.parametrize(("device", "N", "rows", "one_node", "expected"), LAYER_ROWS)
+def test_layer_plan_table(device, N, rows, one_node, expected):
+    facts = _layer_facts(device, N, rows, one_node)
     path = P.plan_layer(facts)
     assert (path.name, path.block) == expected
     assert path.name in P.LAYER_PATHS
@@ -267,22 +273,7 @@ def test_layer_plan_table(device, N, rows, one_node, expected):
 def test_layer_plan_threads(N, rows, threads, expected):
     """With two or more torch threads the GEMMs run faster and the ops around them do not:
     one block up to ``threaded_single_max_n`` (applied or formed), the CPU's blocks above."""
-    facts = P.LayerFacts(
-        device="cpu",
-        N=N,
-        L=N,
-        rows=rows,
-        square_cwy=True,
-        one_node=True,
-        operator_rows=1.0 * N,
-        graph=True,
-        block=64,
-        formed_block=128,
-        single_max_n=192,
-        applied_single_max_n=160,
-        threads=threads,
-        threaded_single_max_n=256,
-    )
+    facts = _layer_facts("cpu", N, rows, True, threads=threads, threaded_single_max_n=256)
     path = P.plan_layer(facts)
     assert (path.name, path.block) == expected
 

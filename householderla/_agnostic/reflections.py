@@ -168,16 +168,13 @@ def _unitary_reflector(alpha: Any, rest: Any, negligible: float, xp: Any) -> tup
 
 def _reflect_rest(W: Any, v: Any, xp: Any) -> Any:
     """H(v) W for v with vᴴv = 1 + v₀² or 0 (no underflow; H(0) = I)."""
-    vv = xp.sum(xp.real(xp.conj(v) * v), axis=-1) if _cplx(v, xp) else xp.sum(v * v, axis=-1)
+    cplx = xp.isdtype(v.dtype, "complex floating")
+    vh = xp.conj(v) if cplx else v
+    vv = xp.sum(xp.real(vh * v), axis=-1) if cplx else xp.sum(v * v, axis=-1)
     one, zero = xp.ones_like(vv), xp.zeros_like(vv)
     coef = xp.where(vv > 0, 2.0 / xp.where(vv > 0, vv, one), zero)
-    vh = xp.conj(v)[..., None, :] if _cplx(v, xp) else v[..., None, :]
-    coef = xp.astype(coef, v.dtype) if _cplx(v, xp) else coef
-    return W - (coef[..., None, None] * v[..., :, None]) * (vh @ W)
-
-
-def _cplx(v: Any, xp: Any) -> bool:
-    return xp.isdtype(v.dtype, "complex floating")
+    coef = coef if coef.dtype == v.dtype else xp.astype(coef, v.dtype)
+    return W - (coef[..., None, None] * v[..., :, None]) * (vh[..., None, :] @ W)
 
 
 def _qr_reflectors(A: Any, reflector: Any) -> tuple[Any, Any]:
