@@ -44,9 +44,11 @@ still run on JAX once and the full matrix in ``make test-long``:
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import shutil
 import tempfile
+import threading
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -409,6 +411,38 @@ def require(module: str) -> Any:
 _JAX_CACHE = pytest.StashKey[str]()
 
 
+def _reuse_mlir_contexts(uses: int = 256) -> None:
+    """JAX lowers every program it compiles (each eager operation on a new shape too) in a
+    fresh MLIR context, and creating one loads every dialect: ~4.5 ms, a fifth of compiling a
+    small program. The suite compiles tens of thousands, so each process here hands out one
+    context for ``uses`` lowerings (the programs, hence the results, are the same; the
+    context's uniqued types and constants are dropped with it). Measured on the JAX cases of
+    test_vjp and test_svd: 18% less CPU time, peak memory 1.1 GB instead of 3.0 GB. A JAX
+    without ``make_ir_context``, or ``HL_TEST_FRESH_MLIR=1``, keeps JAX's own behaviour."""
+    if os.environ.get("HL_TEST_FRESH_MLIR") or importlib.util.find_spec("jax") is None:
+        return
+    from jax._src.interpreters import mlir
+
+    make = getattr(mlir, "make_ir_context", None)
+    if make is None or getattr(make, "_hl_shared", False):
+        return
+    from jax._src.lib.mlir import ir
+
+    lock, state = threading.Lock(), {"context": None, "left": 0}
+
+    def shared() -> Any:
+        with lock:
+            if state["context"] is not None and ir.Context.current is state["context"]:
+                return make()  # a program lowered while lowering another (equinox does): its own
+            if state["left"] == 0:
+                state["context"], state["left"] = make(), uses
+            state["left"] -= 1
+            return state["context"]
+
+    shared._hl_shared = True  # type: ignore[attr-defined]
+    mlir.make_ir_context = shared
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """One JAX compilation cache on disk for the run, shared by the xdist workers (they inherit
     the environment): most of the suite's time on JAX is XLA compiling, and identical programs
@@ -418,6 +452,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "jax_both(reason): every case runs on both jax and jax_jit in `make test`"
     )
+    _reuse_mlir_contexts()
     if os.environ.get("PYTEST_XDIST_WORKER") or "JAX_COMPILATION_CACHE_DIR" in os.environ:
         return
     path = tempfile.mkdtemp(prefix="hl-test-jax-cache-")
