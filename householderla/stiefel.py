@@ -27,6 +27,8 @@ import math
 from functools import partial
 from typing import Any
 
+import array_api_compat as aac
+
 from ._agnostic.euclidean import (
     EuclideanAdamState,
     EuclideanAMSGradState,
@@ -51,7 +53,7 @@ from ._agnostic.stiefel_flow import (
 )
 from ._agnostic.stiefel_guards import check_powers, check_step, momentum_growth
 from ._lib.checks import RankDeficientError, check_choice, check_real
-from ._lib.jit import host, kernel_namespace, select
+from ._lib.jit import eager_program, host, kernel_namespace, select
 from ._lib.linalg import abs2
 from ._lib.namespace import accumulation_dtype_for, mH, real_dtype
 from ._lib.rows import LOCAL, Rows, block_max
@@ -79,6 +81,16 @@ EXPM_METHODS = ("euler", "cayley", "expm")
 #: U-update of φ̄₃: "energy" rescales forward Euler to keep ‖U‖_F (the default), "euler" is
 #: the printed forward Euler step (diverges at large steps; docs/theory/stiefel.rst).
 TRANSPORTS = ("energy", "euler")
+
+
+def _one_program(xp: Any, rows: Rows, *arrays: Any) -> bool:
+    """Eager JAX arrays on one process: the step runs as one compiled program
+    (:func:`~householderla._lib.jit.eager_program`; its range checks after it, as eager)."""
+    if not aac.is_jax_namespace(xp) or rows.sharded:
+        return False
+    import jax
+
+    return all(is_eager(leaf) for leaf in jax.tree_util.tree_leaves(arrays))
 
 
 def _polar(X: Any, xp: Any, rows: Rows, maxima: Any = None) -> Any:
@@ -286,6 +298,12 @@ def momentum_sgd(
 
     def update(X: Any, G: Any, state: MomentumState) -> tuple[Any, MomentumState]:
         xp, X, G, dtype = prepare(X, G, state, fixed_xp, rows)
+        if _one_program(xp, rows, X, G, state):
+            key = ("momentum_sgd", lr, mu, tau, nesterov, a, method, transport)
+            return eager_program(key, step, (0, 1), xp, dtype, X, G, state)
+        return step(xp, dtype, X, G, state)
+
+    def step(xp: Any, dtype: Any, X: Any, G: Any, state: MomentumState) -> tuple[Any, Any]:
         X = _project_first(X, state.count, xp, rows)
         work = accumulation_dtype_for(xp, X)
         X, G, U, Z = cast(xp, work, X, G, state.U, state.Z)
@@ -423,6 +441,12 @@ def adam(
 
     def update(X: Any, G: Any, state: AdamState) -> tuple[Any, AdamState]:
         xp, X, G, dtype = prepare(X, G, state, fixed_xp, rows)
+        if _one_program(xp, rows, X, G, state):
+            key = ("adam", lr, b1, b2, eps, a, method, transport, bool(amsgrad))
+            return eager_program(key, step, (0, 1), xp, dtype, X, G, state)
+        return step(xp, dtype, X, G, state)
+
+    def step(xp: Any, dtype: Any, X: Any, G: Any, state: AdamState) -> tuple[Any, Any]:
         X = _project_first(X, state.count, xp, rows)
         work = accumulation_dtype_for(xp, X)
         X, G, U, Z, p, q = cast(xp, work, X, G, state.U, state.Z, state.p, state.q)

@@ -304,3 +304,72 @@ def test_householder_vectors_compile_one_step_whatever_n(dtype):
         # −ρ/(α + ‖x‖) reach ~20 here) and to the unit columns of Q
         tol = 9 * 8 * 2.2e-16
         np.testing.assert_allclose(np.asarray(g), w, rtol=tol, atol=tol)
+
+
+class _Compiles:
+    """Counts XLA compilations (JAX's backend-compile events) while entered."""
+
+    def __enter__(self):
+        self.n = 0
+        self._on = True
+
+        def listen(event, duration, **kw):
+            if self._on and event == "/jax/core/compile/backend_compile_duration":
+                self.n += 1
+
+        jax.monitoring.register_event_duration_secs_listener(listen)
+        return self
+
+    def __exit__(self, *exc):
+        self._on = False  # (JAX keeps listeners registered; this one stops counting)
+
+
+@pytest.mark.parametrize("algo", ["sgd", "adam"])
+def test_eager_step_is_one_compiled_program(algo):
+    """On eager JAX arrays a Stiefel step runs as one compiled program (``eager_program``):
+    the first step compiles it and the few eager operations of the input checks, later steps
+    compile nothing (not even for the first step's uncommitted arrays against the committed
+    ones it returns), an optimizer with the same hyperparameters reuses the program, and the
+    result equals the NumPy step to rounding. Op by op, the first step compiled every
+    operation of the step (~200 programs) and later steps took ~10× longer."""
+    make = {
+        "sgd": lambda: hl.stiefel.momentum_sgd(0.1, nesterov=True),
+        "adam": lambda: hl.stiefel.adam(0.05, amsgrad=True, expm_method="cayley"),
+    }[algo]
+    rng = np.random.default_rng(stable_seed("eager-program", algo))
+    X0 = rng.standard_normal((7, 13, 3))  # an unusual shape: nothing compiled for it before
+    Gs = [rng.standard_normal(X0.shape) for _ in range(3)]
+    opt = make()
+    X, state = jnp.asarray(X0), opt.init(jnp.asarray(X0))
+    with _Compiles() as first:
+        X, state = opt.update(X, jnp.asarray(Gs[0]), state)
+    with _Compiles() as later:
+        for G in Gs[1:]:
+            X, state = opt.update(X, jnp.asarray(G), state)
+    assert 1 <= first.n <= 12, first.n
+    assert later.n == 0, later.n
+    Xn, sn = X0, make().init(X0)
+    for G in Gs:
+        Xn, sn = make().update(Xn, G, sn)
+    # 3 steps of O(M³ + N·M²) operations each, relative to entries of size ≤ 1
+    np.testing.assert_allclose(np.asarray(X), Xn, atol=1e-12)
+    for got, want in zip(jax.tree.leaves(state), jax.tree.leaves(sn), strict=True):
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-10, atol=1e-12)
+    with _Compiles() as again:  # a new optimizer with the same hyperparameters
+        opt2 = make()
+        opt2.update(X, jnp.asarray(Gs[0]), opt2.init(X))
+    assert again.n <= 2, again.n  # init's zeros at most
+
+
+def test_eager_step_checks_run_after_the_program():
+    """The range checks an eager step makes (``check_step``, ``check_powers``) are deferred
+    out of the compiled program and raise the same ValueError, and the state is untouched."""
+    opt = hl.stiefel.momentum_sgd(1e9)
+    X = jnp.asarray(np.linalg.qr(np.random.default_rng(0).standard_normal((6, 2)))[0])
+    state = opt.init(X)
+    G = jnp.asarray(np.random.default_rng(1).standard_normal((6, 2)))
+    with pytest.raises(ValueError, match=r"rotation step lr·Z has entries up to .*1/sqrt\(eps\)"):
+        opt.update(X, G, state)
+    adam = hl.stiefel.adam()
+    with pytest.raises(ValueError, match=r"the gradient G has entries up to .* overflow float64"):
+        adam.update(X, jnp.full((6, 2), 1e307), adam.init(X))

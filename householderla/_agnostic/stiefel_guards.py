@@ -8,9 +8,10 @@ trace there is no value to look at). Backend-neutral: ``xp`` explicit.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
-from .._lib.jit import host
+from .._lib.jit import defer, deferring, host
 from .._lib.rows import LOCAL, Rows
 
 __all__ = ["check_powers", "check_step", "momentum_growth"]
@@ -19,11 +20,18 @@ __all__ = ["check_powers", "check_step", "momentum_growth"]
 def check_step(name: str, W: Any, xp: Any, eager: bool) -> None:
     """The rotation step W = ηZ (Adam: ηκ Z ⊘ (p^½ + ε)) must stay below 1/√eps: beyond it
     R = I + W and S = RᵀR = I − W² lose every digit of their identity part, so the update
-    means nothing in the working precision (and S turns numerically singular). Eager only."""
-    if not eager or 0 in W.shape:
+    means nothing in the working precision (and S turns numerically singular). Eager only
+    (deferred to after the program under :func:`~householderla._lib.jit.eager_program`)."""
+    if 0 in W.shape or not (eager or deferring()):
         return
-    m = host(xp.max(xp.abs(W)))
     limit = 1.0 / math.sqrt(float(xp.finfo(W.dtype).eps))
+    if eager:
+        _step_error(name, limit, host(xp.max(xp.abs(W))))
+    else:
+        defer(xp.max(xp.abs(W)), partial(_step_error, name, limit))
+
+
+def _step_error(name: str, limit: float, m: float) -> None:
     if not m <= limit:
         raise ValueError(
             f"{name}: the rotation step lr·Z has entries up to {m:.1e}, beyond 1/sqrt(eps) = "
@@ -59,13 +67,21 @@ def check_powers(
     Row-sharded ``a`` (``rows``): ``m`` is max |a| reduced over the blocks, the size the
     whole a's."""
     rows_a = rows.total(a.shape[-2])
-    if not eager or 0 in (*a.shape[:-2], rows_a, a.shape[-1]):
+    if 0 in (*a.shape[:-2], rows_a, a.shape[-1]) or not (eager or deferring()):
         return
-    m = host(xp.max(xp.abs(a)) if m is None else xp.max(m))
     size = a.shape[-1] * rows_a
     limit = 0.25 * (float(xp.finfo(a.dtype).max) / size**2) ** (1.0 / k)
+    fail = partial(_powers_error, name, what, k, why, str(a.dtype), limit)
+    value = xp.max(xp.abs(a)) if m is None else xp.max(m)
+    if eager:
+        fail(host(value))
+    else:
+        defer(value, fail)
+
+
+def _powers_error(name: str, what: str, k: int, why: str, dtype: str, limit: float, m: float):
     if not m <= limit:
         raise ValueError(
             f"{name}: {what} has entries up to {m:.1e}, whose {'squares' if k == 2 else 'powers'}"
-            f" overflow {a.dtype} (limit {limit:.1e}): {why}; clip G or lower lr"
+            f" overflow {dtype} (limit {limit:.1e}): {why}; clip G or lower lr"
         )

@@ -1,19 +1,24 @@
-"""The one compilation helper: JAX functions compiled once per shape, and the branch that
+"""The compilation helpers: JAX functions compiled once per shape, and the branch that
 works on eager and traced values alike.
 
-``jit_for(xp, fn, static)`` is the only ``jax.jit`` cache of the package: every backend-neutral
-kernel that JAX would otherwise dispatch (and compile) operation by operation goes through it;
-other namespaces get ``fn`` itself. Under an outer ``jax.jit`` the compiled function is inlined.
+``jit_for(xp, fn, static)`` compiles a backend-neutral kernel that JAX would otherwise dispatch
+(and compile) operation by operation; other namespaces get ``fn`` itself. ``eager_program``
+runs a whole step (an optimizer's) as one program on eager JAX arrays, with the value checks
+it would have made on the way (``defer``) made on the host after it. Under an outer
+``jax.jit`` both are inlined.
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import array_api_compat as aac
 
-__all__ = ["fori", "host", "jit_for", "kernel_namespace", "select"]
+__all__ = ["defer", "deferring", "eager_program", "fori", "host", "jit_for", "kernel_namespace"]
+__all__ += ["select"]
 
 
 def jit_for(xp: Any, fn: Any, static: tuple[int, ...] = (0,)) -> Any:
@@ -30,6 +35,75 @@ def _jax_jit(fn: Any, static: tuple[int, ...]) -> Any:
     import jax
 
     return jax.jit(fn, static_argnums=static)
+
+
+#: the checks deferred while ``eager_program`` traces its function (None otherwise)
+_DEFERRED: contextvars.ContextVar[list | None] = contextvars.ContextVar("hl_deferred", default=None)
+#: compiled programs by key (an optimizer's kind and hyperparameters: a few per process)
+_PROGRAMS: dict[Any, Any] = {}
+
+
+def deferring() -> bool:
+    """Whether ``eager_program`` is tracing: a value check cannot look now but can be deferred."""
+    return _DEFERRED.get() is not None
+
+
+def defer(value: Any, check: Callable[[float], None]) -> None:
+    """``check(float(value))`` after the program ``eager_program`` is tracing has run (in the
+    order deferred: the first that raises is the error the eager step would have raised)."""
+    _DEFERRED.get().append((value, check))
+
+
+def eager_program(key: Any, fn: Callable, static: tuple[int, ...], *args: Any) -> Any:
+    """``fn(*args)`` on eager JAX arrays as one compiled program (one per ``key`` and shape),
+    then its deferred checks on the host. ``key`` must determine ``fn``'s behaviour (the
+    closures of two optimizers with equal hyperparameters share one program); ``static`` are
+    the positions of Python-valued arguments. Eager JAX otherwise compiles and dispatches each
+    operation of the step, each on its own (``docs/jax.rst`` has the figures)."""
+    import jax
+
+    program = _PROGRAMS.get(key)
+    if program is None:
+        program = _PROGRAMS[key] = _with_checks(fn, static)
+    # arrays committed to their device, as the program's results are: a mix of uncommitted
+    # (jnp.asarray) and committed arguments is another cache entry, so the second step of a
+    # loop would compile the program again
+    args = jax.tree_util.tree_map(
+        lambda a: a if getattr(a, "committed", True) else jax.device_put(a, a.sharding), args
+    )
+    out, checks = program(*args)
+    for value, check in zip(checks.values, checks.checks, strict=True):
+        check(host(value))
+    return out
+
+
+class _Checks:
+    """The deferred checks of a program: the values as its outputs, the checks as the static
+    part of its output tree (a pytree node; registered with JAX on first use)."""
+
+    def __init__(self, values: tuple, checks: tuple) -> None:
+        self.values, self.checks = values, checks
+
+
+def _with_checks(fn: Callable, static: tuple[int, ...]) -> Any:
+    import jax
+
+    if not getattr(_Checks, "_registered", False):
+        jax.tree_util.register_pytree_node(
+            _Checks, lambda c: (c.values, c.checks), lambda checks, values: _Checks(values, checks)
+        )
+        _Checks._registered = True
+
+    def traced(*args: Any) -> tuple[Any, _Checks]:
+        token = _DEFERRED.set([])
+        try:
+            out = fn(*args)
+            found = _DEFERRED.get()
+        finally:
+            _DEFERRED.reset(token)
+        return out, _Checks(tuple(v for v, _ in found), tuple(c for _, c in found))
+
+    return jax.jit(traced, static_argnums=static)
 
 
 def host(x: Any) -> float:
