@@ -22,7 +22,7 @@ def check_step(name: str, W: Any, xp: Any, eager: bool) -> None:
     R = I + W and S = RᵀR = I − W² lose every digit of their identity part, so the update
     means nothing in the working precision (and S turns numerically singular). Eager only
     (deferred to after the program under :func:`~householderla._lib.jit.eager_program`)."""
-    if 0 in W.shape or not (eager or deferring()):
+    if 0 in W.shape or not (eager or deferring(xp)):
         return
     limit = 1.0 / math.sqrt(float(xp.finfo(W.dtype).eps))
     if eager:
@@ -67,7 +67,7 @@ def check_powers(
     Row-sharded ``a`` (``rows``): ``m`` is max |a| reduced over the blocks, the size the
     whole a's."""
     rows_a = rows.total(a.shape[-2])
-    if 0 in (*a.shape[:-2], rows_a, a.shape[-1]) or not (eager or deferring()):
+    if 0 in (*a.shape[:-2], rows_a, a.shape[-1]) or not (eager or deferring(xp)):
         return
     size = a.shape[-1] * rows_a
     limit = 0.25 * (float(xp.finfo(a.dtype).max) / size**2) ** (1.0 / k)

@@ -43,9 +43,11 @@ _DEFERRED: contextvars.ContextVar[list | None] = contextvars.ContextVar("hl_defe
 _PROGRAMS: dict[Any, Any] = {}
 
 
-def deferring() -> bool:
-    """Whether ``eager_program`` is tracing: a value check cannot look now but can be deferred."""
-    return _DEFERRED.get() is not None
+def deferring(xp: Any) -> bool:
+    """Whether ``eager_program`` is tracing: a value check cannot look now but can be deferred.
+    Only JAX namespaces are asked (dynamo cannot trace ``ContextVar.get``: under
+    ``torch.compile`` the question alone would break the graph)."""
+    return aac.is_jax_namespace(xp) and _DEFERRED.get() is not None
 
 
 def defer(value: Any, check: Callable[[float], None]) -> None:
