@@ -17,8 +17,16 @@ from typing import Any
 
 import array_api_compat as aac
 
-__all__ = ["defer", "deferring", "eager_program", "fori", "host", "jit_for", "kernel_namespace"]
-__all__ += ["select"]
+__all__ = [
+    "defer",
+    "deferring",
+    "eager_program",
+    "fori",
+    "host",
+    "jit_for",
+    "kernel_namespace",
+    "select",
+]
 
 
 def jit_for(xp: Any, fn: Any, static: tuple[int, ...] = (0,)) -> Any:
@@ -61,7 +69,7 @@ def eager_program(key: Any, fn: Callable, static: tuple[int, ...], *args: Any) -
     then its deferred checks on the host. ``key`` must determine ``fn``'s behaviour (the
     closures of two optimizers with equal hyperparameters share one program); ``static`` are
     the positions of Python-valued arguments. Eager JAX otherwise compiles and dispatches each
-    operation of the step, each on its own (``docs/jax.rst`` has the figures)."""
+    operation of the step, each on its own (``docs/adapters.rst`` has the figures)."""
     import jax
 
     program = _PROGRAMS.get(key)
