@@ -449,19 +449,25 @@ def test_batch_lanes_equal_column_blocks_bit_for_bit(dtype, P, N, L, C, trapezoi
     plain = (np.empty((0, 0), dtype), False)  # (τ, unit): V itself, no LAPACK τ
     for X, identity, transpose in modes:
         Y1, Y2 = np.full((P, N, C), np.nan, dtype), np.full((P, N, C), np.nan, dtype)
-        s1 = apply_lanes(V, X, Y1, trapezoidal, identity, transpose, safe, *plain)
+        s1 = apply_lanes(V, X, Y1, trapezoidal, identity, transpose, safe, *plain, False)
         s2 = apply_columns(V, X, Y2, trapezoidal, identity, transpose, safe, *plain)
         assert s1 == s2 == 0
         assert np.array_equal(Y1, Y2), (identity, transpose)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize(("P", "N", "k"), [(19, 8, 8), (9, 16, 11), (17, 3, 3), (10, 40, 40)])
+@pytest.mark.parametrize(
+    ("P", "N", "k"), [(19, 8, 8), (9, 16, 11), (17, 3, 3), (10, 40, 40), (11, 13, 13)]
+)
 def test_batch_kernels_read_lapack_reflectors_in_place(dtype, P, N, k):
     """``unit`` mode: both batched kernels read LAPACK's ``a`` as ``?orgqr`` does (the unit
     diagonal implied, nothing above it read, τ = 0 columns the identity) and must give the
     bits they give on the V built from it (``lapack_unit_lower``); ``a`` may be wider than
-    τ is long. R's entries (here NaN and huge) must never be read."""
+    τ is long. R's entries (here NaN and huge) must never be read. The lanes kernel also
+    reads a column-major ``a`` in place (``columns``, given as the C-contiguous transpose:
+    eight rows of a column per register transpose, N mod 8 rows one by one, the rows above
+    the diagonal of a block zeroed), with the same bits: a transpose that mixed rows or
+    lanes, or let R's entries in, would differ."""
     from householderla._kernels.numba_columns import apply_columns
     from householderla._kernels.numba_lanes import apply_lanes
 
@@ -484,9 +490,15 @@ def test_batch_kernels_read_lapack_reflectors_in_place(dtype, P, N, k):
         for X, identity, transpose in ((C, False, False), (C, False, True), (E, True, False)):
             Y1 = np.full((P, N, X.shape[2]), np.nan, dtype)
             Y2 = Y1.copy()
-            assert kernel(a, X, Y1, True, identity, transpose, safe, tau, True) == 0
-            assert kernel(V, X, Y2, True, identity, transpose, safe, none, False) == 0
+            rows = (False,) if kernel is apply_lanes else ()  # (a row-major)
+            assert kernel(a, X, Y1, True, identity, transpose, safe, tau, True, *rows) == 0
+            assert kernel(V, X, Y2, True, identity, transpose, safe, none, False, *rows) == 0
             assert np.array_equal(Y1, Y2), (kernel.__name__, identity, transpose)
+            if kernel is apply_lanes:  # ``columns``: a column-major ``a`` as its transpose
+                Y3 = np.full_like(Y1, np.nan)
+                at = np.ascontiguousarray(np.swapaxes(a, 1, 2))
+                assert kernel(at, X, Y3, True, identity, transpose, safe, tau, True, True) == 0
+                assert np.array_equal(Y3, Y2), ("columns", identity, transpose)
     Q = nk.hform(a[..., :k] if k == N else a[..., :k].copy(), tau=tau)
     ref = per_matrix_hprod(V, np.eye(N, dtype=dtype))
     np.testing.assert_allclose(Q, ref, rtol=0, atol=32 * EPS[dtype] * N * k)
@@ -514,7 +526,7 @@ def test_lanes_store_large_outputs_past_the_caches_with_the_same_bits(dtype):
     shifted = np.empty(P * N * N + 1, dtype)[1:].reshape(P, N, N)
     for Y in (aligned, shifted):
         Y[:] = np.nan
-        assert apply_lanes(V, E, Y, True, True, False, safe, none, False) == 0
+        assert apply_lanes(V, E, Y, True, True, False, safe, none, False, False) == 0
         assert np.array_equal(Y, ref)
 
 

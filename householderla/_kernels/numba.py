@@ -31,6 +31,7 @@ from .numba_checks import (
     finite_lower,
     lapack_check,
     lapack_check_columns,
+    lapack_check_transposed,
     lapack_unit_lower,
     lapack_unit_lower_columns,
     reflectors_to_lapack,
@@ -56,6 +57,7 @@ __all__ = [
     "hprod_vector",
     "lapack_check",
     "lapack_check_columns",
+    "lapack_check_transposed",
     "lapack_panel",
     "lapack_unit_lower",
     "lapack_unit_lower_columns",
@@ -69,7 +71,7 @@ __all__ = [
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "bf7d69d9f6449f95"
+KERNEL_DEPS = "d99f7e2958a2727d"
 
 
 # -- entry kernels (explicit signatures: read-only C inputs accept writable arrays too) -------
@@ -326,10 +328,19 @@ def hform(
     with ``trapezoidal`` V also skip
     the columns < k that H(v_k) leaves unchanged (LAPACK orgqr's 4N³/3 flops for L = N);
     4·N·L·ncols flops per matrix otherwise. ``tau``: V is LAPACK's ``a``, as in :func:`hprod`
-    (``?orgqr``)."""
+    (``?orgqr``); a stack of column-major ``a`` (``?geqrf``'s and ``torch.geqrf``'s layout)
+    is read in place, column by column, with the bits of its row-major copy."""
     V = np.asarray(V)
     n = V.shape[-2] if V.ndim >= 2 else 0
     E = np.eye(n, n if ncols is None else ncols, dtype=V.dtype)
+    Vc = _columns_stack(V) if tau is not None else None
+    if Vc is not None:  # (…, L, N) views of the matrices' columns: no copy to C order
+        P, B = Vc.shape[0], E.shape[1]
+        Y = output((*V.shape[:-2], n, B), V.dtype)
+        t2 = taus_of(tau, np.swapaxes(Vc, 1, 2), V.dtype)
+        if forward(Vc, E[None], Y.reshape((P, n, B)), True, False, True, t2, True):
+            _raise_nonfinite(V, True)
+        return Y
     dtype, n, _, batch, P, _, B, V3, E3 = _operands(V, E, "ncols")
     Y = output((*batch, n, B), dtype)
     t2 = taus_of(tau, V3, dtype) if P else None
@@ -337,6 +348,20 @@ def hform(
     if P and forward(V3, E3, Y.reshape((P, n, B)), trap, False, True, t2):
         _raise_nonfinite(V, trapezoidal)
     return Y
+
+
+def _columns_stack(V: np.ndarray) -> np.ndarray | None:
+    """The C-contiguous (P, L, N) transposed view of a stack V (…, N, L) of P ≥ 1 matrices,
+    each stored column-major (LAPACK's layout) and not also row-major, float32/float64,
+    L ≤ N; else None (the caller copies V to C order as for any other layout)."""
+    if V.ndim < 3 or V.flags.c_contiguous or V.dtype not in (_F32, _F64) or V.size == 0:
+        return None
+    if V.shape[-1] > V.shape[-2]:
+        return None
+    Vc = np.swapaxes(V, -1, -2)
+    if not Vc.flags.c_contiguous:
+        return None
+    return Vc.reshape((-1, *Vc.shape[-2:]))
 
 
 def hgrad(
