@@ -33,6 +33,7 @@ __all__ = [
     "layer_forward",
     "layer_vjp",
     "rows_factor",
+    "rows_gram",
     "rows_product",
     "rows_vjp",
 ]
@@ -42,18 +43,27 @@ def _acc(x: Any, dtype: Any, xp: Any) -> Any:
     return x if x.dtype == dtype else xp.astype(x, dtype)
 
 
-def rows_factor(V: Any, xp: Any) -> Any:
+def rows_gram(V: Any, xp: Any) -> Any:
+    """G = VᵀV (L, L) for V (N, L) in the accumulation dtype (float64 for float32 on CPU):
+    what :func:`rows_factor` reads, for a caller that checks its diagonal ‖v_j‖² first.
+    2·N·L² flops."""
+    Va = _acc(V, accumulation_dtype_for(xp, V), xp)
+    return Va.mT @ Va
+
+
+def rows_factor(V: Any, xp: Any, G: Any = None) -> Any:
     """S = ½ diag(δ) + striu(VᵀV) (L, L) for V (N, L), in the accumulation dtype (float64
-    for float32 on CPU), with δ_j := 2 for zero columns.
+    for float32 on CPU), with δ_j := 2 for zero columns; ``G``: VᵀV from :func:`rows_gram`
+    (else computed here).
 
     NaN/Inf entries raise, naming the columns (eager arrays); so does a column whose ‖v‖²
     leaves the accumulation dtype's range (‖v‖ > 1e154 in float64), which the unit-column
     form (:func:`.compact_wy.normalize_columns`, scaled by max |v|) takes; a float64 column
     with ‖v‖ < 1e-154 counts as zero. float32 columns (squared in float64) have neither."""
-    Va = _acc(V, accumulation_dtype_for(xp, V), xp)
-    G = Va.mT @ Va
+    G = rows_gram(V, xp) if G is None else G
     delta = xp.linalg.diagonal(G)  # (..., L): ‖v_j‖²
     if is_eager(delta) and not bool(xp.all(xp.isfinite(delta))):
+        Va = _acc(V, G.dtype, xp)
         check_finite_norms(xp.max(xp.abs(Va), axis=-2, keepdims=True), xp)  # NaN or Inf
         flat = xp.reshape(delta, (-1, delta.shape[-1]))
         bad = [j for j in range(flat.shape[-1]) if not bool(xp.all(xp.isfinite(flat[:, j])))]
@@ -130,8 +140,8 @@ def blocks_product(
     Block b on the columns row… of z: a = z V_b, b = a S_b⁻ᵀ, z −= b V_bᵀ; 4·(N − row)·nb·B
     + 2·nb²·B flops. ``kept`` (backward order, block 1 first): each block's input columns
     z[:, row:] and its b, what :func:`blocks_vjp` reads. ``inplace`` (a mutable namespace,
-    2-D x: torch): the updates run inside the GEMM on one copy of x, and each block's input
-    columns are copied for ``kept``; otherwise every update makes a new array."""
+    2-D x: torch, NumPy): the updates run inside the GEMM on one copy of x, and each block's
+    input columns are copied for ``kept``; otherwise every update makes a new array."""
     z = row_major_copy(x, xp) if inplace else x
     kept = []
     for i, ((row, s, e), S) in reversed(list(enumerate(zip(blocks, Ss, strict=True)))):
