@@ -14,6 +14,8 @@ for bit.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from conftest import get_backend, require
@@ -187,6 +189,56 @@ def test_trapezoidal_equals_dense_and_columns_equal_blocks(dtype, transpose):
         Vt, ht = nk.hgrad(V, G, h=H, trapezoidal=True, transpose=transpose)
         np.testing.assert_array_equal(Vt, np.tril(Vb))
         np.testing.assert_array_equal(ht, hb)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_one_vector_kernel_equals_its_scalar_reference_bit_for_bit(dtype):
+    """The one-vector entry kernel (:mod:`householderla._kernels.numba_vec`: V transposed so its
+    columns are contiguous, one pass per reflection for its update, the next dot product and
+    the next ‖v‖², the four partial sums by row mod 4 packed in one vector) must give the bits
+    of the scalar loops it replaced (``numba_taus.taus`` then ``numba_loops.apply_vec``) and
+    of a column of the block kernel: N and L not multiples of 4 or 8 (scalar heads and tails,
+    the transpose's leftovers), trapezoidal V with NaN above the diagonal (never read),
+    either order, zero columns (skipped, a fresh dot pass after them), the status of a column
+    to rescale (−1) and of a NaN column (counted, applied). A vector lane that summed the
+    wrong rows, a norm taken from other rows, or a zero column not skipped would differ."""
+    from householderla._kernels.numba_loops import apply_vec
+    from householderla._kernels.numba_taus import SAFE_EXP, taus
+    from householderla._kernels.numba_vec import fp_vec_kernel
+
+    safe = SAFE_EXP[np.dtype(dtype)]
+    rng = np.random.default_rng(40)
+    cases = [(128, 16), (130, 17), (33, 20), (64, 64), (7, 7), (9, 3), (1, 1), (5, 0)]
+    for (n, L), trap, transpose, zero in itertools.product(
+        cases, (False, True), (False, True), (False, True)
+    ):
+        V = rng.standard_normal((n, L)).astype(dtype)
+        if trap:
+            V = np.tril(V)
+            V[np.triu(np.ones((n, L), bool), 1)] = np.nan
+        if zero and L > 2:
+            V[:, [0, L // 2, L - 1]] = 0
+        h = rng.standard_normal(n).astype(dtype)
+        tau = np.empty(L, dtype)
+        nonfinite, outside = taus(V, trap, safe, tau)
+        assert (nonfinite, outside) == (0, 0)
+        ref = h.copy()
+        apply_vec(V, tau, ref, trap, transpose)
+        y = h.copy()
+        assert fp_vec_kernel(V, y, trap, transpose, safe) == 0
+        assert np.array_equal(y, ref), (n, L, trap, transpose, zero)
+        if L:
+            block = nk.hprod(V, np.stack([h, -h], 1), trapezoidal=trap, transpose=transpose)
+            assert np.array_equal(block[:, 0], y)
+    V = rng.standard_normal((10, 4)).astype(dtype)
+    W = V.copy()
+    W[:, 1] *= 2.0 ** (-safe)  # ‖v‖² below the safe range: rescale first
+    assert fp_vec_kernel(W, np.ones(10, dtype), False, False, safe) == -1
+    W = V.copy()
+    W[3, 2] = np.nan
+    y = np.ones(10, dtype)
+    assert fp_vec_kernel(W, y, False, False, safe) == 1
+    assert np.all(np.isnan(y))
 
 
 def _unfused_passes(V, H, G, trap, transpose):

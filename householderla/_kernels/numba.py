@@ -38,9 +38,10 @@ from .numba_checks import (
     upper_is_zero,
 )
 from .numba_larft import lapack_panel, larft_forward
-from .numba_loops import HAVE_NUMBA, apply_one, apply_vec, grad_one, njit
+from .numba_loops import HAVE_NUMBA, apply_one, grad_one, njit
 from .numba_panels import orgqr_panels, ormqr_panels
-from .numba_taus import SAFE_EXP, all_taus, taus
+from .numba_taus import SAFE_EXP, all_taus
+from .numba_vec import fp_vec_kernel
 
 if HAVE_NUMBA:
     from numba import types as _nt
@@ -71,7 +72,7 @@ __all__ = [
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "d99f7e2958a2727d"
+KERNEL_DEPS = "1c42e007ad203854"
 
 
 # -- entry kernels (explicit signatures: read-only C inputs accept writable arrays too) -------
@@ -85,26 +86,8 @@ def _sigs(kind: str) -> Any:
         ro3 = _nt.Array(f, 3, "C", readonly=True)
         rw3 = _nt.Array(f, 3, "C")
         b, i = _nt.boolean, _nt.int64
-        if kind == "vec":
-            ro2, ro1 = _nt.Array(f, 2, "C", readonly=True), _nt.Array(f, 1, "C", readonly=True)
-            out.append(i(ro2, ro1, _nt.Array(f, 1, "C"), b, b, i))
-        else:
-            out.append(i(ro3, ro3, ro3, rw3, rw3, b, b, b, i))
+        out.append(i(ro3, ro3, ro3, rw3, rw3, b, b, b, i))
     return out
-
-
-@njit(_sigs("vec"))
-def fp_vec_kernel(V: Any, h: Any, y: Any, trap: bool, transpose: bool, safe_exp: int) -> int:
-    """y (N,) ← H(v₁)…H(v_L) h for one V (N, L) and one vector: :func:`_fp_kernel` without
-    the batch axes (the common tiny call, whose NumPy-side reshapes cost as much as
-    the kernel's arithmetic at N = 128, L = 16)."""
-    tau = np.empty(V.shape[1], V.dtype)
-    nonfinite, outside = taus(V, trap, safe_exp, tau)
-    if outside:
-        return -1
-    y[:] = h
-    apply_vec(V, tau, y, trap, transpose)
-    return nonfinite
 
 
 @njit(_sigs("bp"))
@@ -241,24 +224,19 @@ def hprod_vector(
 ) -> np.ndarray | None:
     """:func:`hprod` for the tiny common call — one V (N, L), L ≤ N, one vector h (N,) or
     one column (N, 1), both C-contiguous of one float32/float64 dtype — with no other checks
-    (an RNN step costs little more than the kernel); None for any other input (:func:`hprod`
-    then takes it, or the caller's checks name what is wrong) and for columns that need
-    rescaling."""
+    (an RNN step costs little more than the kernel; each test here is tens of ns of a call of
+    a few µs at N = 128, L = 16); None for any other input (:func:`hprod` then takes it, or
+    the caller's checks name what is wrong) and for columns that need rescaling."""
     dt = V.dtype
-    if h.ndim == 2 and h.shape[1] == 1 and V.ndim == 2:  # one column: the vector's kernel
+    if V.ndim != 2 or h.dtype is not dt or (dt is not _F64 and dt is not _F32):
+        return None
+    if h.ndim == 2 and h.shape[1] == 1:  # one column: the vector's kernel
         y = hprod_vector(V, h[:, 0], trapezoidal=trapezoidal, transpose=transpose, check=check)
         return None if y is None else y[:, None]
-    if (
-        V.ndim == 2
-        and h.ndim == 1
-        and h.dtype is dt
-        and (dt is _F64 or dt is _F32)
-        and V.shape[1] <= V.shape[0] == h.shape[0]
-        and V.flags.c_contiguous
-        and h.flags.c_contiguous
-    ):
-        y = np.empty_like(h)
-        status = fp_vec_kernel(V, h, y, trapezoidal, transpose, SAFE_EXP[dt])
+    n, L = V.shape
+    if h.ndim == 1 and L <= n == h.shape[0] and V.flags.c_contiguous and h.flags.c_contiguous:
+        y = h.copy()
+        status = fp_vec_kernel(V, y, trapezoidal, transpose, SAFE_EXP[dt])
         if status >= 0:
             if status and check:
                 _raise_nonfinite(V, trapezoidal)

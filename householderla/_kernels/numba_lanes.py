@@ -34,7 +34,7 @@ __all__ = ["LANES", "apply_lanes"]
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "4b9c7cf9375c8863"
+KERNEL_DEPS = "525c53c92738ae1c"
 
 
 def _sigs() -> Any:
