@@ -72,7 +72,7 @@ __all__ = [
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "1c42e007ad203854"
+KERNEL_DEPS = "41a114eaebfd1c21"
 
 
 # -- entry kernels (explicit signatures: read-only C inputs accept writable arrays too) -------
@@ -228,15 +228,17 @@ def hprod_vector(
     a few µs at N = 128, L = 16); None for any other input (:func:`hprod` then takes it, or
     the caller's checks name what is wrong) and for columns that need rescaling."""
     dt = V.dtype
-    if V.ndim != 2 or h.dtype is not dt or (dt is not _F64 and dt is not _F32):
+    if h.dtype is not dt or (dt is not _F64 and dt is not _F32) or V.ndim != 2:
         return None
-    if h.ndim == 2 and h.shape[1] == 1:  # one column: the vector's kernel
-        y = hprod_vector(V, h[:, 0], trapezoidal=trapezoidal, transpose=transpose, check=check)
-        return None if y is None else y[:, None]
     n, L = V.shape
-    if h.ndim == 1 and L <= n == h.shape[0] and V.flags.c_contiguous and h.flags.c_contiguous:
-        y = h.copy()
-        status = fp_vec_kernel(V, y, trapezoidal, transpose, SAFE_EXP[dt])
+    if h.ndim != 1:
+        if h.ndim == 2 and h.shape[1] == 1:  # one column: the vector's kernel
+            y = hprod_vector(V, h[:, 0], trapezoidal=trapezoidal, transpose=transpose, check=check)
+            return None if y is None else y[:, None]
+        return None
+    if L <= n == h.shape[0] and V.flags.c_contiguous:
+        y = h.copy()  # (C-contiguous whatever h's stride)
+        status = fp_vec_kernel(V, y, trapezoidal, transpose)
         if status >= 0:
             if status and check:
                 _raise_nonfinite(V, trapezoidal)

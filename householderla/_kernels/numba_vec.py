@@ -16,13 +16,18 @@ import numpy as np
 
 from .numba_loops import HAVE_NUMBA, njit
 from .numba_simd import slp_njit, transpose8
+from .numba_taus import SAFE_EXP
 
 __all__ = ["fp_vec_kernel"]
 
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "3313a71bf80c9879"
+KERNEL_DEPS = "3a97718703520586"
+
+
+#: ``SAFE_EXP`` of each dtype, as constants the kernel compiles in (an argument fewer per call)
+_SAFE_F64, _SAFE_F32 = SAFE_EXP[np.dtype(np.float64)], SAFE_EXP[np.dtype(np.float32)]
 
 
 def _sigs() -> Any:
@@ -33,7 +38,7 @@ def _sigs() -> Any:
     out = []
     for f in (nt.float32, nt.float64):
         ro2, rw1 = nt.Array(f, 2, "C", readonly=True), nt.Array(f, 1, "C")
-        out.append(nt.int64(ro2, rw1, nt.boolean, nt.boolean, nt.int64))
+        out.append(nt.int64(ro2, rw1, nt.boolean, nt.boolean))
     return out
 
 
@@ -169,18 +174,19 @@ def _tau(Vt: Any, k: int, start: int, ss: Any, lo: float, hi: float) -> tuple[An
 
 
 @slp_njit(_sigs())
-def fp_vec_kernel(V: Any, y: Any, trap: bool, transpose: bool, safe_exp: int) -> int:
-    """y (N,) ← H(v₁)…H(v_L) y (H(v_L)…H(v₁) y with ``transpose``) in place, for one V (N, L)
-    (four arguments besides V, each a cost of the call at N = 128); ``trap``: column k is
-    read from row k on. One pass over y per reflection
-    (4·N flops, and 2·N for the next ‖v‖²): reflection k's update fused with the next
-    reflection's dot product and squared norm; zero columns (τ = 0) are skipped, a dot pass
-    then starting afresh. Returns −1 (y unfinished) if a column's ‖v‖² leaves
-    [2^−safe_exp, 2^safe_exp] (the caller rescales it), else the number of non-finite
-    columns (τ = NaN, applied)."""
+def fp_vec_kernel(V: Any, y: Any, trap: bool, transpose: bool) -> int:
+    """y (N,) ← H(v₁)…H(v_L) y (H(v_L)…H(v₁) y with ``transpose``) in place, for one V (N, L);
+    ``trap``: column k is read from row k on. One pass over y per reflection (4·N flops, and
+    2·N for the next ‖v‖²): reflection k's update fused with the next reflection's dot
+    product and squared norm; zero columns (τ = 0) are skipped, a dot pass then starting
+    afresh. Returns −1 (y unfinished) if a column's ‖v‖² leaves [2^−e, 2^e] (e =
+    ``SAFE_EXP`` of the dtype: the caller rescales it), else the number of non-finite columns
+    (τ = NaN, applied). Every argument costs the call tens of ns at N = 128, L = 16: y is
+    updated in place (the caller copies h) and e is compiled in."""
     n, L = V.shape
     Vt = np.empty((L, n), V.dtype)
     _transposed(V, Vt)
+    safe_exp = _SAFE_F64 if y.itemsize == 8 else _SAFE_F32  # (frozen in at compile time)
     lo = math.ldexp(1.0, -safe_exp)
     hi = math.ldexp(1.0, safe_exp)
     z = V.dtype.type(0)
