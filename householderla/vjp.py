@@ -218,7 +218,7 @@ def _blocked_apply_vjp(V: Any, hm: Any, gm: Any, xp: Any) -> tuple[Any, Any] | N
     pairs = zip(blocks, grams, strict=True)
     Ss = [CR.rows_factor(V[..., row:, s:e], xp, G) for (row, s, e), G in pairs]
     inplace = aac.is_numpy_namespace(xp)
-    _, kept = CR.blocks_product(V, Ss, x, xp, blocks, inplace)
+    _, kept = CR.blocks_product(V, Ss, x, xp, blocks, inplace, need_y=False)
     V_bar, x_bar = CR.blocks_vjp(V, Ss, mT(gm), kept, xp, blocks, True, inplace)
     return V_bar, mT(x_bar)
 

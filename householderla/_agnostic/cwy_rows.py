@@ -133,6 +133,7 @@ def blocks_product(
     xp: Any,
     blocks: list[tuple[int, int, int]],
     inplace: bool = False,
+    need_y: bool = True,
 ) -> tuple[Any, list[tuple[Any, Any]]]:
     """(y, kept) with y = x Qᵀ for rows x (B, N) and Q = Q₁⋯Q_m, Q_b = I − V_b S_b⁻¹ V_bᵀ
     the blocks of :func:`column_blocks` (y = x Q_mᵀ ⋯ Q₁ᵀ: the last block first).
@@ -141,12 +142,15 @@ def blocks_product(
     + 2·nb²·B flops. ``kept`` (backward order, block 1 first): each block's input columns
     z[:, row:] and its b, what :func:`blocks_vjp` reads. ``inplace`` (a mutable namespace,
     2-D x: torch, NumPy): the updates run inside the GEMM on one copy of x, and each block's
-    input columns are copied for ``kept``; otherwise every update makes a new array."""
-    z = row_major_copy(x, xp) if inplace else x
+    input columns are copied for ``kept``; otherwise every update makes a new array.
+    ``need_y=False`` (a VJP, which reads ``kept`` only): block 1, applied last, skips its
+    update (2·(N − row)·nb·B flops, and in place the copy of its input) and y is None."""
+    z = row_major_copy(x, xp) if inplace and (need_y or len(blocks) > 1) else x
     kept = []
     for i, ((row, s, e), S) in reversed(list(enumerate(zip(blocks, Ss, strict=True)))):
         Vb = V[..., row:, s:e]
-        if not inplace:
+        final = i == 0 and not need_y  # no update follows: z is this block's input as it is
+        if not inplace or final:
             zin = z[..., row:]
         elif i == len(blocks) - 1:  # the first block applied reads x itself, unchanged
             zin = x[..., row:]
@@ -154,9 +158,10 @@ def blocks_product(
             zin = row_major_copy(z[..., row:], xp)
         a = z[..., row:] @ Vb
         b = _acc(solve_upper_triangular(S, _acc(a.mT, S.dtype, xp), xp), V.dtype, xp).mT
-        z = _minus_tail(z, row, b, Vb, xp, inplace)
+        if not final:
+            z = _minus_tail(z, row, b, Vb, xp, inplace)
         kept.append((zin, b))
-    return z, kept[::-1]
+    return (z if need_y else None), kept[::-1]
 
 
 def blocks_vjp(
