@@ -72,7 +72,7 @@ __all__ = [
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "41a114eaebfd1c21"
+KERNEL_DEPS = "153dd5c993ac3e06"
 
 
 # -- entry kernels (explicit signatures: read-only C inputs accept writable arrays too) -------
@@ -236,7 +236,7 @@ def hprod_vector(
             y = hprod_vector(V, h[:, 0], trapezoidal=trapezoidal, transpose=transpose, check=check)
             return None if y is None else y[:, None]
         return None
-    if L <= n == h.shape[0] and V.flags.c_contiguous:
+    if L <= n == len(h) and V.flags.c_contiguous:  # (h is 1-D here)
         y = h.copy()  # (C-contiguous whatever h's stride)
         status = fp_vec_kernel(V, y, trapezoidal, transpose)
         if status >= 0:

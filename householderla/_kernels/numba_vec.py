@@ -199,11 +199,12 @@ def fp_vec_kernel(V: Any, y: Any, trap: bool, transpose: bool) -> int:
         s, q = zero, zero
         if k < 0:  # a dot pass
             s, q = _pass(Vt, -1, ct, kn, y, sn, n, s, q)
+        elif not trap:  # every row: the update and the next column's sums in one pass
+            s, q = _pass(Vt, k, ct, kn, y, 0, n, s, q)
         else:  # the rows the next column reads alone, those the update writes alone, both
-            sk = k if trap else 0
-            both = max(sk, sn)
+            both = max(k, sn)
             s, q = _pass(Vt, -1, ct, kn, y, sn, both, s, q)
-            _pass(Vt, k, ct, -1, y, sk, both, s, q)
+            _pass(Vt, k, ct, -1, y, k, both, s, q)
             s, q = _pass(Vt, k, ct, kn, y, both, n, s, q)
         t, status = _tau(Vt, kn, sn, (q[0] + q[1]) + (q[2] + q[3]), lo, hi)
         if status < 0:
