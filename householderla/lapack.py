@@ -125,9 +125,20 @@ class LapackStack(LazyLapack, CWY):
     state ``nk``: the Numba entry module."""
 
     def _arrays(self) -> tuple[Any, Any]:
-        """(a, τ) as the kernels read them: NumPy, the views of a torch stack's tensors."""
+        """(a, τ) as the kernels read them: NumPy, the views of a torch stack's tensors
+        (each matrix of ``a`` row-major, or column-major as ``torch.geqrf`` lays it out,
+        which :func:`~householderla._kernels.numba.hform` reads in place)."""
         s = self._state
         return s.get("views", (s["a"], s["tau"]))
+
+    def _row_major(self) -> tuple[Any, Any]:
+        """:meth:`_arrays` with ``a`` in C order (copied once, where it is column-major), for
+        the kernels that read only that order."""
+        s = self._state
+        a, tau = self._arrays()
+        if "a_rows" not in s:
+            s["a_rows"] = np.ascontiguousarray(a)
+        return s["a_rows"], tau
 
     def _out(self, y: Any) -> Any:
         """A kernel's NumPy result in the caller's type (a CPU tensor sharing its memory)."""
@@ -135,7 +146,7 @@ class LapackStack(LazyLapack, CWY):
 
     def _build(self) -> CWY:
         s = self._state
-        a, tau = self._arrays()
+        a, tau = self._row_major()
         V = np.empty(a.shape, a.dtype)
         s["nk"].lapack_unit_lower(
             a.reshape((-1, *a.shape[-2:])), tau.reshape((-1, tau.shape[-1])),
@@ -176,6 +187,7 @@ class LapackStack(LazyLapack, CWY):
             and sequential_is_faster(m, a.shape[-1], 1 if x.ndim == 1 else x.shape[-1])
         ):
             s["used"] = True
+            a, tau = self._row_major()
             return self._out(s["nk"].hprod(a, x, tau=tau, transpose=self._transposed))
         return super().__matmul__(h)
 
@@ -186,9 +198,11 @@ def _as_built(op: CWY, transposed: bool, conjugated: bool = False) -> CWY:
 
 def lapack_stack(a: Any, tau: Any, xp: Any, small_m: int) -> tuple[LapackStack, float] | None:
     """The in-place operator for a NumPy stack (P ≥ ``BATCH_MIN``) of real ``(a, τ)`` with
-    m ≤ ``small_m`` and k = n, C-contiguous (another layout, such as ``torch.geqrf``'s
-    column-major matrices, is copied to it first), after one read-only Numba pass has checked
-    it (NaN/Inf below the diagonal raise as ``from_lapack`` does), with the pass's largest
+    m ≤ ``small_m`` and k = n, C-contiguous or each matrix column-major (``torch.geqrf``'s
+    layout: read in place by ``.matrix()``, copied to C order when anything else needs it;
+    any other layout is copied to C order first), after τ's NaN/Inf and then one read-only
+    Numba pass have checked it (NaN/Inf below the diagonal raise as ``from_lapack`` does;
+    τ's first, as there), with the pass's largest
     mismatch of τ against 2/‖vᵢ‖² for the caller's check; None for anything else. A stack
     of plain CPU torch tensors is read the same way through its NumPy views, the results
     returned as tensors sharing their memory."""
@@ -210,9 +224,15 @@ def lapack_stack(a: Any, tau: Any, xp: Any, small_m: int) -> tuple[LapackStack, 
         or a.size // (m * n) < nk.BATCH_MIN
     ):
         return None
-    a = np.ascontiguousarray(a)  # (a copy only for another layout)
+    at = None if a.flags.c_contiguous else np.swapaxes(a, -1, -2)
+    if at is None or not at.flags.c_contiguous:
+        a, at = np.ascontiguousarray(a), None  # (a copy only for another layout)
     t2 = np.ascontiguousarray(tau.reshape((-1, n))).reshape(tau.shape)
-    bad, nonfinite = nk.lapack_check(a.reshape((-1, m, n)), t2.reshape((-1, n)))
+    check_finite(t2, np, "tau")  # τ first, as from_lapack checks it (NumPy's pass on the view)
+    if at is None:
+        bad, nonfinite = nk.lapack_check(a.reshape((-1, m, n)), t2.reshape((-1, n)))
+    else:  # column-major matrices, read in place
+        bad, nonfinite = nk.lapack_check_transposed(at.reshape((-1, n, m)), t2.reshape((-1, n)))
     if nonfinite:
         raise ValueError("a (below the diagonal) contains NaN or Inf")
     state = {"a": a, "tau": t2, "nk": nk, "xp": xp}
@@ -498,9 +518,11 @@ def from_lapack(a: Any, tau: Any, *, thin: bool = False, xp: Any = None) -> CWY 
     storage-efficient WY representation for products of Householder transformations", SIAM
     J. Sci. Stat. Comput. 1989, give the compact form used.
 
-    Stacks of P ≥ 16 small real NumPy ``(a, τ)`` (m ≤ ``SMALL_M`` = 64, k = n, C order) are
-    checked by one read-only Numba pass (NaN/Inf below the diagonal, τ against 2/‖vᵢ‖²), and
-    their ``.matrix()`` and first product read ``a`` in place in the batched Numba kernels
+    Stacks of P ≥ 16 small real NumPy ``(a, τ)`` (m ≤ ``SMALL_M`` = 64, k = n, C order, or
+    each matrix column-major as ``torch.geqrf`` returns them) are checked by one read-only
+    Numba pass (NaN/Inf below the diagonal, τ against 2/‖vᵢ‖²), and their ``.matrix()`` and
+    first product read ``a`` in place in the batched Numba kernels (column-major matrices:
+    ``.matrix()`` only, the first product after a copy to C order)
     (:mod:`householderla._kernels.numba_lanes`, ``numba_columns``), with no V built (about
     three times faster than ``torch.linalg.householder_product``: ``benchmarks/small.py``).
     V and the CWY factors are built when anything else needs them, so such an operator, like
@@ -552,11 +574,11 @@ def from_lapack(a: Any, tau: Any, *, thin: bool = False, xp: Any = None) -> CWY 
         )
     if not isinstance(thin, bool):
         raise TypeError(f"thin must be True or False; got {thin!r}")
-    check_finite(tau, xp, "tau")
-    stack = None if thin else lapack_stack(a, tau, xp, SMALL_M)
+    stack = None if thin else lapack_stack(a, tau, xp, SMALL_M)  # (τ's NaN/Inf checked first)
     if stack is not None:  # a stack of small NumPy (a, τ): read in place, checked in one pass
         _tau_error(stack[1], m, eps, False)
         return stack[0]
+    check_finite(tau, xp, "tau")
     cols = lapack_columns(a, tau, thin, xp, partial(_reflectors_of_columns, eps=eps))
     if cols is not None:  # one column-major NumPy a: read in place, checked in one pass
         _tau_error(cols[1], m, eps, is_complex(a.dtype))

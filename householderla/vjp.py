@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import array_api_compat as aac
 import numpy as np
 
 from . import retractions as R
@@ -148,8 +149,11 @@ def _apply_vjp(
     out_shape = broadcast_batch(batches) + (n_out, hm.shape[-1])
     check_cotangent(g, out_shape[:-1] if vector else out_shape, "g")
     gm = g[..., None] if vector else g
+    blocked = None
     if _blocked_vjp_serves(V, hm, xp, theta, transpose, mode):
-        V_bar, x_bar = _blocked_apply_vjp(V, hm, gm, xp)
+        blocked = _blocked_apply_vjp(V, hm, gm, xp)
+    if blocked is not None:
+        V_bar, x_bar = blocked
         return _as_inputs(real, xp, V_bar, x_bar[..., 0] if vector else x_bar)
     if theta is not None:
         hm = hm if is_complex(hm.dtype) else xp.astype(hm, V.dtype)
@@ -178,37 +182,44 @@ def _phased_apply_core(
 
 
 def _blocked_vjp_serves(V: Any, hm: Any, xp: Any, theta: Any, transpose: bool, mode: str) -> bool:
-    """Whether (V, h) ↦ Q h's VJP runs in blocks of unnormalised reflectors
-    (:func:`_blocked_apply_vjp`): real eager V (N, L) with L ≥ ``VJP_BLOCKS_MIN_L``, a 2-D h,
-    no phases, Q itself (not Qᵀ, not T-CWY), and every ‖v‖² (in the accumulation dtype) zero
-    or inside (tiny/eps, max·eps), ~(1e-292, 1e292) in float64, where the unnormalised Grams
-    are exact to rounding (else the unit columns take it)."""
+    """Whether (V, h) ↦ Q h's VJP may run in blocks of unnormalised reflectors
+    (:func:`_blocked_apply_vjp`, which also checks the column norms): real eager V (N, L)
+    with L ≥ ``VJP_BLOCKS_MIN_L``, a 2-D h, no phases, Q itself (not Qᵀ, not T-CWY)."""
     if theta is not None or transpose or mode != "square" or V.ndim != 2 or hm.ndim != 2:
         return False
     if V.shape[-1] < VJP_BLOCKS_MIN_L or is_complex(V.dtype) or is_complex(hm.dtype):
         return False
-    if not is_eager(V):
-        return False
-    acc = accumulation_dtype_for(xp, V)
-    Va = V if V.dtype == acc else xp.astype(V, acc)
-    ss = xp.sum(Va * Va, axis=-2)
-    fi = xp.finfo(acc)
-    lo, hi = float(fi.smallest_normal) / float(fi.eps), float(fi.max) * float(fi.eps)
-    return bool(xp.all((ss == 0) | ((ss > lo) & (ss < hi))))  # (False for NaN, Inf)
+    return is_eager(V)
 
 
-def _blocked_apply_vjp(V: Any, hm: Any, gm: Any, xp: Any) -> tuple[Any, Any]:
+def _blocked_apply_vjp(V: Any, hm: Any, gm: Any, xp: Any) -> tuple[Any, Any] | None:
     """(V̄, h̄) of y = Q h by the blocked rule of :mod:`householderla._agnostic.cwy_rows` on
     the rows x = hᵀ (y ᵀ = x Qᵀ): the forward's blocks again, then each block's VJP, first
     block first (Likhosherstov et al., AISTATS 2021, Theorem 2 for the blocks). Blocks of
     ``VJP_BLOCK`` unnormalised reflectors: 12·N·L·B + 4·N·L·nb flops against the single
-    pair's 8·N·L·B + 4·N·L² (its Gram and its Ū's U(P + Pᵀ))."""
+    pair's 8·N·L·B + 4·N·L² (its Gram and its Ū's U(P + Pᵀ)).
+
+    None unless every ‖v‖² (in the accumulation dtype, read off the blocks' Grams) is zero
+    or inside (tiny/eps, max·eps), ~(1e-292, 1e292) in float64, where the unnormalised Grams
+    are exact to rounding (else the unit columns take it: NaN, Inf and extreme scales). On
+    NumPy the updates accumulate inside the GEMMs on copies of h and g (β = 1,
+    :func:`~householderla._lib.linalg.subtract_product`), with no temporaries."""
     blocks = CR.column_blocks(V.shape[-1], VJP_BLOCK, False)
     x = mT(hm)
     if V.dtype != x.dtype:  # (promoted as the forward promotes)
         V = xp.astype(V, x.dtype)
-    _, state = CR.layer_forward(V, x, xp, blocks, False)
-    V_bar, x_bar = CR.layer_vjp(V, x, mT(gm), state, xp, blocks, False, True)
+    grams = [CR.rows_gram(V[..., row:, s:e], xp) for row, s, e in blocks]
+    fi = xp.finfo(grams[0].dtype)
+    lo, hi = float(fi.smallest_normal) / float(fi.eps), float(fi.max) * float(fi.eps)
+    for G in grams:
+        ss = xp.linalg.diagonal(G)
+        if not bool(xp.all((ss == 0) | ((ss > lo) & (ss < hi)))):  # (False for NaN, Inf)
+            return None
+    pairs = zip(blocks, grams, strict=True)
+    Ss = [CR.rows_factor(V[..., row:, s:e], xp, G) for (row, s, e), G in pairs]
+    inplace = aac.is_numpy_namespace(xp)
+    _, kept = CR.blocks_product(V, Ss, x, xp, blocks, inplace, need_y=False)
+    V_bar, x_bar = CR.blocks_vjp(V, Ss, mT(gm), kept, xp, blocks, True, inplace)
     return V_bar, mT(x_bar)
 
 

@@ -214,3 +214,26 @@ def test_blocks_in_place_equal_out_of_place(bk_eager, formed):
         np.testing.assert_allclose(to_numpy(a), to_numpy(b), rtol=0, atol=10 * EPS[np.float64])
     np.testing.assert_array_equal(to_numpy(xb), x)
     np.testing.assert_array_equal(to_numpy(Gb), G)
+
+
+@pytest.mark.parametrize("nb", [BLOCKS, N])  # several blocks, one block
+def test_blocks_product_without_y_keeps_what_the_vjp_reads(bk_eager, nb):
+    """``need_y=False`` (``hl.vjp.cwy_apply``'s blocked rule, which reads ``kept`` only; issue
+    44, item 4) skips the update of the block applied last: y is None and ``kept`` is that
+    of the full product bit for bit, in place and out of place (same operations on the same
+    inputs), and x is left as it was. A skipped update of any other block, or a kept input
+    taken after its own update, would differ by O(1)."""
+    V, x = _data(seed=12)
+    xp = bk_eager.xp
+    blocks = R.column_blocks(N, nb, False)
+    Vb, xb = bk_eager.asarray(V), bk_eager.asarray(x)
+    Ss = R.blocks_factor(Vb, xp, blocks)
+    modes = (False, True) if bk_eager.name.startswith(("numpy", "torch")) else (False,)
+    for inplace in modes:
+        _, full = R.blocks_product(Vb, Ss, xb, xp, blocks, inplace)
+        y, kept = R.blocks_product(Vb, Ss, xb, xp, blocks, inplace, need_y=False)
+        assert y is None and len(kept) == len(full) == len(blocks)
+        for (z1, b1), (z2, b2) in zip(full, kept, strict=True):
+            np.testing.assert_array_equal(to_numpy(z2), to_numpy(z1))
+            np.testing.assert_array_equal(to_numpy(b2), to_numpy(b1))
+        np.testing.assert_array_equal(to_numpy(xb), x)

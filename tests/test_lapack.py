@@ -674,7 +674,8 @@ def test_a_plain_cpu_tensor_is_read_in_place_as_numpy_is(dtype, layout):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_a_plain_cpu_tensor_stack_is_read_in_place_as_numpy_is(dtype):
     """A stack of small real (a, τ) as plain CPU tensors (``torch.geqrf``'s column-major
-    matrices, copied to C order once) takes NumPy's in-place stack operator
+    matrices: ``.matrix()`` reads them in place, the first product a C-order copy made
+    once) takes NumPy's in-place stack operator
     (``LapackStack``) through the views: ``.matrix()`` and the first product are CPU tensors
     equal to ``torch.linalg.householder_product`` and its products; V, once built, a tensor;
     a stack that requires grad keeps the general path. (Issue 44, item 4: a torch stack of

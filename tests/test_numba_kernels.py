@@ -14,6 +14,8 @@ for bit.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from conftest import get_backend, require
@@ -187,6 +189,56 @@ def test_trapezoidal_equals_dense_and_columns_equal_blocks(dtype, transpose):
         Vt, ht = nk.hgrad(V, G, h=H, trapezoidal=True, transpose=transpose)
         np.testing.assert_array_equal(Vt, np.tril(Vb))
         np.testing.assert_array_equal(ht, hb)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_one_vector_kernel_equals_its_scalar_reference_bit_for_bit(dtype):
+    """The one-vector entry kernel (:mod:`householderla._kernels.numba_vec`: V transposed so its
+    columns are contiguous, one pass per reflection for its update, the next dot product and
+    the next ‖v‖², the four partial sums by row mod 4 packed in one vector) must give the bits
+    of the scalar loops it replaced (``numba_taus.taus`` then ``numba_loops.apply_vec``) and
+    of a column of the block kernel: N and L not multiples of 4 or 8 (scalar heads and tails,
+    the transpose's leftovers), trapezoidal V with NaN above the diagonal (never read),
+    either order, zero columns (skipped, a fresh dot pass after them), the status of a column
+    to rescale (−1) and of a NaN column (counted, applied). A vector lane that summed the
+    wrong rows, a norm taken from other rows, or a zero column not skipped would differ."""
+    from householderla._kernels.numba_loops import apply_vec
+    from householderla._kernels.numba_taus import SAFE_EXP, taus
+    from householderla._kernels.numba_vec import fp_vec_kernel
+
+    safe = SAFE_EXP[np.dtype(dtype)]
+    rng = np.random.default_rng(40)
+    cases = [(128, 16), (130, 17), (33, 20), (64, 64), (7, 7), (9, 3), (1, 1), (5, 0)]
+    for (n, L), trap, transpose, zero in itertools.product(
+        cases, (False, True), (False, True), (False, True)
+    ):
+        V = rng.standard_normal((n, L)).astype(dtype)
+        if trap:
+            V = np.tril(V)
+            V[np.triu(np.ones((n, L), bool), 1)] = np.nan
+        if zero and L > 2:
+            V[:, [0, L // 2, L - 1]] = 0
+        h = rng.standard_normal(n).astype(dtype)
+        tau = np.empty(L, dtype)
+        nonfinite, outside = taus(V, trap, safe, tau)
+        assert (nonfinite, outside) == (0, 0)
+        ref = h.copy()
+        apply_vec(V, tau, ref, trap, transpose)
+        y = h.copy()
+        assert fp_vec_kernel(V, y, trap, transpose) == 0
+        assert np.array_equal(y, ref), (n, L, trap, transpose, zero)
+        if L:
+            block = nk.hprod(V, np.stack([h, -h], 1), trapezoidal=trap, transpose=transpose)
+            assert np.array_equal(block[:, 0], y)
+    V = rng.standard_normal((10, 4)).astype(dtype)
+    W = V.copy()
+    W[:, 1] *= 2.0 ** (-safe)  # ‖v‖² below the safe range: rescale first
+    assert fp_vec_kernel(W, np.ones(10, dtype), False, False) == -1
+    W = V.copy()
+    W[3, 2] = np.nan
+    y = np.ones(10, dtype)
+    assert fp_vec_kernel(W, y, False, False) == 1
+    assert np.all(np.isnan(y))
 
 
 def _unfused_passes(V, H, G, trap, transpose):
@@ -449,19 +501,25 @@ def test_batch_lanes_equal_column_blocks_bit_for_bit(dtype, P, N, L, C, trapezoi
     plain = (np.empty((0, 0), dtype), False)  # (τ, unit): V itself, no LAPACK τ
     for X, identity, transpose in modes:
         Y1, Y2 = np.full((P, N, C), np.nan, dtype), np.full((P, N, C), np.nan, dtype)
-        s1 = apply_lanes(V, X, Y1, trapezoidal, identity, transpose, safe, *plain)
+        s1 = apply_lanes(V, X, Y1, trapezoidal, identity, transpose, safe, *plain, False)
         s2 = apply_columns(V, X, Y2, trapezoidal, identity, transpose, safe, *plain)
         assert s1 == s2 == 0
         assert np.array_equal(Y1, Y2), (identity, transpose)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize(("P", "N", "k"), [(19, 8, 8), (9, 16, 11), (17, 3, 3), (10, 40, 40)])
+@pytest.mark.parametrize(
+    ("P", "N", "k"), [(19, 8, 8), (9, 16, 11), (17, 3, 3), (10, 40, 40), (11, 13, 13)]
+)
 def test_batch_kernels_read_lapack_reflectors_in_place(dtype, P, N, k):
     """``unit`` mode: both batched kernels read LAPACK's ``a`` as ``?orgqr`` does (the unit
     diagonal implied, nothing above it read, τ = 0 columns the identity) and must give the
     bits they give on the V built from it (``lapack_unit_lower``); ``a`` may be wider than
-    τ is long. R's entries (here NaN and huge) must never be read."""
+    τ is long. R's entries (here NaN and huge) must never be read. The lanes kernel also
+    reads a column-major ``a`` in place (``columns``, given as the C-contiguous transpose:
+    eight rows of a column per register transpose, N mod 8 rows one by one, the rows above
+    the diagonal of a block zeroed), with the same bits: a transpose that mixed rows or
+    lanes, or let R's entries in, would differ."""
     from householderla._kernels.numba_columns import apply_columns
     from householderla._kernels.numba_lanes import apply_lanes
 
@@ -484,9 +542,15 @@ def test_batch_kernels_read_lapack_reflectors_in_place(dtype, P, N, k):
         for X, identity, transpose in ((C, False, False), (C, False, True), (E, True, False)):
             Y1 = np.full((P, N, X.shape[2]), np.nan, dtype)
             Y2 = Y1.copy()
-            assert kernel(a, X, Y1, True, identity, transpose, safe, tau, True) == 0
-            assert kernel(V, X, Y2, True, identity, transpose, safe, none, False) == 0
+            rows = (False,) if kernel is apply_lanes else ()  # (a row-major)
+            assert kernel(a, X, Y1, True, identity, transpose, safe, tau, True, *rows) == 0
+            assert kernel(V, X, Y2, True, identity, transpose, safe, none, False, *rows) == 0
             assert np.array_equal(Y1, Y2), (kernel.__name__, identity, transpose)
+            if kernel is apply_lanes:  # ``columns``: a column-major ``a`` as its transpose
+                Y3 = np.full_like(Y1, np.nan)
+                at = np.ascontiguousarray(np.swapaxes(a, 1, 2))
+                assert kernel(at, X, Y3, True, identity, transpose, safe, tau, True, True) == 0
+                assert np.array_equal(Y3, Y2), ("columns", identity, transpose)
     Q = nk.hform(a[..., :k] if k == N else a[..., :k].copy(), tau=tau)
     ref = per_matrix_hprod(V, np.eye(N, dtype=dtype))
     np.testing.assert_allclose(Q, ref, rtol=0, atol=32 * EPS[dtype] * N * k)
@@ -514,7 +578,7 @@ def test_lanes_store_large_outputs_past_the_caches_with_the_same_bits(dtype):
     shifted = np.empty(P * N * N + 1, dtype)[1:].reshape(P, N, N)
     for Y in (aligned, shifted):
         Y[:] = np.nan
-        assert apply_lanes(V, E, Y, True, True, False, safe, none, False) == 0
+        assert apply_lanes(V, E, Y, True, True, False, safe, none, False, False) == 0
         assert np.array_equal(Y, ref)
 
 

@@ -273,3 +273,71 @@ def test_lapack_stack_reads_a_in_place_and_builds_v_on_demand():
     fresh = hl.from_lapack(a, tau)  # its first product transposed, a vector shared
     h = rng.standard_normal(N)
     np.testing.assert_allclose(fresh.T @ h, np.swapaxes(Q_ref, -1, -2) @ h, rtol=0, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("P", "N"), [(43, 16), (16, 13), (27, 5), (19, 24)])
+def test_column_major_lapack_stack_is_read_in_place_with_the_row_major_bits(dtype, P, N):
+    """A stack whose matrices are column-major (``torch.geqrf``'s and LAPACK's layout; issue
+    44, item 4: copying 8192 of 16 × 16 to C order cost as much as forming Q) is checked
+    and formed in place: ``.matrix()`` equals the row-major copy's bit for bit (the same
+    kernel, sums and order: a transpose that mixed rows, columns or matrices, read R, or
+    skipped the tail rows or the partial tile would not), with no C-order copy made; the
+    first product, which reads C order, copies once and agrees too. The check pass sums
+    each ‖vᵢ‖² in the row-major check's order, so its largest τ mismatch is the same
+    number; NaN in τ raises before NaN below the diagonal, naming τ, as for C order."""
+    rng = np.random.default_rng(P * N)
+    a, tau = _lapack_batch(rng, P, N)
+    a, tau = a.astype(dtype), tau.astype(dtype)
+    a[:, np.arange(N), np.arange(N)] = np.nan  # R's diagonal and upper part: never read
+    a[np.triu(np.ones((P, N, N), bool), 1)] = 1e30
+    tau[3, N // 2] = 0  # H = I whatever the column holds
+    af = np.ascontiguousarray(np.swapaxes(a, -1, -2)).swapaxes(-1, -2)  # column-major
+    assert not af.flags.c_contiguous and np.array_equal(af, a, equal_nan=True)
+    op, ref = hl.from_lapack(af, tau), hl.from_lapack(a, tau)
+    assert type(op).__name__ == "LapackStack"
+    Q = op.matrix()
+    assert "a_rows" not in op._state  # read in place
+    assert Q.dtype == dtype and np.array_equal(Q, ref.matrix())
+    at, t2 = np.swapaxes(af, -1, -2), tau.reshape(P, N)
+    assert nk.lapack_check_transposed(at, t2) == nk.lapack_check(a, t2)
+    C = rng.standard_normal((P, N, 3)).astype(dtype)
+    assert np.array_equal(op @ C, ref @ C)  # the first product: C order, copied once
+    assert "a_rows" in op._state
+    np.testing.assert_array_equal(op.V, ref.V)
+    bad_a, bad_tau = af.copy(order="K"), tau.copy()
+    bad_a[1, N - 1, 0] = np.nan  # below the diagonal
+    assert not bad_a.flags.c_contiguous
+    with pytest.raises(ValueError, match="below the diagonal"):
+        hl.from_lapack(bad_a, tau)
+    bad_tau[2, 0] = np.inf
+    with pytest.raises(ValueError, match="tau contains NaN or Inf"):
+        hl.from_lapack(bad_a, bad_tau)
+
+
+def test_column_major_lapack_check_counts_as_the_row_major_one():
+    """:func:`~householderla._kernels.numba_checks.lapack_check_transposed` against
+    ``lapack_check`` on the C-order copy, bit for bit: few columns (k ≤ 4), a last block of
+    fewer than eight, m > k, τ that does not fit (the worst mismatch), τ = 0 columns (not
+    checked, whatever they hold) and NaN/Inf below the diagonal (counted per entry, the
+    mismatch then inf); R's entries (NaN) must not count."""
+    rng = np.random.default_rng(44)
+    for P, m, k in ((20, 3, 3), (9, 21, 13), (17, 16, 16), (5, 30, 9)):
+        a = rng.standard_normal((P, m, k))
+        a[:, np.arange(k), np.arange(k)] = np.nan
+        tau = 2 / (1 + np.sum(np.tril(np.nan_to_num(a), -1) ** 2, axis=-2))
+        at = np.ascontiguousarray(np.swapaxes(a, -1, -2))
+        t2 = tau.copy()
+        for p in range(P):  # matrix by matrix: each largest mismatch, not only the stack's
+            s = slice(p, p + 1)
+            assert nk.lapack_check_transposed(at[s], t2[s]) == nk.lapack_check(a[s], t2[s])
+        t2[P - 1, k - 1] *= 1.5
+        t2[0, 0] = 0
+        assert nk.lapack_check_transposed(at, t2) == nk.lapack_check(a, t2)
+        a[1, m - 1, 0] = np.inf
+        a[P - 1, m - 1, k // 2] = np.nan
+        a[P - 1, m - 2, k // 2] = np.nan
+        at = np.ascontiguousarray(np.swapaxes(a, -1, -2))
+        got = nk.lapack_check_transposed(at, t2)
+        assert got == nk.lapack_check(a, t2) and got[0] == np.inf
+        assert got[1] == (3 if m - 2 > k // 2 else 2)

@@ -33,6 +33,7 @@ __all__ = [
     "layer_forward",
     "layer_vjp",
     "rows_factor",
+    "rows_gram",
     "rows_product",
     "rows_vjp",
 ]
@@ -42,18 +43,27 @@ def _acc(x: Any, dtype: Any, xp: Any) -> Any:
     return x if x.dtype == dtype else xp.astype(x, dtype)
 
 
-def rows_factor(V: Any, xp: Any) -> Any:
+def rows_gram(V: Any, xp: Any) -> Any:
+    """G = VᵀV (L, L) for V (N, L) in the accumulation dtype (float64 for float32 on CPU):
+    what :func:`rows_factor` reads, for a caller that checks its diagonal ‖v_j‖² first.
+    2·N·L² flops."""
+    Va = _acc(V, accumulation_dtype_for(xp, V), xp)
+    return Va.mT @ Va
+
+
+def rows_factor(V: Any, xp: Any, G: Any = None) -> Any:
     """S = ½ diag(δ) + striu(VᵀV) (L, L) for V (N, L), in the accumulation dtype (float64
-    for float32 on CPU), with δ_j := 2 for zero columns.
+    for float32 on CPU), with δ_j := 2 for zero columns; ``G``: VᵀV from :func:`rows_gram`
+    (else computed here).
 
     NaN/Inf entries raise, naming the columns (eager arrays); so does a column whose ‖v‖²
     leaves the accumulation dtype's range (‖v‖ > 1e154 in float64), which the unit-column
     form (:func:`.compact_wy.normalize_columns`, scaled by max |v|) takes; a float64 column
     with ‖v‖ < 1e-154 counts as zero. float32 columns (squared in float64) have neither."""
-    Va = _acc(V, accumulation_dtype_for(xp, V), xp)
-    G = Va.mT @ Va
+    G = rows_gram(V, xp) if G is None else G
     delta = xp.linalg.diagonal(G)  # (..., L): ‖v_j‖²
     if is_eager(delta) and not bool(xp.all(xp.isfinite(delta))):
+        Va = _acc(V, G.dtype, xp)
         check_finite_norms(xp.max(xp.abs(Va), axis=-2, keepdims=True), xp)  # NaN or Inf
         flat = xp.reshape(delta, (-1, delta.shape[-1]))
         bad = [j for j in range(flat.shape[-1]) if not bool(xp.all(xp.isfinite(flat[:, j])))]
@@ -123,6 +133,7 @@ def blocks_product(
     xp: Any,
     blocks: list[tuple[int, int, int]],
     inplace: bool = False,
+    need_y: bool = True,
 ) -> tuple[Any, list[tuple[Any, Any]]]:
     """(y, kept) with y = x Qᵀ for rows x (B, N) and Q = Q₁⋯Q_m, Q_b = I − V_b S_b⁻¹ V_bᵀ
     the blocks of :func:`column_blocks` (y = x Q_mᵀ ⋯ Q₁ᵀ: the last block first).
@@ -130,13 +141,16 @@ def blocks_product(
     Block b on the columns row… of z: a = z V_b, b = a S_b⁻ᵀ, z −= b V_bᵀ; 4·(N − row)·nb·B
     + 2·nb²·B flops. ``kept`` (backward order, block 1 first): each block's input columns
     z[:, row:] and its b, what :func:`blocks_vjp` reads. ``inplace`` (a mutable namespace,
-    2-D x: torch): the updates run inside the GEMM on one copy of x, and each block's input
-    columns are copied for ``kept``; otherwise every update makes a new array."""
-    z = row_major_copy(x, xp) if inplace else x
+    2-D x: torch, NumPy): the updates run inside the GEMM on one copy of x, and each block's
+    input columns are copied for ``kept``; otherwise every update makes a new array.
+    ``need_y=False`` (a VJP, which reads ``kept`` only): block 1, applied last, skips its
+    update (2·(N − row)·nb·B flops, and in place the copy of its input) and y is None."""
+    z = row_major_copy(x, xp) if inplace and (need_y or len(blocks) > 1) else x
     kept = []
     for i, ((row, s, e), S) in reversed(list(enumerate(zip(blocks, Ss, strict=True)))):
         Vb = V[..., row:, s:e]
-        if not inplace:
+        final = i == 0 and not need_y  # no update follows: z is this block's input as it is
+        if not inplace or final:
             zin = z[..., row:]
         elif i == len(blocks) - 1:  # the first block applied reads x itself, unchanged
             zin = x[..., row:]
@@ -144,9 +158,10 @@ def blocks_product(
             zin = row_major_copy(z[..., row:], xp)
         a = z[..., row:] @ Vb
         b = _acc(solve_upper_triangular(S, _acc(a.mT, S.dtype, xp), xp), V.dtype, xp).mT
-        z = _minus_tail(z, row, b, Vb, xp, inplace)
+        if not final:
+            z = _minus_tail(z, row, b, Vb, xp, inplace)
         kept.append((zin, b))
-    return z, kept[::-1]
+    return (z if need_y else None), kept[::-1]
 
 
 def blocks_vjp(

@@ -31,15 +31,17 @@ from .numba_checks import (
     finite_lower,
     lapack_check,
     lapack_check_columns,
+    lapack_check_transposed,
     lapack_unit_lower,
     lapack_unit_lower_columns,
     reflectors_to_lapack,
     upper_is_zero,
 )
 from .numba_larft import lapack_panel, larft_forward
-from .numba_loops import HAVE_NUMBA, apply_one, apply_vec, grad_one, njit
+from .numba_loops import HAVE_NUMBA, apply_one, grad_one, njit
 from .numba_panels import orgqr_panels, ormqr_panels
-from .numba_taus import SAFE_EXP, all_taus, taus
+from .numba_taus import SAFE_EXP, all_taus
+from .numba_vec import fp_vec_kernel
 
 if HAVE_NUMBA:
     from numba import types as _nt
@@ -56,6 +58,7 @@ __all__ = [
     "hprod_vector",
     "lapack_check",
     "lapack_check_columns",
+    "lapack_check_transposed",
     "lapack_panel",
     "lapack_unit_lower",
     "lapack_unit_lower_columns",
@@ -69,7 +72,7 @@ __all__ = [
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "bf7d69d9f6449f95"
+KERNEL_DEPS = "153dd5c993ac3e06"
 
 
 # -- entry kernels (explicit signatures: read-only C inputs accept writable arrays too) -------
@@ -83,26 +86,8 @@ def _sigs(kind: str) -> Any:
         ro3 = _nt.Array(f, 3, "C", readonly=True)
         rw3 = _nt.Array(f, 3, "C")
         b, i = _nt.boolean, _nt.int64
-        if kind == "vec":
-            ro2, ro1 = _nt.Array(f, 2, "C", readonly=True), _nt.Array(f, 1, "C", readonly=True)
-            out.append(i(ro2, ro1, _nt.Array(f, 1, "C"), b, b, i))
-        else:
-            out.append(i(ro3, ro3, ro3, rw3, rw3, b, b, b, i))
+        out.append(i(ro3, ro3, ro3, rw3, rw3, b, b, b, i))
     return out
-
-
-@njit(_sigs("vec"))
-def fp_vec_kernel(V: Any, h: Any, y: Any, trap: bool, transpose: bool, safe_exp: int) -> int:
-    """y (N,) ← H(v₁)…H(v_L) h for one V (N, L) and one vector: :func:`_fp_kernel` without
-    the batch axes (the common tiny call, whose NumPy-side reshapes cost as much as
-    the kernel's arithmetic at N = 128, L = 16)."""
-    tau = np.empty(V.shape[1], V.dtype)
-    nonfinite, outside = taus(V, trap, safe_exp, tau)
-    if outside:
-        return -1
-    y[:] = h
-    apply_vec(V, tau, y, trap, transpose)
-    return nonfinite
 
 
 @njit(_sigs("bp"))
@@ -239,24 +224,21 @@ def hprod_vector(
 ) -> np.ndarray | None:
     """:func:`hprod` for the tiny common call — one V (N, L), L ≤ N, one vector h (N,) or
     one column (N, 1), both C-contiguous of one float32/float64 dtype — with no other checks
-    (an RNN step costs little more than the kernel); None for any other input (:func:`hprod`
-    then takes it, or the caller's checks name what is wrong) and for columns that need
-    rescaling."""
+    (an RNN step costs little more than the kernel; each test here is tens of ns of a call of
+    a few µs at N = 128, L = 16); None for any other input (:func:`hprod` then takes it, or
+    the caller's checks name what is wrong) and for columns that need rescaling."""
     dt = V.dtype
-    if h.ndim == 2 and h.shape[1] == 1 and V.ndim == 2:  # one column: the vector's kernel
-        y = hprod_vector(V, h[:, 0], trapezoidal=trapezoidal, transpose=transpose, check=check)
-        return None if y is None else y[:, None]
-    if (
-        V.ndim == 2
-        and h.ndim == 1
-        and h.dtype is dt
-        and (dt is _F64 or dt is _F32)
-        and V.shape[1] <= V.shape[0] == h.shape[0]
-        and V.flags.c_contiguous
-        and h.flags.c_contiguous
-    ):
-        y = np.empty_like(h)
-        status = fp_vec_kernel(V, h, y, trapezoidal, transpose, SAFE_EXP[dt])
+    if h.dtype is not dt or (dt is not _F64 and dt is not _F32) or V.ndim != 2:
+        return None
+    n, L = V.shape
+    if h.ndim != 1:
+        if h.ndim == 2 and h.shape[1] == 1:  # one column: the vector's kernel
+            y = hprod_vector(V, h[:, 0], trapezoidal=trapezoidal, transpose=transpose, check=check)
+            return None if y is None else y[:, None]
+        return None
+    if L <= n == len(h) and V.flags.c_contiguous:  # (h is 1-D here)
+        y = h.copy()  # (C-contiguous whatever h's stride)
+        status = fp_vec_kernel(V, y, trapezoidal, transpose)
         if status >= 0:
             if status and check:
                 _raise_nonfinite(V, trapezoidal)
@@ -326,10 +308,19 @@ def hform(
     with ``trapezoidal`` V also skip
     the columns < k that H(v_k) leaves unchanged (LAPACK orgqr's 4N³/3 flops for L = N);
     4·N·L·ncols flops per matrix otherwise. ``tau``: V is LAPACK's ``a``, as in :func:`hprod`
-    (``?orgqr``)."""
+    (``?orgqr``); a stack of column-major ``a`` (``?geqrf``'s and ``torch.geqrf``'s layout)
+    is read in place, column by column, with the bits of its row-major copy."""
     V = np.asarray(V)
     n = V.shape[-2] if V.ndim >= 2 else 0
     E = np.eye(n, n if ncols is None else ncols, dtype=V.dtype)
+    Vc = _columns_stack(V) if tau is not None else None
+    if Vc is not None:  # (…, L, N) views of the matrices' columns: no copy to C order
+        P, B = Vc.shape[0], E.shape[1]
+        Y = output((*V.shape[:-2], n, B), V.dtype)
+        t2 = taus_of(tau, np.swapaxes(Vc, 1, 2), V.dtype)
+        if forward(Vc, E[None], Y.reshape((P, n, B)), True, False, True, t2, True):
+            _raise_nonfinite(V, True)
+        return Y
     dtype, n, _, batch, P, _, B, V3, E3 = _operands(V, E, "ncols")
     Y = output((*batch, n, B), dtype)
     t2 = taus_of(tau, V3, dtype) if P else None
@@ -337,6 +328,20 @@ def hform(
     if P and forward(V3, E3, Y.reshape((P, n, B)), trap, False, True, t2):
         _raise_nonfinite(V, trapezoidal)
     return Y
+
+
+def _columns_stack(V: np.ndarray) -> np.ndarray | None:
+    """The C-contiguous (P, L, N) transposed view of a stack V (…, N, L) of P ≥ 1 matrices,
+    each stored column-major (LAPACK's layout) and not also row-major, float32/float64,
+    L ≤ N; else None (the caller copies V to C order as for any other layout)."""
+    if V.ndim < 3 or V.flags.c_contiguous or V.dtype not in (_F32, _F64) or V.size == 0:
+        return None
+    if V.shape[-1] > V.shape[-2]:
+        return None
+    Vc = np.swapaxes(V, -1, -2)
+    if not Vc.flags.c_contiguous:
+        return None
+    return Vc.reshape((-1, *Vc.shape[-2:]))
 
 
 def hgrad(

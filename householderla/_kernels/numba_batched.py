@@ -38,7 +38,7 @@ __all__ = [
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "caba10b2c392a085"
+KERNEL_DEPS = "50e166006bc7db83"
 
 
 def _sigs() -> Any:
@@ -108,31 +108,43 @@ def forward(
     transpose: bool,
     identity: bool,
     tau: np.ndarray | None = None,
+    columns: bool = False,
 ) -> int:
     """Y3 (P, N, B) ← the products. When P ≥ BATCH_MIN matrices of N ≤ TILE_MAX_N each have
     their own V: the SIMD-lane kernel up to ``LANES_MAX_N``, the column-block kernel above
     (the two give the same bits); else the per-matrix one (``identity``: H3 is [I; 0],
     which the batched kernels exploit). ``tau``: V3 is LAPACK's ``a`` (P, N, L) with τ
-    (P, L), read in place by the batched kernels (a V is built for the others). Columns
-    outside the safe range are rescaled first (exact). Returns the number of non-finite
-    columns."""
+    (P, L), read in place by the batched kernels (a V is built for the others). ``columns``:
+    V3 is given transposed, (P, L, N) C-contiguous (a column-major ``a``), which the lanes
+    kernel reads in place and the others after a copy to (P, N, L). Columns outside the
+    safe range are rescaled first (exact). Returns the number of non-finite columns."""
     P, n, _ = Y3.shape
     safe = SAFE_EXP[Y3.dtype]
     batched = V3.shape[0] == P and P >= BATCH_MIN and n <= TILE_MAX_N
+    lanes = batched and n <= LANES_MAX_N
+    if columns and not lanes:  # only the lanes kernel reads columns
+        V3, columns = _row_major(V3), False
     if tau is not None and not batched:  # the per-matrix kernel reads a V
         V3, tau = _built_reflectors(V3, tau), None
     if batched:
-        kernel = apply_lanes if n <= LANES_MAX_N else apply_columns
+        kernel = apply_lanes if lanes else apply_columns
         extra = (identity, transpose, safe, _NO_TAU[V3.dtype] if tau is None else tau)
-        extra = (*extra, tau is not None)
+        extra = (*extra, tau is not None, columns) if lanes else (*extra, tau is not None)
     else:
         kernel, extra = fp_kernel, (transpose, safe)
     status = kernel(V3, H3, Y3, trap, *extra)
     if status < 0:  # some ‖v_k‖² outside the safe range: rescale those columns (exact)
+        if columns:
+            return forward(_row_major(V3), H3, Y3, trap, transpose, identity, tau)
         if tau is not None:
             return forward(_built_reflectors(V3, tau), H3, Y3, trap, transpose, identity)
         status = kernel(rescaled(V3, trap)[0], H3, Y3, trap, *extra)
     return status
+
+
+def _row_major(Vc: np.ndarray) -> np.ndarray:
+    """(P, N, L) C-contiguous of the transposed (P, L, N) ``columns`` operand."""
+    return np.ascontiguousarray(np.swapaxes(Vc, 1, 2))
 
 
 def _built_reflectors(a3: np.ndarray, tau: np.ndarray) -> np.ndarray:

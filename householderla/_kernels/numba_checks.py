@@ -18,6 +18,7 @@ __all__ = [
     "finite_lower",
     "lapack_check",
     "lapack_check_columns",
+    "lapack_check_transposed",
     "lapack_unit_lower",
     "lapack_unit_lower_columns",
     "reflectors_to_lapack",
@@ -28,7 +29,7 @@ __all__ = [
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "ecfc65cc16f9fb04"
+KERNEL_DEPS = "b027e9284a38fad2"
 
 
 def _sigs(kind: str) -> Any:
@@ -373,4 +374,64 @@ def lapack_check_columns(at: Any, tau: Any, f: int, cx: bool) -> Any:
             nonfinite += _nonfinite_from(src, (i + 1) * f)
             err = np.inf
         worst = max(worst, err)
+    return worst, nonfinite
+
+
+@njit(_sigs("lapack_check"))
+def lapack_check_transposed(at: Any, tau: Any) -> Any:
+    """:func:`lapack_check` for a stack of column-major ``a`` (P, m, n) given as its C-contiguous
+    transpose ``at`` (P, n, m): row i of ``at[p]`` is column i of ``a[p]`` (``torch.geqrf``'s
+    and LAPACK's layout), read in place. Each ‖v_i‖² = 1 + Σ_{r > i} a_ri² is summed in
+    float64 in row order, as :func:`lapack_check` sums it, eight columns at a time (eight
+    independent sums in registers, where one would wait on its adder), so the result is the
+    row-major copy's bit for bit. Nothing on or above the diagonal is read."""
+    P, _, m = at.shape
+    k = tau.shape[1]
+    acc = np.empty(8, np.float64)
+    worst = 0.0
+    nonfinite = 0
+    for p in range(P):
+        for i0 in range(0, k, 8):
+            nb = min(8, k - i0)
+            acc[:] = 1.0  # the unit diagonal
+            r8 = min(i0 + 8, m) if nb == 8 else m
+            for r in range(i0 + 1, r8):  # the triangle: the columns i0 + j < r
+                for j in range(min(nb, r - i0)):
+                    x = np.float64(at[p, i0 + j, r])
+                    acc[j] += x * x
+            if r8 < m:  # the rectangle below: all eight columns, each sum in a register
+                a0, a1, a2, a3, a4, a5, a6, a7 = (
+                    acc[0],
+                    acc[1],
+                    acc[2],
+                    acc[3],
+                    acc[4],
+                    acc[5],
+                    acc[6],
+                    acc[7],
+                )
+                for r in range(r8, m):
+                    x0, x1 = np.float64(at[p, i0, r]), np.float64(at[p, i0 + 1, r])
+                    x2, x3 = np.float64(at[p, i0 + 2, r]), np.float64(at[p, i0 + 3, r])
+                    x4, x5 = np.float64(at[p, i0 + 4, r]), np.float64(at[p, i0 + 5, r])
+                    x6, x7 = np.float64(at[p, i0 + 6, r]), np.float64(at[p, i0 + 7, r])
+                    a0 += x0 * x0
+                    a1 += x1 * x1
+                    a2 += x2 * x2
+                    a3 += x3 * x3
+                    a4 += x4 * x4
+                    a5 += x5 * x5
+                    a6 += x6 * x6
+                    a7 += x7 * x7
+                acc[0], acc[1], acc[2], acc[3] = a0, a1, a2, a3
+                acc[4], acc[5], acc[6], acc[7] = a4, a5, a6, a7
+            for j in range(nb):
+                t = np.float64(tau[p, i0 + j])
+                if t == 0:  # H(i) = I whatever the column holds
+                    continue
+                err = abs(t * acc[j] / 2 - 1)
+                if not err <= 1.7976931348623157e308:  # ‖v‖² overflowed, or NaN/Inf in a
+                    nonfinite += _nonfinite_from(at[p, i0 + j], i0 + j + 1)
+                    err = np.inf
+                worst = max(worst, err)
     return worst, nonfinite

@@ -25,6 +25,7 @@ from .numba_simd import (
     slp_njit,
     store_fence,
     tile_in,
+    tile_in_columns,
     tile_out,
 )
 
@@ -33,7 +34,7 @@ __all__ = ["LANES", "apply_lanes"]
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "eaf2171f22051f8b"
+KERNEL_DEPS = "525c53c92738ae1c"
 
 
 def _sigs() -> Any:
@@ -45,7 +46,7 @@ def _sigs() -> Any:
     for f in (nt.float32, nt.float64):
         ro3, rw3 = nt.Array(f, 3, "C", readonly=True), nt.Array(f, 3, "C")
         ro2, b = nt.Array(f, 2, "C", readonly=True), nt.boolean
-        out.append(nt.int64(ro3, ro3, rw3, b, b, b, nt.int64, ro2, b))
+        out.append(nt.int64(ro3, ro3, rw3, b, b, b, nt.int64, ro2, b, b))
     return out
 
 
@@ -313,18 +314,23 @@ def apply_lanes(
     safe_exp: int,
     tau_in: Any,
     unit: bool,
+    columns: bool,
 ) -> int:
     """Y[p] ← H(v₁)…H(v_L) X[p] for every p (H(v_L)…H(v₁) with ``transpose``), X = [I; 0]
     (``identity``) or H[p] (H[0] for a shared operand); the interface of
-    :func:`householderla._kernels.numba_columns.apply_columns`, and its bits.
+    :func:`householderla._kernels.numba_columns.apply_columns` (plus ``columns``), and its bits.
 
     V (P, N, L) and H (Ph, N, C) read-only, Y (P, N, C) written. Returns −1 (Y incomplete)
     if a column of V must be rescaled first, else the number of non-finite columns.
     Forming from [I; 0] with ``trap`` skips the columns < k (still e_j when H(v_k) comes):
     LAPACK orgqr's 4N³/3 flops for L = N. ``unit``: V is LAPACK's ``a`` (P, N, ≥ L) with
     τ ``tau_in`` (P, L), read as ``?orgqr`` reads it
-    (:func:`~householderla._kernels.numba_checks.unit_reflectors`; ``trap`` True)."""
-    P, N, L = V.shape
+    (:func:`~householderla._kernels.numba_checks.unit_reflectors`; ``trap`` True).
+    ``columns``: V is given transposed, (P, L, N) C-contiguous ((P, n, N) with ``unit``: a
+    column-major ``a`` read in place, :func:`~householderla._kernels.numba_simd.tile_in_columns`);
+    the same bits."""
+    P = V.shape[0]
+    N, L = (V.shape[2], V.shape[1]) if columns else (V.shape[1], V.shape[2])
     if unit:
         L = tau_in.shape[1]
     C = Y.shape[2]
@@ -348,13 +354,17 @@ def apply_lanes(
     bad = 0
     for p0 in range(0, P, LANES):
         wn = min(LANES, P - p0)
-        if wn == LANES:  # full 8 × 8 blocks transposed in registers, then the rest
+        if wn == LANES and columns:  # each column's rows in 8 × 8 blocks
+            tile_in_columns(V, p0, L, trap, unit, tau_in, Vt, Ls)
+        elif wn == LANES:  # full 8 × 8 blocks transposed in registers, then the rest
             tile_in(V, p0, L, trap, unit, tau_in, Vt, Ls)
         else:
             for w in range(LANES):
                 for i in range(N):
                     for k in range(min(i + 1, L) if trap else L):
-                        x = V[p0 + w, i, k] if w < wn else 0
+                        x = dt.type(0)
+                        if w < wn:
+                            x = V[p0 + w, k, i] if columns else V[p0 + w, i, k]
                         if unit and w < wn:  # the unit diagonal; τ = 0: H = I
                             x = (x if i > k else 1) if tau_in[p0 + w, k] != 0 else 0
                         Vt[i, k, w] = x

@@ -254,8 +254,10 @@ def _next_active(tau: Any, idx: int, transpose: bool) -> Any:
 
 @njit()
 def apply_vec(V: Any, tau: Any, y: Any, trap: bool, transpose: bool) -> None:
-    """y (N,) ← H(v₁)…H(v_L) y for one vector, each reflection's axpy fused with the next
-    reflection's dot product (the dot is latency-bound; the axpy rides along for free)."""
+    """y (N,) ← H(v₁)…H(v_L) y for one vector with τ (L,) of :func:`numba_taus.taus`, each
+    reflection's axpy fused with the next reflection's dot product: the scalar reference of
+    :func:`householderla._kernels.numba_vec.fp_vec_kernel` (the one-vector entry kernel), which
+    must equal it bit for bit (tests/test_numba_kernels.py)."""
     n = y.shape[0]
     z = V.dtype.type(0)
     k, idx = _next_active(tau, 0, transpose)

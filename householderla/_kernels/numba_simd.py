@@ -23,6 +23,7 @@ __all__ = [
     "slp_njit",
     "store_fence",
     "tile_in",
+    "tile_in_columns",
     "tile_out",
     "transpose8",
     "transpose8_nt",
@@ -31,7 +32,7 @@ __all__ = [
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "ecfc65cc16f9fb04"
+KERNEL_DEPS = "b027e9284a38fad2"
 
 #: Matrices per tile of the lanes kernel (:mod:`~householderla._kernels.numba_lanes`): one
 #: 512-bit vector of float64; the transposes below are written for eight.
@@ -238,6 +239,38 @@ def tile_in(V: Any, p0: int, L: int, trap: bool, unit: bool, tau_in: Any, Vt: An
             for w in range(LANES):
                 for k in range(k8, min(i + 1, L) if trap else L):
                     Vt[i, k, w] = V[p0 + w, i, k]
+    if unit:
+        for w in range(LANES):
+            for k in range(min(N, L)):
+                Vt[k, k, w] = 1
+                if tau_in[p0 + w, k] == 0:  # H = I
+                    for i in range(k, N):
+                        Vt[i, k, w] = 0
+
+
+@njit(inline="always")
+def tile_in_columns(
+    Vc: Any, p0: int, L: int, trap: bool, unit: bool, tau_in: Any, Vt: Any, Ls: int
+) -> None:
+    """:func:`tile_in` for reflectors given column by column: Vc (P, n, N) C-contiguous
+    holds each matrix transposed (row k of Vc[p] is column k, as a column-major ``a`` of
+    ``?geqrf`` is laid out), so column k of eight matrices goes in by one
+    :func:`transpose8` per eight rows, no copy to row-major order first; with ``trap`` from
+    the block holding row k on, its entries above row k zeroed after; the last N mod 8 rows
+    one by one; ``unit`` as :func:`tile_in`."""
+    _, n, N = Vc.shape
+    i8 = N - N % 8
+    for k in range(L):
+        lo = k - k % 8 if trap else 0  # the first block of eight rows with a row ≥ k
+        for i0 in range(lo, i8, 8):
+            transpose8(Vc, (p0 * n + k) * N + i0, n * N, Vt, (i0 * Ls + k) * LANES, Ls * LANES)
+        if trap:
+            for i in range(lo, min(k, i8)):
+                for w in range(LANES):
+                    Vt[i, k, w] = 0
+        for w in range(LANES):
+            for i in range(max(i8, k) if trap else i8, N):
+                Vt[i, k, w] = Vc[p0 + w, k, i]
     if unit:
         for w in range(LANES):
             for k in range(min(N, L)):

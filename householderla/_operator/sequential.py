@@ -78,14 +78,14 @@ def householder_apply(V: Any, h: Any, *, xp: Any = None) -> Any:
     >>> hl.householder_apply(V, np.array([1.0, 0.0]))
     array([ 0., -1.])
     """
-    if xp is None and type(V) is np.ndarray and type(h) is np.ndarray and V.dtype == h.dtype:
+    if xp is None and type(V) is np.ndarray and type(h) is np.ndarray:
         # the common NumPy call goes straight to the kernel (it checks dtypes and NaN itself)
         nk = numba_enabled()
         if nk is not None:
-            y = nk.hprod_vector(V, h)  # one vector: no further checks needed
+            y = nk.hprod_vector(V, h)  # one vector of V's dtype: no further checks needed
             if y is not None:
                 return y
-            if V.dtype in _KERNEL_DTYPES:
+            if V.dtype == h.dtype and V.dtype in _KERNEL_DTYPES:
                 as_matrix_operand(h, check_reflectors(V)[0])
                 return nk.hprod(V, h)
     elif xp is None:
