@@ -47,6 +47,7 @@ import importlib
 import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import zlib
@@ -564,3 +565,37 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.skip("long: runs in `make test-long` (HL_TEST_LONG=1)")
     if backend in FRAMEWORKS["jax"] and (mark := item.get_closest_marker("jax_long")) is not None:
         pytest.skip(f"long on JAX ({_reason(item, mark)}): runs in `make test-long`")
+
+
+def _max_map_count() -> int:
+    try:
+        with open("/proc/sys/vm/max_map_count", "rb") as f:
+            return int(f.read())
+    except (OSError, ValueError):  # not Linux: no such limit to guard
+        return 0
+
+
+#: Linux's limit on a process's memory mappings (``vm.max_map_count``, 65,530 by default)
+MAX_MAP_COUNT = _max_map_count()
+_TESTS_RUN = [0]
+
+
+def _map_count() -> int:
+    with open("/proc/self/maps", "rb") as f:
+        return f.read().count(b"\n")
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Every XLA CPU executable JAX keeps is about three memory mappings, and JAX keeps every
+    program it compiled (each eager op on each shape too): one pytest process running the whole
+    suite (``pytest -n 0``) passed Linux's ``vm.max_map_count`` of 65,530 three quarters of the
+    way through, and the next mapping XLA made segfaulted (reproduced three times, in
+    different tests; 63,746 mappings just before). Every 20 tests, a process past half the
+    limit drops JAX's compiled programs (``jax.clear_caches()``: 8,090 mappings → 564 after
+    1,200 small programs; the tests that follow compile again, or load from the run's
+    compilation cache on disk). Counting costs ~1 ms."""
+    _TESTS_RUN[0] += 1
+    if not MAX_MAP_COUNT or _TESTS_RUN[0] % 20 or "jax" not in sys.modules:
+        return
+    if _map_count() > MAX_MAP_COUNT // 2:
+        sys.modules["jax"].clear_caches()
