@@ -219,14 +219,17 @@ def check_stacked_retractions(c: Context) -> None:
 @check
 def check_stiefel_optimizers(c: Context) -> None:
     """hl.jax.stiefel_sgd / stiefel_adam over a parameter stack sharded on its batch axis,
-    three steps: equal to unsharded, still sharded, no gather."""
+    three steps: equal to the same steps of ``hl.stiefel`` on whole NumPy arrays (the
+    reference needs no second compilation), still sharded, no gather."""
     import householderla.jax as hlj
+    import householderla.stiefel as S
 
     np, P = c.np, c.P
     X = np.linalg.qr(c.normal(8, 64, 6))[0]
     G = [c.normal(8, 64, 6) for _ in range(3)]
 
-    for tx in (hlj.stiefel_sgd(0.1), hlj.stiefel_adam(0.01)):
+    cases = ((hlj.stiefel_sgd(0.1), S.momentum_sgd(0.1)), (hlj.stiefel_adam(0.01), S.adam(0.01)))
+    for tx, opt in cases:
 
         def steps(X: Any, G0: Any, G1: Any, G2: Any, tx: Any = tx) -> Any:
             state = tx.init(X)
@@ -235,7 +238,7 @@ def check_stiefel_optimizers(c: Context) -> None:
             return X, state
 
         sharded = (c.put(X, "d"), *(c.put(g, "d") for g in G))
-        X3, _ = c.run(steps, sharded, (X, *G), scalar, P("d"))
+        X3, _ = c.run(steps, sharded, (X, *G), scalar, P("d"), numpy_steps(opt))
         E = np.swapaxes(np.asarray(X3), -1, -2) @ np.asarray(X3) - np.eye(6)
         assert np.abs(E).max() < 1e-13  # still on the manifold
 
@@ -386,9 +389,11 @@ def check_shard_map(c: Context) -> None:
             out_specs=P(None, "d"),
         )(V, H)
 
-    got = c.run(apply, (c.put(V), c.put(H, None, "d")), (V, H), out_spec=P(None, "d"))
-    c.np.testing.assert_allclose(
-        c.np.asarray(got), c.np.asarray(hl.cwy(V) @ H), rtol=1e-12, atol=1e-12
+    # (references on NumPy arrays where the library computes them without JAX: no second
+    # compilation of the unsharded program)
+    numpy_apply = lambda V, H: hl.cwy(V) @ H  # noqa: E731
+    c.run(
+        apply, (c.put(V), c.put(H, None, "d")), (V, H), out_spec=P(None, "d"), reference=numpy_apply
     )
 
     def loss(V: Any, H: Any) -> Any:
@@ -414,7 +419,13 @@ def check_shard_map(c: Context) -> None:
         return jax.numpy.sum(retract(X, Z, t) * Z)
 
     t = c.np.asarray(0.5)
-    c.run(retract, (c.put(X, "d"), c.put(Z, "d"), c.put(t)), (X, Z, t), out_spec=P("d"))
+    c.run(
+        retract,
+        (c.put(X, "d"), c.put(Z, "d"), c.put(t)),
+        (X, Z, t),
+        out_spec=P("d"),
+        reference=lambda X, Z, t: hl.cayley_retraction(X, Z, float(t)),
+    )
     c.run(
         jax.grad(loss2, argnums=(0, 1, 2)),
         (c.put(X, "d"), c.put(Z, "d"), c.put(t)),
