@@ -369,6 +369,8 @@ def lapack_columns(
         return None
     cx = a.dtype.kind == "c"
     at = a.T.view(a.real.dtype)  # (n, m·f): column i of a as reals, C-contiguous
+    if not np.isfinite(tau).all():  # (before the pass, which reads a NaN τ as a bad column)
+        raise ValueError("tau contains NaN or Inf")
     t = np.asarray(tau, np.complex128)
     bad, nonfinite = nk.lapack_check_columns(at, t, 2 if cx else 1, cx)
     if nonfinite:
@@ -578,11 +580,11 @@ def from_lapack(a: Any, tau: Any, *, thin: bool = False, xp: Any = None) -> CWY 
     if stack is not None:  # a stack of small NumPy (a, τ): read in place, checked in one pass
         _tau_error(stack[1], m, eps, False)
         return stack[0]
-    check_finite(tau, xp, "tau")
     cols = lapack_columns(a, tau, thin, xp, partial(_reflectors_of_columns, eps=eps))
     if cols is not None:  # one column-major NumPy a: read in place, checked in one pass
         _tau_error(cols[1], m, eps, is_complex(a.dtype))
         return cols[0]
+    check_finite(tau, xp, "tau")
     V = _column_major_reflectors(a, tau, xp, eps)
     if V is None:
         V = _small_numpy_reflectors(a, tau, m, xp, eps)

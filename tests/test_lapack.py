@@ -212,6 +212,23 @@ def test_bad_arguments_are_named(a, tau, err, match):
         hl.from_lapack(a, tau)
 
 
+@pytest.mark.parametrize("layout", ["F", "C", "torch"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_nonfinite_tau_is_named_on_the_in_place_path(layout, bad):
+    """One a with m > 64 rows is read in place (column-major NumPy, or a CPU tensor's NumPy
+    view) after one Numba pass that reads τ: a NaN/Inf τ is named as τ's fault there too
+    (the pass alone would blame a's column), whatever the layout."""
+    a, tau, _, _ = la.dgeqrf(np.random.default_rng(3).standard_normal((100, 6)))
+    tau = tau.copy()
+    tau[2] = bad
+    a = a if layout == "F" else np.ascontiguousarray(a)
+    if layout == "torch":
+        torch = require("torch")
+        a, tau = torch.from_numpy(a.T.copy()).mT, torch.from_numpy(tau)  # torch.geqrf's layout
+    with pytest.raises(ValueError, match="tau contains NaN or Inf"):
+        hl.from_lapack(a, tau)
+
+
 @pytest.mark.parametrize("m", [5, 100])  # the small-stack pass and the column-major pass
 @pytest.mark.parametrize("layout", ["F", "C", "torch"])
 def test_tau_upcast_from_single_precision_is_accepted(m, layout):

@@ -135,12 +135,28 @@ def writable_numpy(x: Any) -> np.ndarray:
     return np.from_dlpack(x).copy()
 
 
+_NUMPY_DTYPES: dict[tuple[type, Any], np.dtype] = {}
+
+
 def numpy_dtype(dtype: Any) -> np.dtype:
-    """The NumPy dtype of the same name as a torch, JAX, array-api-strict or NumPy dtype."""
+    """The NumPy dtype of the same name as a torch, JAX, array-api-strict or NumPy dtype
+    (remembered per type and dtype: a torch dtype's name is parsed once, not on every call;
+    the type in the key keeps dtypes of different libraries from being compared, which
+    array-api-strict's refuse)."""
+    key = (type(dtype), dtype)
     try:
-        return np.dtype(dtype)
+        return _NUMPY_DTYPES[key]
+    except (KeyError, TypeError):  # (TypeError: an unhashable dtype-like)
+        pass
+    try:
+        out = np.dtype(dtype)
     except TypeError:
-        return np.dtype(str(dtype).rsplit(".", 1)[-1].lower())
+        out = np.dtype(str(dtype).rsplit(".", 1)[-1].lower())
+    try:
+        _NUMPY_DTYPES[key] = out
+    except TypeError:
+        pass
+    return out
 
 
 def plain_cpu_views(*tensors: Any) -> list[np.ndarray] | None:

@@ -292,11 +292,11 @@ def _compiled_larft(V: Any) -> Any:
 
 
 def scan_reflectors(V: Any) -> tuple[bool, bool] | None:
-    """(all entries finite, lower trapezoidal) for a stack V (..., N, L) of NumPy arrays or
-    plain CPU tensors (float32/float64, C order), from one Numba pass; None (nothing checked)
-    for other input, a single matrix or without Numba. The two checks an operator's
+    """(all entries finite, lower trapezoidal) for V (..., N, L), one matrix or a stack, of
+    NumPy arrays or plain CPU tensors (float32/float64, C order), from one Numba pass; None
+    (nothing checked) for other input or without Numba. The two checks an operator's
     construction and first ``.matrix()`` make, in one read of V instead of two."""
-    if V.ndim < 3 or not math.prod(V.shape) or not is_eager(V):
+    if V.ndim < 2 or not math.prod(V.shape) or not is_eager(V):
         return None
     views = [V] if type(V) is np.ndarray else plain_cpu_views(V)
     nk = numba_enabled() if views is not None else None
