@@ -324,8 +324,35 @@ class _Compiles:
         self._on = False  # (JAX keeps listeners registered; this one stops counting)
 
 
+@pytest.fixture
+def fresh_programs(monkeypatch):
+    """``eager_program``'s cache as in a fresh process (a program another test compiled
+    would otherwise count or not count here)."""
+    import collections
+
+    from householderla._lib import jit
+
+    monkeypatch.setattr(jit, "_PROGRAMS", collections.OrderedDict())
+    return jit
+
+
+def test_programs_kept_are_bounded(fresh_programs):
+    """At most ``MAX_PROGRAMS`` programs are kept, the least recently used dropped first."""
+    jit = fresh_programs
+    calls = []
+    f = lambda xp, x: x + 1  # noqa: E731
+    for i in range(jit.MAX_PROGRAMS + 3):
+        calls.append(jit.eager_program(("bounded", i), f, (0,), None, jnp.zeros(2)))
+    assert len(jit._PROGRAMS) == jit.MAX_PROGRAMS
+    assert ("bounded", 0) not in jit._PROGRAMS and ("bounded", 3) in jit._PROGRAMS
+    jit.eager_program(("bounded", 3), f, (0,), None, jnp.zeros(2))  # used: kept
+    jit.eager_program(("bounded", "new"), f, (0,), None, jnp.zeros(2))
+    assert ("bounded", 3) in jit._PROGRAMS and ("bounded", 4) not in jit._PROGRAMS
+    assert all(np.array_equal(np.asarray(c), [1.0, 1.0]) for c in calls)
+
+
 @pytest.mark.parametrize("algo", ["sgd", "adam"])
-def test_eager_step_is_one_compiled_program(algo):
+def test_eager_step_is_one_compiled_program(algo, fresh_programs):
     """On eager JAX arrays a Stiefel step runs as one compiled program (``eager_program``):
     the first step compiles it and the few eager operations of the input checks, later steps
     compile nothing (not even for the first step's uncommitted arrays against the committed

@@ -288,6 +288,7 @@ NOT_TUNING = {
     "DEFAULT_STEPS",  # _agnostic/fixed_polar: an argument's default
     "MAX_STEPS",  # _agnostic/fixed_polar: an argument's bound
     "MAX_ITERS",  # _agnostic/ns_bounds: the convergence proof's iteration bound
+    "MAX_PROGRAMS",  # _lib/jit: a bound on the compiled programs kept (memory, not speed)
     "LAZY_ITERS",
     "LAZY_RESTART_ITERS",
     "_FAR",  # _agnostic/newton_schulz: a correction that can exceed 1 (rounding, not speed)

@@ -10,6 +10,7 @@ it would have made on the way (``defer``) made on the host after it. Under an ou
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import functools
 from collections.abc import Callable
@@ -47,8 +48,10 @@ def _jax_jit(fn: Any, static: tuple[int, ...]) -> Any:
 
 #: the checks deferred while ``eager_program`` traces its function (None otherwise)
 _DEFERRED: contextvars.ContextVar[list | None] = contextvars.ContextVar("hl_deferred", default=None)
-#: compiled programs by key (an optimizer's kind and hyperparameters: a few per process)
-_PROGRAMS: dict[Any, Any] = {}
+#: compiled programs by key (an optimizer's kind and hyperparameters), the most recently used
+#: last; at most ``MAX_PROGRAMS`` kept
+_PROGRAMS: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+MAX_PROGRAMS = 32
 
 
 def deferring(xp: Any) -> bool:
@@ -69,12 +72,20 @@ def eager_program(key: Any, fn: Callable, static: tuple[int, ...], *args: Any) -
     then its deferred checks on the host. ``key`` must determine ``fn``'s behaviour (the
     closures of two optimizers with equal hyperparameters share one program); ``static`` are
     the positions of Python-valued arguments. Eager JAX otherwise compiles and dispatches each
-    operation of the step, each on its own (``docs/adapters.rst`` has the figures)."""
+    operation of the step, each on its own (``docs/adapters.rst`` has the figures).
+
+    At most ``MAX_PROGRAMS`` programs are kept, the least recently used dropped (each holds
+    its compiled executables: an optimizer rebuilt with new hyperparameters every step
+    compiles a program every step, but no longer keeps them all)."""
     import jax
 
     program = _PROGRAMS.get(key)
     if program is None:
         program = _PROGRAMS[key] = _with_checks(fn, static)
+        while len(_PROGRAMS) > MAX_PROGRAMS:
+            _PROGRAMS.popitem(last=False)
+    else:
+        _PROGRAMS.move_to_end(key)
     # arrays committed to their device, as the program's results are: a mix of uncommitted
     # (jnp.asarray) and committed arguments is another cache entry, so the second step of a
     # loop would compile the program again
