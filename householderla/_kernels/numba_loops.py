@@ -30,6 +30,7 @@ __all__ = [
     "apply_one",
     "apply_vec",
     "grad_one",
+    "lane_add",
     "njit",
 ]
 
@@ -59,7 +60,9 @@ def njit(sigs: Any = None, inline: str = "never") -> Any:
 
 
 @njit(inline="always")
-def _lane_add(r: int, p: Any, s0: Any, s1: Any, s2: Any, s3: Any) -> Any:
+def lane_add(r: int, p: Any, s0: Any, s1: Any, s2: Any, s3: Any) -> Any:
+    """The four partial sums (s0, s1, s2, s3) with p added to the one of row index r mod 4
+    (``r`` in 0…3)."""
     if r == 0:
         return s0 + p, s1, s2, s3
     if r == 1:
@@ -121,8 +124,8 @@ def _dot2_col(V: Any, k: int, y: Any, g: Any, start: int) -> Any:
     i = start
     while i < n and (i & 3) != 0:
         v = V[i, k]
-        a0, a1, a2, a3 = _lane_add(i & 3, v * y[i], a0, a1, a2, a3)
-        b0, b1, b2, b3 = _lane_add(i & 3, v * g[i], b0, b1, b2, b3)
+        a0, a1, a2, a3 = lane_add(i & 3, v * y[i], a0, a1, a2, a3)
+        b0, b1, b2, b3 = lane_add(i & 3, v * g[i], b0, b1, b2, b3)
         i += 1
     while i + 4 <= n:
         v0, v1, v2, v3 = V[i, k], V[i + 1, k], V[i + 2, k], V[i + 3, k]
@@ -137,8 +140,8 @@ def _dot2_col(V: Any, k: int, y: Any, g: Any, start: int) -> Any:
         i += 4
     while i < n:
         v = V[i, k]
-        a0, a1, a2, a3 = _lane_add(i & 3, v * y[i], a0, a1, a2, a3)
-        b0, b1, b2, b3 = _lane_add(i & 3, v * g[i], b0, b1, b2, b3)
+        a0, a1, a2, a3 = lane_add(i & 3, v * y[i], a0, a1, a2, a3)
+        b0, b1, b2, b3 = lane_add(i & 3, v * g[i], b0, b1, b2, b3)
         i += 1
     return (a0 + a1) + (a2 + a3), (b0 + b1) + (b2 + b3)
 
@@ -215,7 +218,7 @@ def _axpy_dot(
     while i < n and (i & 3) != 0:
         yi = y[i] - ct * V[i, k]
         y[i] = yi
-        s0, s1, s2, s3 = _lane_add(i & 3, V[i, kn] * yi, s0, s1, s2, s3)
+        s0, s1, s2, s3 = lane_add(i & 3, V[i, kn] * yi, s0, s1, s2, s3)
         i += 1
     while i + 4 <= n:
         y0 = y[i] - ct * V[i, k]
@@ -234,7 +237,7 @@ def _axpy_dot(
     while i < n:
         yi = y[i] - ct * V[i, k]
         y[i] = yi
-        s0, s1, s2, s3 = _lane_add(i & 3, V[i, kn] * yi, s0, s1, s2, s3)
+        s0, s1, s2, s3 = lane_add(i & 3, V[i, kn] * yi, s0, s1, s2, s3)
         i += 1
     return (s0 + s1) + (s2 + s3)
 
@@ -274,7 +277,7 @@ def apply_vec(V: Any, tau: Any, y: Any, trap: bool, transpose: bool) -> None:
             s2 = z
             s3 = z
             for i in range(kn, k):
-                s0, s1, s2, s3 = _lane_add(i & 3, V[i, kn] * y[i], s0, s1, s2, s3)
+                s0, s1, s2, s3 = lane_add(i & 3, V[i, kn] * y[i], s0, s1, s2, s3)
             for i in range(k, kn):
                 y[i] -= ct * V[i, k]
             d = _axpy_dot(V, k, ct, kn, y, max(k, kn), s0, s1, s2, s3)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .numba_loops import HAVE_NUMBA, njit
+from .numba_loops import HAVE_NUMBA, lane_add, njit
 from .numba_simd import slp_njit, transpose8
 from .numba_taus import SAFE_EXP
 
@@ -23,7 +23,7 @@ __all__ = ["fp_vec_kernel"]
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "3a97718703520586"
+KERNEL_DEPS = "8add8324c1cc01d8"
 
 
 #: ``SAFE_EXP`` of each dtype, as constants the kernel compiles in (an argument fewer per call)
@@ -60,16 +60,20 @@ def _transposed(V: Any, Vt: Any) -> None:
 
 
 @njit(inline="always")
-def _add(r: int, p: Any, s: Any) -> Any:
-    """The four partial sums s with p added to the one of row index r mod 4."""
-    s0, s1, s2, s3 = s
-    if r == 0:
-        return s0 + p, s1, s2, s3
-    if r == 1:
-        return s0, s1 + p, s2, s3
-    if r == 2:
-        return s0, s1, s2 + p, s3
-    return s0, s1, s2, s3 + p
+def _scalar_rows(
+    Vt: Any, k: int, ct: Any, kn: int, y: Any, lo: int, hi: int, s: Any, q: Any
+) -> tuple[Any, Any]:
+    """:func:`_pass` on rows lo…hi−1 one at a time (its head and tail)."""
+    for i in range(lo, hi):
+        yi = y[i]
+        if k >= 0:
+            yi -= ct * Vt[k, i]
+            y[i] = yi
+        if kn >= 0:
+            u = Vt[kn, i]
+            s = lane_add(i & 3, u * yi, s[0], s[1], s[2], s[3])
+            q = lane_add(i & 3, u * u, q[0], q[1], q[2], q[3])
+    return s, q
 
 
 @njit(inline="always")
@@ -80,17 +84,8 @@ def _pass(
     column's partial sums by i mod 4, s of Vt[kn, i]·y_i (the updated value) and q of
     Vt[kn, i]² (kn ≥ 0; none for kn < 0). A scalar head up to a multiple of four, four rows at
     a time (one vector each), a scalar tail: every partial sum in row order."""
-    i = lo
-    while i < hi and (i & 3) != 0:
-        yi = y[i]
-        if k >= 0:
-            yi -= ct * Vt[k, i]
-            y[i] = yi
-        if kn >= 0:
-            u = Vt[kn, i]
-            s = _add(i & 3, u * yi, s)
-            q = _add(i & 3, u * u, q)
-        i += 1
+    i = min(hi, max(lo, (lo + 3) & ~3))  # the head: up to a multiple of four
+    s, q = _scalar_rows(Vt, k, ct, kn, y, lo, i, s, q)
     s0, s1, s2, s3 = s
     q0, q1, q2, q3 = q
     nq = max(hi - i, 0) // 4
@@ -135,19 +130,7 @@ def _pass(
             y[r + two] -= ct * vk[r + two]
             y[r + three] -= ct * vk[r + three]
     i += 4 * nq
-    s = (s0, s1, s2, s3)
-    q = (q0, q1, q2, q3)
-    while i < hi:
-        yi = y[i]
-        if k >= 0:
-            yi -= ct * Vt[k, i]
-            y[i] = yi
-        if kn >= 0:
-            u = Vt[kn, i]
-            s = _add(i & 3, u * yi, s)
-            q = _add(i & 3, u * u, q)
-        i += 1
-    return s, q
+    return _scalar_rows(Vt, k, ct, kn, y, i, hi, (s0, s1, s2, s3), (q0, q1, q2, q3))
 
 
 @njit(inline="always")
