@@ -292,6 +292,11 @@ def momentum_sgd(
     transport = check_choice("transport", transport, TRANSPORTS)
     c, d = 0.5 / (1.0 - a), 0.5 * (3.0 * a - 2.0)
     fixed_xp = xp
+    # the float hyperparameters (and their products, rounded once as the constants would be)
+    # are the step's values, not its constants: on eager JAX, optimizers that differ only in
+    # them share one compiled program (a scheduled lr compiles nothing new)
+    hyper = (lr, mu, tau, d * lr)
+    damped = tau != 0.0
 
     def init(X: Any) -> MomentumState:
         return init_arrays(X, fixed_xp, adam=False, rows=rows)
@@ -299,15 +304,18 @@ def momentum_sgd(
     def update(X: Any, G: Any, state: MomentumState) -> tuple[Any, MomentumState]:
         xp, X, G, dtype = prepare(X, G, state, fixed_xp, rows)
         if _one_program(xp, rows, X, G, state):
-            key = ("momentum_sgd", lr, mu, tau, nesterov, a, method, transport)
-            return eager_program(key, step, (0, 1), xp, dtype, X, G, state)
-        return step(xp, dtype, X, G, state)
+            key = ("momentum_sgd", damped, nesterov, a, method, transport)
+            return eager_program(key, step, (0, 1), xp, dtype, hyper, X, G, state)
+        return step(xp, dtype, hyper, X, G, state)
 
-    def step(xp: Any, dtype: Any, X: Any, G: Any, state: MomentumState) -> tuple[Any, Any]:
+    def step(
+        xp: Any, dtype: Any, hyper: tuple, X: Any, G: Any, state: MomentumState
+    ) -> tuple[Any, Any]:
+        lr, mu, tau, d_lr = hyper
         X = _project_first(X, state.count, xp, rows)
         work = accumulation_dtype_for(xp, X)
         X, G, U, Z = cast(xp, work, X, G, state.U, state.Z)
-        if tau:  # torch's buffer starts at the gradient: the first step is undamped
+        if damped:  # torch's buffer starts at the gradient: the first step is undamped
             G = G * (1.0 - tau * xp.astype(state.count > 0, G.dtype))
         A = _reduce_first(mH(X, xp) @ G, G, xp, rows)[0]
         f = c * (A - mH(A, xp))
@@ -320,7 +328,7 @@ def momentum_sgd(
             X_next, U_next = _polar(X @ R, xp, rows), U
         else:
             g = G - X @ A
-            U_half = U @ momentum_rotation(Z, mu, d * lr, method, xp) - g
+            U_half = U @ momentum_rotation(Z, mu, d_lr, method, xp) - g
             why = momentum_growth(method)
             guard = None
             if rows.sharded:  # checked in _phi3's round, before anything uses its sums
@@ -433,8 +441,11 @@ def adam(
     method = check_choice("expm_method", expm_method, EXPM_METHODS)
     transport = check_choice("transport", transport, TRANSPORTS)
     c, d = 0.5 / (1.0 - a), 0.5 * (3.0 * a - 2.0)
-    log_b2 = math.log(b2) if b2 > 0 else None
+    bias_corrected = b2 > 0
     fixed_xp = xp
+    # values of the step, not constants (as in momentum_sgd): (lr, β₁, β₂, ε, 1 − β₁, 1 − β₂,
+    # dη, log β₂), each rounded once from its float64 value
+    hyper = (lr, b1, b2, eps, 1.0 - b1, 1.0 - b2, d * lr, math.log(b2) if bias_corrected else 0.0)
 
     def init(X: Any) -> AdamState | AMSGradState:
         return init_arrays(X, fixed_xp, adam=True, amsgrad=bool(amsgrad), rows=rows)
@@ -442,18 +453,21 @@ def adam(
     def update(X: Any, G: Any, state: AdamState) -> tuple[Any, AdamState]:
         xp, X, G, dtype = prepare(X, G, state, fixed_xp, rows)
         if _one_program(xp, rows, X, G, state):
-            key = ("adam", lr, b1, b2, eps, a, method, transport, bool(amsgrad))
-            return eager_program(key, step, (0, 1), xp, dtype, X, G, state)
-        return step(xp, dtype, X, G, state)
+            key = ("adam", bias_corrected, a, method, transport, bool(amsgrad))
+            return eager_program(key, step, (0, 1), xp, dtype, hyper, X, G, state)
+        return step(xp, dtype, hyper, X, G, state)
 
-    def step(xp: Any, dtype: Any, X: Any, G: Any, state: AdamState) -> tuple[Any, Any]:
+    def step(
+        xp: Any, dtype: Any, hyper: tuple, X: Any, G: Any, state: AdamState
+    ) -> tuple[Any, Any]:
+        lr, b1, b2, eps, one_b1, one_b2, d_lr, log_b2 = hyper
         X = _project_first(X, state.count, xp, rows)
         work = accumulation_dtype_for(xp, X)
         X, G, U, Z, p, q = cast(xp, work, X, G, state.U, state.Z, state.p, state.q)
         if isinstance(state, AMSGradState) != bool(amsgrad):
             raise ValueError("the state was made by init() of an adam with other amsgrad")
         count = state.count + 1
-        if log_b2 is None:
+        if not bias_corrected:
             kappa = 1.0
         else:
             t = xp.astype(count, real_dtype(xp, work))
@@ -468,25 +482,25 @@ def adam(
             check_powers("adam", "the gradient G", 2 * G, 2, why, xp, eager)
             A = mH(X, xp) @ G
         f = c * (A - mH(A, xp))
-        p = b2 * p + (1.0 - b2) * abs2(f, xp)
+        p = b2 * p + one_b2 * abs2(f, xp)
         p_max = q_max = None
         if amsgrad:
             p_max, q_max = cast(xp, work, state.p_max, state.q_max)
             p_max = xp.maximum(p_max, p)
-        Z_next = b1 * Z - (1.0 - b1) * f
+        Z_next = b1 * Z - one_b1 * f
         p_div = p_max if amsgrad else p
         step = (lr * kappa) * (Z_next / (xp.sqrt(p_div) + eps))
         check_step("adam", step, xp, eager)
-        check_step("adam", (d * lr) * Z, xp, eager)  # the momentum rotation, unnormalised
+        check_step("adam", d_lr * Z, xp, eager)  # the momentum rotation, unnormalised
         R = expm_skew(step, method, xp)
         if X.shape[-1] == rows.total(X.shape[-2]):  # SO(n) (Algorithm 5)
             X_next, U_next = _polar(X @ R, xp, rows), U
         else:
             g = G - X @ A
-            q = b2 * q + (1.0 - b2) * abs2(g, xp)
+            q = b2 * q + one_b2 * abs2(g, xp)
             if amsgrad:
                 q_max = xp.maximum(q_max, q)
-            U_half = U @ momentum_rotation(Z, b1, d * lr, method, xp) - (1.0 - b1) * g
+            U_half = U @ momentum_rotation(Z, b1, d_lr, method, xp) - one_b1 * g
             why = momentum_growth(method)
             if rows.sharded:
                 W = U_half / (xp.sqrt(q_max if amsgrad else q) + eps)

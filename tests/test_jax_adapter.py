@@ -388,6 +388,40 @@ def test_eager_step_is_one_compiled_program(algo, fresh_programs):
     assert again.n <= 2, again.n  # init's zeros at most
 
 
+@pytest.mark.parametrize("algo", ["sgd", "adam"])
+def test_new_float_hyperparameters_reuse_the_program(algo, fresh_programs):
+    """An optimizer rebuilt with other float hyperparameters each step (a scheduled lr, and
+    here momentum, dampening, betas and eps too) reuses the first step's program: the floats
+    are the program's arguments, not its constants (with them in the key, every step compiled
+    a program: seconds each). Every step still moves by its own values: equal to the same
+    sequence of NumPy steps."""
+    make = {
+        "sgd": lambda k: hl.stiefel.momentum_sgd(0.2 / (k + 1), 0.9 - 0.1 * k, dampening=0.05 * k),
+        "adam": lambda k: hl.stiefel.adam(
+            0.05 / (k + 1), 0.9 - 0.1 * k, 0.99 - 0.01 * k, 1e-8 * 10**k
+        ),
+    }[algo]
+    rng = np.random.default_rng(stable_seed("eager-hyper", algo))
+    X0 = rng.standard_normal((9, 3))
+    Gs = [rng.standard_normal(X0.shape) for _ in range(5)]
+    # the first step of an undamped and of a damped sgd (dampening = 0 or not: two programs)
+    X, state = jnp.asarray(X0), make(0).init(jnp.asarray(X0))
+    X, state = make(0).update(X, jnp.asarray(Gs[0]), state)
+    X, state = make(1).update(X, jnp.asarray(Gs[1]), state)
+    with _Compiles() as later:
+        for k, G in enumerate(Gs[2:], start=2):
+            X, state = make(k).update(X, jnp.asarray(G), state)
+    assert later.n == 0, later.n
+    assert len(fresh_programs._PROGRAMS) == (2 if algo == "sgd" else 1)
+    Xn, sn = X0, make(0).init(X0)
+    for k, G in enumerate(Gs):
+        Xn, sn = make(k).update(Xn, G, sn)
+    # 5 steps of O(M³ + N·M²) operations each, relative to entries of size ≤ 1 (as above)
+    np.testing.assert_allclose(np.asarray(X), Xn, atol=1e-12)
+    for got, want in zip(jax.tree.leaves(state), jax.tree.leaves(sn), strict=True):
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-10, atol=1e-12)
+
+
 def test_eager_step_checks_run_after_the_program():
     """The range checks an eager step makes (``check_step``, ``check_powers``) are deferred
     out of the compiled program and raise the same ValueError, and the state is untouched."""

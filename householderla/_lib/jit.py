@@ -48,7 +48,7 @@ def _jax_jit(fn: Any, static: tuple[int, ...]) -> Any:
 
 #: the checks deferred while ``eager_program`` traces its function (None otherwise)
 _DEFERRED: contextvars.ContextVar[list | None] = contextvars.ContextVar("hl_deferred", default=None)
-#: compiled programs by key (an optimizer's kind and hyperparameters), the most recently used
+#: compiled programs by key (an optimizer's kind and flags), the most recently used
 #: last; at most ``MAX_PROGRAMS`` kept
 _PROGRAMS: collections.OrderedDict[Any, Any] = collections.OrderedDict()
 MAX_PROGRAMS = 32
@@ -69,14 +69,15 @@ def defer(value: Any, check: Callable[[float], None]) -> None:
 
 def eager_program(key: Any, fn: Callable, static: tuple[int, ...], *args: Any) -> Any:
     """``fn(*args)`` on eager JAX arrays as one compiled program (one per ``key`` and shape),
-    then its deferred checks on the host. ``key`` must determine ``fn``'s behaviour (the
-    closures of two optimizers with equal hyperparameters share one program); ``static`` are
-    the positions of Python-valued arguments. Eager JAX otherwise compiles and dispatches each
-    operation of the step, each on its own (``docs/adapters.rst`` has the figures).
+    then its deferred checks on the host. ``key`` must determine what ``fn`` closes over (the
+    closures of two optimizers of the same kind and flags share one program); values that
+    vary (an optimizer's float hyperparameters) go in ``args``, traced, so a new value
+    compiles nothing; ``static`` are the positions of Python-valued arguments. Eager JAX
+    otherwise compiles and dispatches each operation of the step, each on its own
+    (``docs/adapters.rst`` has the figures).
 
     At most ``MAX_PROGRAMS`` programs are kept, the least recently used dropped (each holds
-    its compiled executables: an optimizer rebuilt with new hyperparameters every step
-    compiles a program every step, but no longer keeps them all)."""
+    its compiled executables)."""
     import jax
 
     program = _PROGRAMS.get(key)
