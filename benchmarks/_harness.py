@@ -373,6 +373,9 @@ class Bench:
 def _version(name: str) -> str | None:
     if name == "householderla":  # the imported one (a checkout may differ from the installed)
         return sys.modules["householderla"].__version__ if name in sys.modules else None
+    module = sys.modules.get(name.replace("-", "_"))
+    if getattr(module, "__version__", None):  # the imported build: torch's "2.4.1+cu121",
+        return str(module.__version__)  # where its wheel's metadata says "2.4.1"
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:

@@ -116,10 +116,14 @@ def _apply(N: int, B: int, fresh: bool) -> tuple[Callable[[], Any], Callable[[],
     return (lambda: op @ h), (lambda: h - W @ (G @ h))
 
 
-def _muon(M: int, N: int) -> tuple[Callable[[], Any], Callable[[], Any]]:
+def _muon(M: int, N: int) -> tuple[Callable[[], Any], Callable[[], Any] | None]:
+    """Our Muon step and torch.optim.Muon's (None where this torch has none: older ones)."""
     gen = torch.Generator().manual_seed(3)
     out = []
-    for cls in (hlt.Muon, torch.optim.Muon):
+    for cls in (hlt.Muon, getattr(torch.optim, "Muon", None)):
+        if cls is None:
+            out.append(None)
+            continue
         W = torch.nn.Parameter(torch.randn(M, N, generator=gen))
         W.grad = torch.randn(M, N, generator=gen)
         opt = cls([W], lr=0.02)
@@ -130,13 +134,14 @@ def _muon(M: int, N: int) -> tuple[Callable[[], Any], Callable[[], Any]]:
 def rows(cfg: dict[str, Any], paths: tuple[str, ...] = ("cpu", "cuda")) -> list[dict[str, Any]]:
     """Every row of ``launches.json`` for the shapes of ``cfg`` (FULL or QUICK)."""
     out: list[dict[str, Any]] = []
-    anchors: dict[tuple[str, int, int | None], int] = {}  # torch's count: the same on both
+    # torch's count: the same on both paths; None where this torch lacks the anchor
+    anchors: dict[tuple[str, int, int | None], int | None] = {}
 
     def add(what: str, N: int, B: int | None, path: str, ours: Any, anchor: str, ref: Any):
         with _device(path):
             ops = count_ops(ours)
         if (what, N, B) not in anchors:
-            anchors[what, N, B] = count_ops(ref)
+            anchors[what, N, B] = None if ref is None else count_ops(ref)
         out.append({"what": what, "N": N, "B": B, "path": path, "ops": ops,
                     "anchor": anchor, "anchor_ops": anchors[what, N, B]})  # fmt: skip
         print(f"  counted {what} N={N} B={B} {path}: {ops}", file=sys.stderr, flush=True)

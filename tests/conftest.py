@@ -409,6 +409,25 @@ def require(module: str) -> Any:
         pytest.skip(f"{module} not available: {exc}", allow_module_level=True)
 
 
+#: Feature floors above the package's ``torch>=2.4`` (the core is tested on 2.4.1, 2.6.0 and
+#: CI's 2.13.0; ``docs/install.rst``): the public DTensor API (``torch.distributed.tensor``)
+#: that the row-sharded optimizers use; ``torch.compile`` (dynamo's tracing and graph
+#: breaks change between releases) and FSDP2's ``fully_shard`` on CPU processes (torch 2.6
+#: fails inside it), tested on 2.13 only.
+TORCH_FLOORS = {"dtensor": (2, 6), "compile": (2, 13), "fsdp_cpu": (2, 13)}
+
+
+def torch_below(feature: str) -> str | None:
+    """Why ``feature`` is skipped with the torch installed (below its floor), or None."""
+    import torch
+
+    floor = TORCH_FLOORS[feature]
+    have = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    if have >= floor:
+        return None
+    return f"{feature} is tested on torch >= {floor[0]}.{floor[1]}; this is {torch.__version__}"
+
+
 _JAX_CACHE = pytest.StashKey[str]()
 
 

@@ -144,6 +144,24 @@ def _compare(
     return worst
 
 
+def _older_torch() -> None:
+    """torch before ``distribute_tensor(..., src_data_rank=None)`` (every process passes the
+    same whole tensor, so none is sent): drop the argument, rank 0's tensor is broadcast,
+    the same values."""
+    import inspect
+
+    import torch.distributed.tensor as dtensor
+
+    plain = dtensor.distribute_tensor
+    if "src_data_rank" in inspect.signature(plain).parameters:
+        return
+
+    def distribute_tensor(*args: Any, src_data_rank: Any = 0, **kwargs: Any) -> Any:
+        return plain(*args, **kwargs)
+
+    dtensor.distribute_tensor = distribute_tensor
+
+
 def _shard(dim: int) -> Any:
     from torch.distributed.tensor import Shard
 
@@ -933,6 +951,7 @@ def main(argv: list[str]) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    _older_torch()
     dist.init_process_group(
         "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
         timeout=timedelta(seconds=60),

@@ -58,7 +58,15 @@ def test_quick_run_writes_every_row(tmp_path):
     assert {r["path"] for r in rows} == {"cpu", "cuda"}
     n = len(LC.QUICK["layer"]) + len(LC.QUICK["form"]) + 2 * len(LC.QUICK["apply"])
     assert len(rows) == 2 * (n + len(LC.QUICK["muon"]))
-    assert all(r["ops"] > 0 and r["anchor_ops"] > 0 for r in rows)
+    # (torch.optim.Muon is in recent torch only: its count is None on older ones)
+    no_muon = not hasattr(torch.optim, "Muon")
+    assert all(
+        r["ops"] > 0
+        and (
+            r["anchor_ops"] is None if no_muon and r["what"] == "Muon step" else r["anchor_ops"] > 0
+        )
+        for r in rows
+    )
     # the CUDA path of a training step: few ops, at most twice torch's Cayley map's
     for r in rows:
         if r["what"] == "OrthogonalLinear training step" and r["path"] == "cuda":

@@ -28,21 +28,17 @@ import copy
 import os
 
 import pytest
-from conftest import LONG, require
+from conftest import LONG, require, torch_below
 
 torch = require("torch")
 
-#: torch.compile support is stated and tested for this torch and later (CI's 2.13): dynamo's
-#: tracing of our autograd Functions, its warnings (filtered below) and its graph breaks
-#: change between releases; with torch 2.11 (the GPU run of benchmarks/results/gpu-failures.md)
-#: every test here failed. Older torch: skipped with this reason, not run against 2.13's rules.
-COMPILE_TORCH = (2, 13)
-if tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < COMPILE_TORCH:
-    pytest.skip(
-        f"torch.compile support is tested on torch >= {'.'.join(map(str, COMPILE_TORCH))}; "
-        f"this is {torch.__version__}",
-        allow_module_level=True,
-    )
+# torch.compile support is stated and tested for torch 2.13 (CI's) and later
+# (conftest.TORCH_FLOORS): dynamo's tracing of our autograd Functions, its warnings (filtered
+# below) and its graph breaks change between releases; with torch 2.11 (the GPU run of
+# benchmarks/results/gpu-failures.md) every test here failed, and with torch 2.6 dynamo cannot
+# trace array-api-compat's checks for a framework not imported. Older torch: skipped, saying so.
+if why := torch_below("compile"):
+    pytest.skip(why, allow_module_level=True)
 
 from torch._dynamo.testing import CompileCounterWithBackend  # noqa: E402
 

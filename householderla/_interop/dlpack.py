@@ -95,10 +95,17 @@ def to_numpy(x: Any, *, writable: bool = False, name: str = "x") -> np.ndarray:
                 "pass x.detach() if that is really meant"
             )
         t = x.detach()
-        if not writable and t.is_contiguous() and not (t.is_conj() or t.is_neg()):
-            out = t.numpy()  # the common call: a zero-copy view, cheaper than DLPack's
-            out.flags.writeable = False
-            return out
+        if t.is_contiguous() and not (t.is_conj() or t.is_neg()):
+            try:  # the common call: a zero-copy view, cheaper than DLPack's, and writable
+                # where DLPack's is not (torch < 2.5 exports unversioned DLPack, whose
+                # arrays NumPy marks read-only)
+                out = t.numpy()
+            except TypeError:  # a dtype NumPy lacks (bfloat16): DLPack below names it
+                pass
+            else:
+                if not writable:
+                    out.flags.writeable = False
+                return out
         t = _torch_export(x)
         if writable and t.data_ptr() != x.data_ptr():
             raise ValueError(f"{name} is not contiguous; a writable view would write into a copy")

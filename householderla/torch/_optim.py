@@ -196,7 +196,13 @@ class _Shard:
     unless a batch dimension is sharded; the step count a plain tensor)."""
 
     def __init__(self, P: Any, wide: bool, manifold: bool, what: str) -> None:
-        from torch.distributed.tensor import Replicate, Shard
+        try:
+            from torch.distributed.tensor import Replicate, Shard
+        except ImportError as exc:  # torch < 2.5: DTensor was private (torch.distributed._tensor)
+            raise RuntimeError(
+                f"{what} is a DTensor: DTensor parameters need torch >= 2.6 (the public "
+                f"torch.distributed.tensor; tested from 2.6), this is torch {torch.__version__}"
+            ) from exc
 
         self.mesh, self.placements = P.device_mesh, tuple(P.placements)
         self.rows = layout(P, wide, what) if manifold else None
