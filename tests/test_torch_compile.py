@@ -150,6 +150,28 @@ def test_orthogonal_dynamo_only_backend(map_, shape, kw):
         torch.testing.assert_close(gc, g, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize(("shape", "map_"), [((16, 16), "cwy"), ((12, 6), "tcwy")])
+def test_orthogonal_linear_fullgraph_matches_eager(shape, map_):
+    """``hl.torch.OrthogonalLinear`` compiles to one graph, forward and backward. Eager runs
+    a square CWY training step as one autograd node (``CWYLinear``: blocks, unnormalised
+    reflectors), the compiled forward the operator's composed nodes of the same map (the one
+    node is eager-only), so the two agree to rounding, not bitwise: 100·N·eps. (The planner
+    read ``torch.get_num_threads()``, which dynamo cannot trace: every compile raised.)"""
+    gen = torch.Generator().manual_seed(1)
+    m = hl.torch.OrthogonalLinear(shape[1], shape[0], map=map_, generator=gen, dtype=F64)
+    x = torch.randn(5, shape[1], dtype=F64, generator=gen)
+    mc = copy.deepcopy(m)
+    y = _step(m, x)
+    torch._dynamo.reset()
+    cnt = CompileCounterWithBackend("aot_eager")
+    yc = _step(torch.compile(mc, fullgraph=True, backend=cnt), x)
+    tol = 100 * max(shape) * torch.finfo(F64).eps
+    torch.testing.assert_close(yc, y, rtol=tol, atol=tol)
+    for gc, g in zip(_grads(mc), _grads(m), strict=True):
+        torch.testing.assert_close(gc, g, rtol=tol, atol=tol)
+    assert cnt.frame_count == 1
+
+
 @pytest.mark.parametrize("map_", ["cwy", "tcwy", "svd"])
 def test_one_graph_and_no_recompile_while_training(map_):
     """One graph, compiled once over optimizer steps that change the parameters in place and

@@ -186,20 +186,23 @@ class OrthogonalLinear(torch.nn.Module):
         (V: ``vectors[0]``, when the caller has it)."""
         V = self.vectors[0] if V is None else V
         N = max(self.in_features, self.out_features)
+        one_node = self._one_node(x2, V)
         return LayerFacts(
             device=device_kind(V),
             N=N,
             L=V.shape[-1],
             rows=x2.shape[0],
             square_cwy=self.map == "cwy" and self.in_features == self.out_features,
-            one_node=self._one_node(x2, V),
+            one_node=one_node,
             operator_rows=OPERATOR_MAX_ROWS * N,
             graph=needs_graph(*self.vectors) if len(self.vectors) > 1 else needs_graph(V),
             block=_blocked.BLOCK,
             formed_block=FORMED_BLOCK,
             single_max_n=SINGLE_BLOCK_MAX_N,
             applied_single_max_n=SINGLE_BLOCK_APPLIED_MAX_N,
-            threads=torch.get_num_threads(),
+            # read only where it matters: dynamo cannot trace it (an int from a torch call),
+            # and a compiled forward is never one node
+            threads=torch.get_num_threads() if one_node else 1,
             threaded_single_max_n=THREADED_SINGLE_BLOCK_MAX_N,
         )
 
