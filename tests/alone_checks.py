@@ -1,4 +1,4 @@
-"""A user's process with one framework: ``python tests/alone_checks.py torch|numpy``.
+"""A user's process with one framework: ``python tests/alone_checks.py torch|numpy|jax``.
 
 The suite's processes import every framework (the backends); a user's usually imports one.
 Code that asks array-api-compat "is this a JAX array?" then meets a framework that was never
@@ -6,8 +6,9 @@ imported (a ``KeyError`` inside it, which torch 2.6's dynamo could not trace), a
 the library makes by mistake goes unnoticed when the module is there anyway. Here the other
 frameworks cannot be imported at all (an import hook refuses them and records the attempt),
 and the library's common calls run: on torch tensors (products, gradients, the layer's
-training step, the optimizers, Muon, ``torch.compile`` of a step where supported) or on NumPy
-arrays. Prints ``ok`` and exits 0, or raises. Run by ``tests/test_alone.py``.
+training step, the optimizers, Muon, ``torch.compile`` of a step where supported), on NumPy
+arrays, or on JAX arrays (eager and under ``jax.jit``). Prints ``ok`` and exits 0, or
+raises. Run by ``tests/test_alone.py``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 OTHERS = {
     "torch": ("jax", "jaxlib", "dask", "cupy", "array_api_strict", "lineax", "equinox"),
     "numpy": ("torch", "jax", "jaxlib", "dask", "cupy", "array_api_strict", "lineax"),
+    "jax": ("torch", "dask", "cupy", "array_api_strict"),
 }
 
 
@@ -112,10 +114,40 @@ def numpy_user() -> None:
         assert np.allclose(X.T @ X, np.eye(3), atol=1e-12)
 
 
+def jax_user() -> None:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import householderla as hl
+
+    jax.config.update("jax_enable_x64", True)
+    rng = np.random.default_rng(0)
+    V, h = jnp.asarray(rng.standard_normal((12, 4))), jnp.asarray(rng.standard_normal((12, 3)))
+    loss = lambda V, h: jnp.sum((hl.cwy(V) @ h) ** 2)  # noqa: E731
+    g_eager = jax.grad(loss)(V, h)
+    g_jit = jax.jit(jax.grad(loss))(V, h)
+    assert np.allclose(g_eager, g_jit, atol=1e-12)
+    Q = hl.cwy(V).matrix()
+    assert np.allclose(Q.T @ Q, np.eye(12), atol=1e-12)
+    P = jax.jit(hl.polar)(jnp.asarray(rng.standard_normal((12, 4))))
+    assert np.allclose(P.T @ P, np.eye(4), atol=1e-12)
+    opt = hl.stiefel.momentum_sgd(0.1)
+    X = jnp.asarray(np.linalg.qr(rng.standard_normal((10, 3)))[0])
+    state = opt.init(X)
+    for _ in range(2):
+        X, state = opt.update(X, jnp.asarray(rng.standard_normal((10, 3))), state)
+    assert np.allclose(X.T @ X, np.eye(3), atol=1e-12)
+    W = jnp.asarray(rng.standard_normal((8, 8)))
+    x = jnp.asarray(rng.standard_normal((5, 8)))
+    y = jax.jit(hl.jax.orthogonal_linear)(W, x)
+    assert np.allclose(np.linalg.norm(y, axis=1), np.linalg.norm(x, axis=1), atol=1e-12)
+
+
 def main(user: str) -> None:
     refuse = Refuse(OTHERS[user])
     sys.meta_path.insert(0, refuse)
-    {"torch": torch_user, "numpy": numpy_user}[user]()
+    {"torch": torch_user, "numpy": numpy_user, "jax": jax_user}[user]()
     imported = sorted(n for n in sys.modules if n.split(".")[0] in refuse.names)
     assert not imported, imported
     # the library never tried to import a framework its caller had not imported

@@ -1,6 +1,7 @@
 """A user's process with one framework (``tests/alone_checks.py``): the library's common
-calls on torch tensors with JAX, Dask, CuPy and array-api-strict not importable, and on
-NumPy arrays with torch too not importable; nothing tries to import them. The suite's own
+calls on torch tensors with JAX, Dask, CuPy and array-api-strict not importable, on NumPy
+arrays with torch too not importable, and on JAX arrays without torch; nothing tries to
+import them. The suite's own
 processes import every framework, so it sees neither case otherwise."""
 
 from __future__ import annotations
@@ -45,7 +46,14 @@ def test_numpy_alone():
     _run("numpy")
 
 
-@pytest.mark.parametrize("user", ["torch", "numpy"])
+def test_jax_alone():
+    """Gradients eager and under ``jax.jit``, polar, an eager optimizer step (one compiled
+    program) on JAX arrays, in a process where torch is not importable."""
+    require("jax")
+    _run("jax")
+
+
+@pytest.mark.parametrize("user", ["torch", "numpy", "jax"])
 def test_the_refusal_is_real(user):
     """The hook refuses what it names, and would report an attempt (the check can fail)."""
     import alone_checks  # (tests/ is on the path, as for sharded_checks)
