@@ -53,6 +53,7 @@ import threading
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 
@@ -429,6 +430,9 @@ def torch_below(feature: str) -> str | None:
 
 
 _JAX_CACHE = pytest.StashKey[str]()
+_RUN_DIR = pytest.StashKey[str]()
+#: the environment variable naming the run's shared folder (:func:`once_per_run`)
+RUN_DIR = "HL_TEST_RUN_DIR"
 
 
 def _reuse_mlir_contexts(uses: int = 256) -> None:
@@ -473,6 +477,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "jax_both(reason): every case runs on both jax and jax_jit in `make test`"
     )
     _reuse_mlir_contexts()
+    if not os.environ.get("PYTEST_XDIST_WORKER") and RUN_DIR not in os.environ:
+        os.environ[RUN_DIR] = tempfile.mkdtemp(prefix="hl-test-run-")
+        config.stash[_RUN_DIR] = os.environ[RUN_DIR]
     if os.environ.get("PYTEST_XDIST_WORKER") or "JAX_COMPILATION_CACHE_DIR" in os.environ:
         return
     path = tempfile.mkdtemp(prefix="hl-test-jax-cache-")
@@ -561,6 +568,36 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if path is not None:
         del os.environ["JAX_COMPILATION_CACHE_DIR"]
         shutil.rmtree(path, ignore_errors=True)
+    path = config.stash.get(_RUN_DIR, None)
+    if path is not None:
+        del os.environ[RUN_DIR]
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def once_per_run(name: str, compute: Callable[[], Any]) -> Any:
+    """``compute()`` (a JSON value) once per test run, shared by the xdist workers: the first
+    to ask computes it under a file lock in the run's folder (``RUN_DIR``, made by the main
+    process) and stores it; a worker that asks later waits for the lock and reads it. For the
+    module fixtures that start subprocesses (the distributed and sharded checks, ~40 s each):
+    under the default ``--dist load`` both workers may draw tests of such a module, and each
+    ran the fixture (seen in a CI run). (``--dist loadgroup`` with ``xdist_group`` would pin
+    a module to one worker, but with pytest 9 it does not group: pytest-xdist 3.8 renames
+    ``item._nodeid``, which pytest 9 no longer reads.) If ``compute`` raises, nothing is
+    stored and the next asker computes again."""
+    folder = os.environ.get(RUN_DIR)
+    if folder is None:
+        return compute()
+    import fcntl
+    import json
+
+    path = Path(folder) / f"{name}.json"
+    with open(Path(folder) / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists():
+            return json.loads(path.read_text())
+        value = compute()
+        path.write_text(json.dumps(value))
+        return value
 
 
 def _reason(item: pytest.Item, mark: pytest.Mark) -> str:

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import require, torch_below
+from conftest import once_per_run, require, torch_below
 
 require("torch")
 if why := torch_below("dtensor"):
@@ -118,8 +118,8 @@ def _runs(items: list[str]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, str]:
-    """The default checks, from one start of 4 processes."""
-    return _run(max(SIZES), _runs(DEFAULT))
+    """The default checks, from one start of 4 processes (once per run: ``once_per_run``)."""
+    return once_per_run("distributed", lambda: _run(max(SIZES), _runs(DEFAULT)))
 
 
 @pytest.mark.parametrize("item", DEFAULT)

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import require
+from conftest import once_per_run, require
 
 require("jax")
 import sharded_checks  # noqa: E402  (imports no framework)
@@ -27,6 +27,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, str]:
+    """Every check, from one subprocess of 4 CPU devices (once per run: ``once_per_run``)."""
+    return once_per_run("sharded", _run_checks)
+
+
+def _run_checks() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.pop("JAX_PLATFORMS", None)  # the forced host devices are CPU devices
