@@ -1,4 +1,5 @@
-"""A user's process with one framework: ``python tests/alone_checks.py torch|numpy|jax``.
+"""A user's process with one framework: ``python tests/alone_checks.py torch|numpy|jax
+[--compile]`` (``--compile``: also ``torch.compile`` the layer).
 
 The suite's processes import every framework (the backends); a user's usually imports one.
 Code that asks array-api-compat "is this a JAX array?" then meets a framework that was never
@@ -37,7 +38,7 @@ class Refuse(importlib.abc.MetaPathFinder):
         return None
 
 
-def torch_user() -> None:
+def torch_user(compile_: bool) -> None:
     import numpy as np
     import torch
 
@@ -71,8 +72,7 @@ def torch_user() -> None:
             p.grad = torch.randn(10, 3, generator=g)
             o.step()
         assert torch.isfinite(p).all(), cls
-    version = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
-    if version >= (2, 13):  # torch.compile's floor (docs/install.rst, "Torch versions")
+    if compile_:  # at or above torch.compile's floor (tests/conftest.py, TORCH_FLOORS)
         # the layer in one graph (dynamo traces the namespace checks on the way; compiling
         # an optimizer step too took 11 s more here, and test_torch_optim_options does it)
         net = torch.compile(hl.torch.OrthogonalLinear(8, 8), backend="eager", fullgraph=True)
@@ -80,7 +80,7 @@ def torch_user() -> None:
     assert np.isfinite(W.numpy()).all()
 
 
-def numpy_user() -> None:
+def numpy_user(compile_: bool) -> None:
     import numpy as np
 
     import householderla as hl
@@ -108,7 +108,7 @@ def numpy_user() -> None:
         assert np.allclose(X.T @ X, np.eye(3), atol=1e-12)
 
 
-def jax_user() -> None:
+def jax_user(compile_: bool) -> None:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -138,10 +138,10 @@ def jax_user() -> None:
     assert np.allclose(np.linalg.norm(y, axis=1), np.linalg.norm(x, axis=1), atol=1e-12)
 
 
-def main(user: str) -> None:
+def main(user: str, compile_: bool = False) -> None:
     refuse = Refuse(OTHERS[user])
     sys.meta_path.insert(0, refuse)
-    {"torch": torch_user, "numpy": numpy_user, "jax": jax_user}[user]()
+    {"torch": torch_user, "numpy": numpy_user, "jax": jax_user}[user](compile_)
     imported = sorted(n for n in sys.modules if n.split(".")[0] in refuse.names)
     assert not imported, imported
     # the library never tried to import a framework its caller had not imported
@@ -150,4 +150,4 @@ def main(user: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], "--compile" in sys.argv[2:])

@@ -12,16 +12,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import require
+from conftest import require, torch_below
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run(user: str) -> None:
+def _run(user: str, *flags: str) -> None:
     path = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
     run = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "alone_checks.py"), user],
+        [sys.executable, str(ROOT / "tests" / "alone_checks.py"), user, *flags],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -37,7 +37,7 @@ def test_torch_alone():
     (torch ≥ 2.13) ``torch.compile`` of the layer (one graph), in a process
     where only torch is importable."""
     require("torch")
-    _run("torch")
+    _run("torch", *(() if torch_below("compile") else ("--compile",)))
 
 
 def test_numpy_alone():
