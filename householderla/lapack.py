@@ -294,7 +294,8 @@ class _InPlacePanels:
             return super().matrix()  # type: ignore[misc]
         a, k = self._state["a"], self._state["tau"].shape[0]
         ncols = a.shape[0] if self._mode_forward == "square" else k  # type: ignore[attr-defined]
-        Q = form_panels(self._panels(form_panel_width(k)), ncols, np)
+        rows = None if is_complex(a.dtype) else a.shape[0]  # (the compiled real kernel)
+        Q = form_panels(self._panels(form_panel_width(k, compiled_rows=rows)), ncols, np)
         if self._transposed:
             Q = mH(Q, np)
         return self._out(np.conjugate(Q) if self._conjugated else Q)
@@ -510,7 +511,8 @@ def from_lapack(a: Any, tau: Any, *, thin: bool = False, xp: Any = None) -> CWY 
     V = tril(a[..., :k], −1) + I (τ = 0 columns zeroed) is lower trapezoidal. Where no
     autodiff follows (NumPy, torch without grad, array-api-strict, CuPy), a fresh operator's
     first product and ``.matrix()`` run LAPACK's own algorithms on τ itself
-    (:mod:`householderla._agnostic.lapack_panels`): panels of nb = 32 reflectors, each with
+    (:mod:`householderla._agnostic.lapack_panels`): panels of nb = 32 reflectors (16 to
+    form a small real Q, m·k ≤ 2¹⁶; more for k ≥ 1024), each with
     T_p = (I + diag(τ_p) striu(V_pᴴV_p))⁻¹ diag(τ_p) (``?larft``) and applied to its
     trapezoid rows only (``?larfb``), ≈ 2·m·k·nb + 4·m·k·B − 2·k²·B flops for ``@`` with B
     columns, not the m·k² + k³/3 of the whole T; ``.matrix()`` accumulates Q backwards from

@@ -483,6 +483,36 @@ def test_wide_panels_of_many_reflectors_equal_orgqr():
     assert np.linalg.norm(Q.T @ Q - eye) <= 1.25 * np.linalg.norm(ref.T @ ref - eye)
 
 
+@pytest.mark.parametrize("form", ["from_lapack", "cwy"])
+@pytest.mark.parametrize("mk", [(300, 200), (1024, 64), (256, 256)])
+def test_half_width_panels_of_small_q_equal_orgqr(form, mk):
+    """A real Q of m·k ≤ 2¹⁶ formed by the compiled kernel takes panels of 16 reflectors
+    (``form_panel_width(k, compiled_rows=m)``; k = 200 ends with a panel of 8), through
+    ``from_lapack`` and through ``cwy`` of the unit lower-trapezoidal V: the thin and square
+    Q equal dorgqr's (30·eps·m) and stay as orthogonal (1.25×, as above). The rule's edges:
+    the Python loop over panels (no ``compiled_rows``) and m·k past 2¹⁶ keep 32."""
+    from householderla._agnostic.lapack_panels import form_panel_width
+
+    m, k = mk
+    assert form_panel_width(k, compiled_rows=m) == 16
+    past = (1 << 16) // k + 1  # the fewest rows past m·k ≤ 2¹⁶
+    assert form_panel_width(k) == form_panel_width(k, compiled_rows=past) == 32
+    A = np.random.default_rng(stable_seed("small panels", m, k)).standard_normal((m, k))
+    qr, tau = _zgeqrf_like(A)
+    full = np.zeros((m, m))
+    full[:, :k] = qr
+    ref = _lapack("orgqr", full, full, np.concatenate([tau, np.zeros(m - k)]))
+    if form == "from_lapack":
+        Q, thin = hl.from_lapack(qr, tau).matrix(), hl.from_lapack(qr, tau, thin=True).matrix()
+    else:
+        V = (np.tril(qr, -1) + np.eye(m, k)) * (tau != 0)  # τ = 0 (a square QR's last): H = I
+        Q, thin = hl.cwy(V).matrix(), hl.tcwy(V).matrix()
+    np.testing.assert_allclose(Q, ref, atol=_tol(np.float64, m))
+    np.testing.assert_allclose(thin, ref[:, :k], atol=_tol(np.float64, m))
+    eye = np.eye(m)
+    assert np.linalg.norm(Q.T @ Q - eye) <= 1.25 * np.linalg.norm(ref.T @ ref - eye)
+
+
 def _assert_bad_a_and_tau_raise(a, tau, inf_at: tuple[int, int], i: int, tau_match: str):
     """An Inf below the diagonal of column-major ``a`` (at ``inf_at``) and τᵢ scaled by 1.5
     each make ``from_lapack`` raise ValueError."""

@@ -20,7 +20,7 @@ from .._lib.blas import blas_pointers
 from .._lib.checks import broadcast_batch
 from .._lib.linalg import gram_upper, inv_upper_triangular, subtract_product, workspace
 from .._lib.namespace import device_of, is_complex, mH, mT
-from .._lib.tuning import PANEL
+from .._lib.tuning import PANEL, SMALL_FORM_MAX_MK, SMALL_FORM_PANEL
 
 __all__ = [
     "PANEL",
@@ -48,14 +48,19 @@ def reflectors_as_lapack(V: Any, nk: Any) -> tuple[Any, Any] | None:
     return (at.T, tau) if nk.reflectors_to_lapack(V, at, tau) else None
 
 
-def form_panel_width(k: int) -> int:
-    """Reflectors per panel for forming Q from k reflectors: k/16 rounded down to a power of
-    two, clipped to [32, 256]. Wider panels make the trailing update one larger GEMM per
-    panel and halve the passes over Q, which pays once Q is large. Square Q from
+def form_panel_width(k: int, compiled_rows: int | None = None) -> int:
+    """Reflectors per panel for forming Q (m rows) from k reflectors: k/16 rounded down to a
+    power of two, clipped to [32, 256]; ``SMALL_FORM_PANEL`` (16) where the compiled kernel
+    forms a real Q of m = ``compiled_rows`` rows with m·k ≤ ``SMALL_FORM_MAX_MK`` (faster
+    there, ``benchmarks/results/tuning.md``; the Python loop over panels keeps the wider
+    ones). Wider panels make the trailing update one
+    larger GEMM per panel and halve the passes over Q, which pays once Q is large. Square Q from
     ``dgeqrf``'s (a, τ), float64, one thread, idle 2-core VM, time / dorgqr's (median of
     paired rounds), nb = 32 / 64 / 128 / 256: N = 512: 1.04 / 1.14 / 1.44 / 2.24;
     N = 1024: 1.08 / 0.99 / 1.01 / 1.28; N = 2048: 1.23 / 0.98 / 0.84 / 0.87; N = 4096:
     — / 1.04 / 0.77 / 0.73."""
+    if compiled_rows is not None and compiled_rows * k <= SMALL_FORM_MAX_MK:
+        return SMALL_FORM_PANEL
     nb = PANEL
     while nb < 256 and 2 * nb * 16 <= k:
         nb *= 2

@@ -72,7 +72,7 @@ __all__ = [
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "89512f9c69e07b36"
+KERNEL_DEPS = "daaf6f65b418344b"
 
 
 # -- entry kernels (explicit signatures: read-only C inputs accept writable arrays too) -------

@@ -29,7 +29,7 @@ __all__ = [
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "0ad644ccf36f6a86"
+KERNEL_DEPS = "90589bf674695231"
 
 
 def _sigs(kind: str) -> Any:

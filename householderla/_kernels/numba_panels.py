@@ -21,7 +21,7 @@ __all__ = ["orgqr_panels", "ormqr_panels"]
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "5d54922b5c73f7f1"
+KERNEL_DEPS = "3df9f1c905c40b53"
 
 _ROW, _NO, _TRANS, _CONJ_TRANS, _UPPER = 101, 111, 112, 113, 121
 

@@ -31,6 +31,8 @@ __all__ = [
     "SEQ_DETECT_FLOPS",
     "SINGLE_BLOCK_APPLIED_MAX_N",
     "SINGLE_BLOCK_MAX_N",
+    "SMALL_FORM_MAX_MK",
+    "SMALL_FORM_PANEL",
     "SMALL_N",
     "STRUCTURED_BLOCK",
     "THREADED_SINGLE_BLOCK_MAX_N",
@@ -73,6 +75,8 @@ STRUCTURED_BLOCK = 128  # reflectors per block, structured_matrix; results/tunin
 
 # -- householderla/_agnostic/lapack_panels.py --------------------------------------------------
 PANEL = 32  # reflectors per LAPACK-style panel; results/tuning.md
+SMALL_FORM_PANEL = 16  # panel of the compiled real ?orgqr on small Q; results/tuning.md
+SMALL_FORM_MAX_MK = 1 << 16  # largest m·k formed with SMALL_FORM_PANEL; results/tuning.md
 
 # -- householderla/_agnostic/newton_schulz.py --------------------------------------------------
 EIG_BOUNDS_MAX_M = 32  # largest M bounded by eigvalsh; results/tuning.md

@@ -451,7 +451,8 @@ class CompactWYOperator(LinearOperatorMixin):
             nk, view = view or _cpu_kernel_view(V, xp)
             lapack = reflectors_as_lapack(view, nk)
             if lapack is not None:
-                Q = form_panels(LapackPanels(*lapack, form_panel_width(V.shape[-1]), nk),
+                nb = form_panel_width(V.shape[-1], compiled_rows=V.shape[-2])
+                Q = form_panels(LapackPanels(*lapack, nb, nk),
                                 V.shape[-2] if ncols is None else ncols, np)  # fmt: skip
                 return Q if view is V else from_numpy(Q, like=V)
         if path.name in ("orgqr_kernel", "structured_form"):
