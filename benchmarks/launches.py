@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import json
 import sys
 from collections import Counter
@@ -55,11 +56,20 @@ def _top_level(events: EventList) -> list[Any]:
     return out
 
 
+#: One profiling cycle, whose events are all kept: torch 2.11 warns, on reading them, that a
+#: cycle's end clears them unless ``acc_events`` asks to keep them (absent in torch 2.4).
+_KEEP = (
+    {"acc_events": True}
+    if "acc_events" in inspect.signature(torch.profiler.profile).parameters
+    else {}
+)
+
+
 def op_names(fn: Callable[[], Any], warmup: int = 1) -> list[str]:
     """The names of the top-level aten ops of one call of ``fn`` (after ``warmup`` calls)."""
     for _ in range(warmup):
         fn()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], **_KEEP) as prof:
         fn()
     return [e.name for e in _top_level(prof.events())]
 

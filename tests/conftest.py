@@ -410,12 +410,12 @@ def require(module: str) -> Any:
         pytest.skip(f"{module} not available: {exc}", allow_module_level=True)
 
 
-#: Feature floors above the package's ``torch>=2.4`` (the core is tested on 2.4.1, 2.6.0 and
-#: CI's 2.13.0; ``docs/install.rst``): the public DTensor API (``torch.distributed.tensor``)
-#: that the row-sharded optimizers use; ``torch.compile`` (dynamo's tracing and graph
-#: breaks change between releases) and FSDP2's ``fully_shard`` on CPU processes (torch 2.6
-#: fails inside it), tested on 2.13 only.
-TORCH_FLOORS = {"dtensor": (2, 6), "compile": (2, 13), "fsdp_cpu": (2, 13)}
+#: Feature floors above the package's ``torch>=2.4`` (the core is tested on 2.4.1, 2.6.0,
+#: 2.11.0 and CI's 2.13.0; ``docs/install.rst``): the public DTensor API
+#: (``torch.distributed.tensor``) that the row-sharded optimizers use; ``torch.compile``
+#: (dynamo's tracing and graph breaks change between releases) and FSDP2's ``fully_shard`` on
+#: CPU processes (torch 2.6 fails inside it), tested on 2.11 and 2.13.
+TORCH_FLOORS = {"dtensor": (2, 6), "compile": (2, 11), "fsdp_cpu": (2, 11)}
 
 
 def torch_below(feature: str) -> str | None:

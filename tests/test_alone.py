@@ -34,7 +34,7 @@ def _run(user: str, *flags: str) -> None:
 
 def test_torch_alone():
     """Products, gradients, the layer's training step, the Stiefel optimizers and Muon, and
-    (torch ≥ 2.13) ``torch.compile`` of the layer (one graph), in a process
+    (torch ≥ 2.11) ``torch.compile`` of the layer (one graph), in a process
     where only torch is importable."""
     require("torch")
     _run("torch", *(() if torch_below("compile") else ("--compile",)))

@@ -32,11 +32,12 @@ from conftest import LONG, require, torch_below
 
 torch = require("torch")
 
-# torch.compile support is stated and tested for torch 2.13 (CI's) and later
-# (conftest.TORCH_FLOORS): dynamo's tracing of our autograd Functions, its warnings (filtered
-# below) and its graph breaks change between releases; with torch 2.11 (the GPU run of
-# benchmarks/results/gpu-failures.md) every test here failed, and with torch 2.6 dynamo cannot
-# trace array-api-compat's checks for a framework not imported. Older torch: skipped, saying so.
+# torch.compile support is stated and tested for torch 2.11 and later (conftest.TORCH_FLOORS;
+# run on 2.11.0 and CI's 2.13.0): dynamo's tracing of our autograd Functions, its warnings
+# (filtered below) and its graph breaks change between releases; with torch 2.6 dynamo cannot
+# trace array-api-compat's checks for a framework not imported. Older torch: skipped, saying
+# so. (On the GPU run of benchmarks/results/gpu-failures.md, torch 2.11 there, every test here
+# failed; with torch 2.11 on a CPU they pass.)
 if why := torch_below("compile"):
     pytest.skip(why, allow_module_level=True)
 
@@ -255,7 +256,7 @@ def test_operators_in_compiled_function():
 @pytest.mark.xfail(
     raises=torch._dynamo.exc.Unsupported,
     strict=True,
-    reason="dynamo (torch 2.13) inserts `object @ tensor` into the graph instead of calling "
+    reason="dynamo (torch 2.11, 2.13) inserts `object @ tensor` into the graph instead of calling "
     "the object's __matmul__ (pytorch/pytorch#189585); call Q.__matmul__(h) or use .matrix()",
 )
 def test_matmul_operator_breaks_the_graph():
