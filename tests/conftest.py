@@ -46,6 +46,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -96,15 +97,31 @@ def _fast_xla_compiles() -> None:
     for fused loops) are switched off too (``--xla_cpu_use_fusion_emitters=false``: the older
     elemental emitters): compiling 160 small eager programs took 4.6–7.4 s instead of 14–15 s
     (JAX 0.10.2, 2-core VM), the lineax operator test 8.7 s of compiling instead of 15.8 s.
-    Float semantics are unchanged (no fast-math either way).
-    ``HL_TEST_XLA_OPT=1`` or explicit ``XLA_FLAGS`` settings keep XLA's defaults."""
+    Float semantics are unchanged (no fast-math either way). The XLA of jaxlib 0.11 has no
+    fusion-emitter flag and aborts the process on an unknown one ("Unknown flag in
+    XLA_FLAGS", JAX 0.11.2: every worker that used JAX crashed), so it is set for an older
+    jaxlib only. ``HL_TEST_XLA_OPT=1`` or explicit ``XLA_FLAGS`` settings keep XLA's
+    defaults."""
     xla = os.environ.get("XLA_FLAGS", "")
     if os.environ.get("HL_TEST_XLA_OPT") or "optimization_level" in xla:
         return
-    os.environ["XLA_FLAGS"] = (
-        f"{xla} --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-        " --xla_cpu_use_fusion_emitters=false"
-    ).strip()
+    flags = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+    if _jaxlib_below((0, 11)):
+        flags += " --xla_cpu_use_fusion_emitters=false"
+    os.environ["XLA_FLAGS"] = f"{xla} {flags}".strip()
+
+
+def _jaxlib_below(version: tuple[int, int]) -> bool:
+    """Whether an installed jaxlib is older than ``version`` (read from its metadata: JAX must
+    not be imported before XLA_FLAGS is set); False without jaxlib."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        have = installed("jaxlib")
+    except PackageNotFoundError:
+        return False
+    return tuple(int(p) for p in re.findall(r"\d+", have)[:2]) < version
 
 
 _fast_xla_compiles()
