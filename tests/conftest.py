@@ -121,7 +121,13 @@ def _jaxlib_below(version: tuple[int, int]) -> bool:
         have = installed("jaxlib")
     except PackageNotFoundError:
         return False
-    return tuple(int(p) for p in re.findall(r"\d+", have)[:2]) < version
+    return major_minor(have) < version
+
+
+def major_minor(version: str) -> tuple[int, int]:
+    """(major, minor) of a version string such as "2.11.0+cu130" or "0.11.2"."""
+    major, minor = re.findall(r"\d+", version)[:2]
+    return int(major), int(minor)
 
 
 _fast_xla_compiles()
@@ -440,8 +446,7 @@ def torch_below(feature: str) -> str | None:
     import torch
 
     floor = TORCH_FLOORS[feature]
-    have = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
-    if have >= floor:
+    if major_minor(torch.__version__) >= floor:
         return None
     return f"{feature} is tested on torch >= {floor[0]}.{floor[1]}; this is {torch.__version__}"
 

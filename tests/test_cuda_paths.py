@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import test_lowprec as LP
 import test_lowprec_cwy as LC
-from conftest import get_backend, require
+from conftest import get_backend, require, torch_below
 
 torch = require("torch")
 
@@ -241,8 +241,8 @@ def test_wide_product_under_torch_func_and_compile(wide_calls):
         v = torch.func.vmap(lambda x: prod(x, b))(stack)
         assert v.dtype == torch.float32 and torch.equal(v[0], eager)
         assert torch.equal(v[1], 2 * eager) and torch.equal(v[2], -eager)  # exact scalings
-        # torch.compile as test_torch_compile.py tests it: torch >= 2.13 (see there)
-        if tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 13):
+        # torch.compile as test_torch_compile.py tests it, from its floor (conftest.TORCH_FLOORS)
+        if not torch_below("compile"):
             torch._dynamo.reset()
             compiled = torch.compile(prod, fullgraph=True, backend="aot_eager")
             ac = a.clone().requires_grad_()

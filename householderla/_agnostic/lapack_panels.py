@@ -53,8 +53,8 @@ def form_panel_width(k: int, compiled_rows: int | None = None) -> int:
     power of two, clipped to [32, 256]; ``SMALL_FORM_PANEL`` (16) where the compiled kernel
     forms a real Q of m = ``compiled_rows`` rows with m·k ≤ ``SMALL_FORM_MAX_MK`` (faster
     there, ``benchmarks/results/tuning.md``; the Python loop over panels keeps the wider
-    ones). Wider panels make the trailing update one
-    larger GEMM per panel and halve the passes over Q, which pays once Q is large. Square Q from
+    ones). Wider panels make the trailing update one larger GEMM per panel and halve the
+    passes over Q, which pays once Q is large. Square Q from
     ``dgeqrf``'s (a, τ), float64, one thread, idle 2-core VM, time / dorgqr's (median of
     paired rounds), nb = 32 / 64 / 128 / 256: N = 512: 1.04 / 1.14 / 1.44 / 2.24;
     N = 1024: 1.08 / 0.99 / 1.01 / 1.28; N = 2048: 1.23 / 0.98 / 0.84 / 0.87; N = 4096:
