@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import test_cwy as CW
 import test_lowprec as LP
-import test_lowprec_cwy as LC
 from conftest import get_backend, require, torch_below
 
 torch = require("torch")
@@ -144,7 +144,7 @@ def test_retraction_gradients_half_on_the_cuda_branch(cuda_bk, name, which):
 @pytest.mark.parametrize("name", HALF)
 @pytest.mark.parametrize("batch", [(), (2,)])
 def test_products_half_on_the_cuda_branch(cuda_bk, wide_calls, name, batch):
-    LC.test_products_read_half_and_round_once(cuda_bk, name, batch)
+    CW.test_products_read_half_and_round_once(cuda_bk, name, batch)
     assert wide_calls  # Uᵀh read h through the split
 
 
@@ -155,7 +155,7 @@ def test_cwy_gradients_half_on_the_cuda_branch(name, what, wide_calls):
     h take the split); ``matrix`` and ``sequential`` run no half-precision product, so only
     the gradients are checked there."""
     with emulate_device("cuda"):
-        LC.test_framework_gradients_half(get_backend("torch"), name, what)
+        CW.test_framework_gradients_half(get_backend("torch"), name, what)
     if what in ("apply", "tcwy"):
         assert wide_calls
 
