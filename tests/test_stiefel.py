@@ -1,21 +1,31 @@
 """Momentum Stiefel optimizers (Kong, Wang & Tao, ICLR 2023, Algorithms 1, 2, 4, 5) on every
-backend.
+backend, for real X on St(N, M) and for complex X on the complex Stiefel manifold and U(n)
+(the same algorithms with Hermitian transposes; ``docs/theory/stiefel.rst``, "Complex Stiefel
+manifold and U(n)").
 
-Structure (Theorems 4–7): after every step XᵀX = I, Z + Zᵀ = 0 and XᵀU = 0 up to rounding.
+Structure (Theorems 4–7): after every step XᴴX = I, Z + Zᴴ = 0 and XᴴU = 0 up to rounding (ᴴ
+is ᵀ for real X).
 
 Oracle. ``reference_step`` below writes one step with the plain formulas in float64 NumPy —
 X½ = X·E(ηZ⁺) with E from SciPy's ``expm`` / a dense Cayley solve, S = X½ᵀX½ formed
 directly, the polar factor by SVD, U⁺ rescaled by a norm ratio — so it checks the
 implementation's shortcuts (S = RᵀR, the fused products, the 'expm' by eigh).
 
-Tolerances. X is the output of ``polar``: ‖XᵀX − I‖_F ≤ 20·eps·M as in test_retractions.
-Z is updated by μZ − c(A − Aᵀ) and (Adam) divided element-wise by a symmetric p, so it is
-skew to the last bit on eager backends; 4·eps·‖Z‖_F leaves room for a compiler that
-re-associates under jit. XᵀU = 0 is exact only in exact arithmetic: each step adds the
+Tolerances. X is the output of ``polar``: ‖XᴴX − I‖_F ≤ 20·eps·M as in test_retractions.
+Z is updated by μZ − c(A − Aᴴ) and (Adam) divided element-wise by a symmetric p, so it is
+skew(-Hermitian) to the last bit on eager backends; 4·eps·‖Z‖_F leaves room for a compiler
+that re-associates under jit. XᴴU = 0 is exact only in exact arithmetic: each step adds the
 rounding of a few N×M by M×M products, of size eps·N·(‖U‖ + ‖G‖) (the projections g = G −
-X(XᵀG) and Ũ leave eps·‖G‖ behind), and the error is damped by μ < 1 but accumulates over
+X(XᴴG) and Ũ leave eps·‖G‖ behind), and the error is damped by μ < 1 but accumulates over
 the steps, hence 30·eps·N·steps·(1 + ‖U‖_F + ‖G‖_F) — a wrong formula (e.g. U½ not
-projected, or S misplaced in φ̄₃) gives O(η‖U‖²) ≫ that.
+projected, or S misplaced in φ̄₃) gives O(η‖U‖²) ≫ that. Complex X: the same argument and
+the same constants, with the eps of the real dtype underneath (complex64: float32's).
+
+Complex oracles. (1) The real representation ρ(X) = [[Re X, −Im X], [Im X, Re X]] commutes
+with every operation of momentum SGD, so complex momentum SGD on (X, G) is real momentum SGD
+on (ρX, ρG). (2) Adam's real moments |f|², |g|² make its step commute with X ↦ XD, G ↦ GD for
+a diagonal unitary D (a Re/Im-separate second moment would not). (3) The complex Brockett
+cost f(X) = −Re tr(XᴴAXD) has the minimum −Σ dᵢλᵢ(A) (λ₁ ≥ λ₂ ≥ …, d₁ > d₂ > … > 0).
 """
 
 from __future__ import annotations
@@ -37,8 +47,15 @@ ALGOS = {
     "sgd": lambda a, **kw: hl.stiefel.momentum_sgd(lr=0.1, momentum=0.9, metric=a, **kw),
     "adam": lambda a, **kw: hl.stiefel.adam(lr=0.05, metric=a, **kw),
 }
+#: the complex tests' optimizers: Adam at lr 0.02
+C_ALGOS = {
+    "sgd": ALGOS["sgd"],
+    "adam": lambda a, **kw: hl.stiefel.adam(lr=0.02, metric=a, **kw),
+}
 # Definition 1 allows every a < 1: Euclidean (0), canonical (0.5), and a = −1 beyond both.
 METRICS = (0.0, 0.5, -1.0)
+#: the complex tests' metric for each of EXPM_METHODS (all three a of Definition 1)
+C_METRICS = (0.5, 0.0, -1.0)
 
 
 def stiefel(rng, shape):
@@ -46,23 +63,73 @@ def stiefel(rng, shape):
     return Q * np.sign(np.diagonal(R, axis1=-2, axis2=-1))[..., None, :]
 
 
+def crandn(rng, shape):
+    return rng.standard_normal(shape) + 1j * rng.standard_normal(shape)
+
+
+def cstiefel(rng, shape):
+    return np.linalg.qr(crandn(rng, shape))[0]
+
+
+def hermitian(rng, n):
+    B = crandn(rng, (n, n))
+    return (B + B.conj().T) / (2 * np.sqrt(n))
+
+
+def brockett(A, D):
+    """f(X) = −Re tr(XᴴAXD) and its gradient G = ∂f/∂Re X + i ∂f/∂Im X = −2AXD (A Hermitian,
+    D real diagonal), with the optimum −Σ dᵢλᵢ."""
+    lam = np.linalg.eigvalsh(A)[::-1][: D.shape[0]]
+
+    def f(X):
+        return float(-np.trace(X.conj().swapaxes(-1, -2) @ A @ X @ D).real)
+
+    return f, (lambda X: -2 * A @ X @ D), float(-lam @ np.diag(D))
+
+
+def wide(x):
+    """``x`` in float64, or complex128 for complex input (the checks' precision)."""
+    x = np.asarray(x)
+    return x.astype(np.result_type(x.dtype, np.float64))
+
+
 def fro(x):
-    x = np.asarray(x, dtype=np.float64)
-    return float(np.max(np.sqrt(np.sum(x * x, axis=(-2, -1))))) if x.size else 0.0
+    x = wide(x)
+    return float(np.max(np.sqrt(np.sum(np.abs(x) ** 2, axis=(-2, -1))))) if x.size else 0.0
+
+
+def mH(x):
+    """xᴴ over the last two axes; for real x the plain transpose view (as ``orth_error``: a
+    conjugated copy would change BLAS's summation order at the size of the errors checked)."""
+    x = np.swapaxes(x, -1, -2)
+    return np.conj(x) if np.iscomplexobj(x) else x
 
 
 def check_structure(X, state, G_norm, steps, dtype):
-    X, U, Z = (to_numpy(a).astype(np.float64) for a in (X, state.U, state.Z))
+    X, U, Z = (wide(to_numpy(a)) for a in (X, state.U, state.Z))
     eps = EPS[np.dtype(dtype).type]
     N, M = X.shape[-2:]
     assert np.all(np.isfinite(X)) and np.all(np.isfinite(U)) and np.all(np.isfinite(Z))
-    assert orth_error(X) <= 20 * eps * M
-    assert fro(Z + np.swapaxes(Z, -1, -2)) <= 4 * eps * max(fro(Z), 1e-300)
+    assert orth_error(X) <= 20 * eps * M, orth_error(X)
+    assert fro(Z + mH(Z)) <= 4 * eps * max(fro(Z), 1e-300)
     if U.shape[-1]:
-        xu = fro(np.swapaxes(X, -1, -2) @ U)
+        xu = fro(mH(X) @ U)
         assert xu <= 30 * eps * N * steps * (1 + fro(U) + G_norm), xu
     else:
-        assert M == N  # SO(n): no normal component
+        assert M == N  # SO(n) / U(n): no normal component
+
+
+def rho(X):
+    X = np.asarray(X)
+    top = np.concatenate([X.real, -X.imag], axis=-1)
+    return np.concatenate([top, np.concatenate([X.imag, X.real], axis=-1)], axis=-2)
+
+
+def unrho(R):
+    """ρ⁻¹ of a matrix of the form ρ(X) (the average of its two copies of Re X and Im X)."""
+    n, m = R.shape[-2] // 2, R.shape[-1] // 2
+    re = (R[..., :n, :m] + R[..., n:, m:]) / 2
+    return re + 1j * (R[..., n:, :m] - R[..., :n, m:]) / 2
 
 
 # -- the oracle -------------------------------------------------------------------------------
@@ -124,38 +191,108 @@ def reference_step(X, G, state, algo, lr, a, method="euler", transport="energy",
 # -- structure, every backend ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("algo", sorted(ALGOS))
-@pytest.mark.parametrize(
-    "metric",
-    [
-        pytest.param(a, marks=() if a == 0.5 else pytest.mark.jax_long("a scales two constants"))
-        for a in METRICS
-    ],
-)
-@pytest.mark.jax_both("split by dtype below: eager float64, jit float32")
-def test_structure_preserved_every_step(bk, algo, metric, dtype):
-    if bk.compiles and not LONG and (bk.name == "jax_jit") == (dtype == np.float64):
-        # JAX compiles every op per dtype: eager JAX runs float64 here and jit float32 (the
-        # same code in the other precision), both dtypes on each in `make test-long`
-        pytest.skip("the other dtype on this JAX backend runs in `make test-long`")
-    rng = np.random.default_rng(stable_seed(algo, metric))
-    opt = ALGOS[algo](metric)
-    update = (lambda X, G, s: opt.update(X, G, s)) if bk.jit is None else bk.jit(opt.update)
-    for shape in [(2, 6, 3), (4, 4)]:
-        # a non-orthonormal start: the first update projects it (App. P.1)
-        X = bk.asarray(rng.standard_normal(shape), dtype)
-        state = opt.init(X)
-        assert (
-            to_numpy(state.Z).dtype == dtype
-            and tuple(state.Z.shape) == shape[:-2] + (shape[-1],) * 2
+def structure_problem(dtype, algo, metric, method):
+    """(steps, iterator of (start X₀, gradient at X)) of test_structure_preserved_every_step,
+    drawn lazily (in the order each kind of case always drew them).
+
+    - real: Gaussian (non-orthonormal) starts on St(6, 3) (batched) and SO(4), Gaussian
+      gradients, 3 steps;
+    - complex128: Gaussian starts on St_C(7, 3) (batched) and U(4), the gradient of a complex
+      Brockett problem (a Z ≠ 0 problem: XᴴG is not Hermitian), 12 steps;
+    - complex64: an orthonormal start on St_C(6, 2), the Brockett gradient (in complex128), 5
+      steps at float32's rounding level.
+    """
+    if np.dtype(dtype).kind == "f":
+        rng = np.random.default_rng(stable_seed(algo, metric))
+
+        def real():
+            for shape in [(2, 6, 3), (4, 4)]:
+                yield rng.standard_normal(shape), lambda X: rng.standard_normal(X.shape)
+
+        return 3, real()
+    if dtype == np.complex128:
+        rng = np.random.default_rng(stable_seed("complex-structure", algo, method))
+
+        def brocketts():
+            for shape in [(2, 7, 3), (4, 4)]:
+                A = hermitian(rng, shape[-2])
+                _, grad, _ = brockett(A, np.diag(np.arange(shape[-1], 0, -1.0)))
+                yield crandn(rng, shape), grad
+
+        return 12, brocketts()
+    rng = np.random.default_rng(3)
+    _, grad, _ = brockett(hermitian(rng, 6), np.diag([2.0, 1.0]))
+    starts = {a: cstiefel(rng, (6, 2)) for a in sorted(ALGOS)}  # both drawn; each case its own
+    return 5, iter([(starts[algo], grad)])
+
+
+def _structure_cases():
+    """(dtype, algo, metric a, M.2 method) of test_structure_preserved_every_step. Real: every
+    a with the default 'euler' (a ≠ 0.5 on JAX in `make test-long` only: a scales two
+    constants); complex128: one a per method (all three a of Definition 1); complex64: the
+    defaults. On JAX the real cases run by dtype (see the test) and the complex ones take the
+    suite's jax / jax_jit split: 3 + 3 of complex128, 1 + 1 of complex64 with these ids."""
+    jax_both = pytest.mark.jax_both("split by dtype below: eager float64, jit float32")
+    jax_long = pytest.mark.jax_long("a scales two constants")
+    real = [
+        pytest.param(
+            dtype,
+            algo,
+            a,
+            "euler",
+            id=f"{algo}-{a}-euler-{np.dtype(dtype).name}",
+            marks=[jax_both] + ([] if a == 0.5 else [jax_long]),
         )
-        for k in range(3):
-            G = rng.standard_normal(shape)
+        for a in METRICS
+        for algo in sorted(ALGOS)
+        for dtype in (np.float32, np.float64)
+    ]
+    complex128 = [
+        pytest.param(np.complex128, algo, a, m, id=f"{algo}-{a}-{m}-complex128")
+        for m, a in zip(EXPM_METHODS, C_METRICS, strict=True)
+        for algo in sorted(ALGOS)
+    ]
+    complex64 = [
+        pytest.param(np.complex64, algo, 0.5, "euler", id=f"{algo}-0.5-euler-complex64")
+        for algo in sorted(ALGOS)
+    ]
+    return real + complex128 + complex64
+
+
+@pytest.mark.parametrize(("dtype", "algo", "metric", "method"), _structure_cases())
+def test_structure_preserved_every_step(bk, dtype, algo, metric, method):
+    """Theorems 4–7 (with Hermitian transposes for complex X) after every step of the
+    ``structure_problem`` of the dtype, from a start the first update projects (App. P.1);
+    the dtype is kept: X, U, Z in the input's dtype, Adam's second moments p, q in its real
+    dtype (|f|², |g|²: complex64 in, float32 p out; complex arithmetic in complex128 on CPU
+    backends, rounded once). Real: every metric; complex: all three a of Definition 1, one
+    for each M.2 method.
+
+    JAX (real cases): every op compiles per dtype, so eager JAX runs float64 here and jit
+    float32 (the same code in the other precision), both dtypes on each in `make test-long`;
+    the complex cases alternate between jax and jax_jit (the suite's split)."""
+    real = np.dtype(dtype).kind == "f"
+    if real and bk.compiles and not LONG and (bk.name == "jax_jit") == (dtype == np.float64):
+        pytest.skip("the other dtype on this JAX backend runs in `make test-long`")
+    opt = (ALGOS if real else C_ALGOS)[algo](metric, expm_method=method)
+    update = opt.update if bk.jit is None else bk.jit(opt.update)
+    steps, problem = structure_problem(dtype, algo, metric, method)
+    for X0, grad in problem:
+        X = bk.asarray(X0, dtype)
+        state = opt.init(X)
+        Z = to_numpy(state.Z)
+        assert Z.dtype == dtype and Z.shape == X0.shape[:-2] + (X0.shape[-1],) * 2
+        for k in range(steps):
+            G = grad(wide(to_numpy(X)))
             X, state = update(X, bk.asarray(G, dtype), state)
             check_structure(X, state, fro(G), k + 1, dtype)
-        assert int(to_numpy(state.count)) == 3
-        assert to_numpy(X).dtype == dtype and tuple(X.shape) == shape
+        assert int(to_numpy(state.count)) == steps
+        assert to_numpy(X).dtype == dtype and tuple(X.shape) == X0.shape
+        assert to_numpy(state.U).dtype == dtype == to_numpy(state.Z).dtype
+        if algo == "adam":  # the second moments are real: |f|², |g|²
+            p, q = to_numpy(state.p), to_numpy(state.q)
+            assert p.dtype == np.finfo(dtype).dtype == q.dtype
+            assert np.array_equal(p, np.swapaxes(p, -1, -2))  # exactly: |f_ij| = |f_ji|
 
 
 @given(
@@ -283,6 +420,112 @@ def test_zero_gradient(algo, method):
             assert abs(fro(state.U) - mu * fro(U_prev)) <= 1e-14 * fro(U_prev)
     np.testing.assert_allclose(fro(state.Z), mu**30 * fro(Z_start), rtol=1e-13)
     check_structure(X, state, 0.0, 34, np.float64)
+
+
+# -- complex X: the real representation, column phases, real data ---------------------------
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"expm_method": m, "metric": a, **extra}
+        for m, a in zip(EXPM_METHODS, C_METRICS, strict=True)
+        for extra in ({}, {"nesterov": True}, {"dampening": 0.3})
+    ],
+    ids=str,
+)
+def test_sgd_is_real_sgd_on_the_real_representation(kw):
+    """ρ(X) = [[Re X, −Im X], [Im X, Re X]] commutes with products, Hermitian transposes,
+    solves, Cayley, expm, the polar factor and the energy ratio, so 40 complex steps equal 40
+    real steps of the 2N×2M problem with gradient ρ(G(ρ⁻¹(ρX))), each run at its own point
+    (driven by the other run's gradients, the momentum has no restoring force and Nesterov's
+    forward-Euler variant lets rounding differences grow ×2 per step). Tolerance: both sides round
+    differently (≈ eps per operation, damped by μ; measured ≤ 5e-15): 200·eps; a missing
+    conjugate anywhere (Aᵀ for Aᴴ) gives differences of the size of η‖Z‖ ≈ 10⁻²."""
+    rng = np.random.default_rng(stable_seed("rho", str(kw)))
+    A = hermitian(rng, 8)
+    _, grad, _ = brockett(A, np.diag([3.0, 2.0, 1.0]))
+    opt = hl.stiefel.momentum_sgd(lr=0.1, momentum=0.9, **kw)
+    X = cstiefel(rng, (8, 3))
+    Xr = rho(X)
+    state, state_r = opt.init(X), opt.init(Xr)
+    for _ in range(40):
+        G = grad(X)
+        X, state = opt.update(X, G, state)
+        Xr, state_r = opt.update(Xr, rho(grad(unrho(Xr))), state_r)
+    for c, r in [(X, Xr), (state.U, state_r.U), (state.Z, state_r.Z)]:
+        assert np.max(np.abs(rho(c) - r)) <= 200 * EPS[np.float64]
+    assert np.max(np.abs(state.Z.imag)) > 1e-3  # the test exercises a complex Z
+
+
+@pytest.mark.parametrize("amsgrad", [False, True])
+def test_adam_commutes_with_column_phases(amsgrad):
+    """With the real moments |f|², |g|², Adam's step commutes with X ↦ XD, G ↦ GD for D =
+    diag(e^{iθ}) (the symmetry of the Brockett cost): f ↦ DᴴfD and g ↦ gD keep their moduli.
+    A second moment that is not phase-invariant breaks it ((Re f)² for |f|²: off by 0.3).
+    Tolerance: Adam's division is Lipschitz in f with constant ηκ/ε, and entries of f that
+    vanish in exact arithmetic (its diagonal: diag(XᴴAXD) is real) are pure rounding, which
+    it amplifies by η/ε per step: 10⁻¹¹ over 20 steps at the default ε = 10⁻⁸. With ε = 10⁻²
+    (η/ε = 5) the two runs agree to 2000·eps."""
+    rng = np.random.default_rng(11)
+    A = hermitian(rng, 7)
+    _, grad, _ = brockett(A, np.diag([3.0, 2.0, 1.0]))
+    D = np.diag(np.exp(1j * rng.uniform(0, 2 * np.pi, 3)))
+    opt = hl.stiefel.adam(lr=0.05, eps=1e-2, amsgrad=amsgrad)
+    X = cstiefel(rng, (7, 3))
+    Y = X @ D
+    sx, sy = opt.init(X), opt.init(Y)
+    for _ in range(20):
+        X, sx = opt.update(X, grad(X), sx)
+        Y, sy = opt.update(Y, grad(Y), sy)
+    assert np.max(np.abs(Y - X @ D)) <= 2000 * EPS[np.float64]
+    assert np.max(np.abs(sy.p - sx.p)) <= 2000 * EPS[np.float64] * np.max(sx.p)
+
+
+@pytest.mark.parametrize("algo", sorted(ALGOS))
+def test_real_data_in_complex_dtype_is_the_real_path(algo):
+    """A real X and G stored as complex128 take the same steps as the real path (for real f,
+    |f|² = f∘f and every conjugate is the identity): the complex code adds nothing to real
+    data, and the real path is the one the tests above check. Tolerance: 50·eps
+    (Adam with ε = 10⁻²: see test_adam_commutes_with_column_phases for why, here f is
+    rounding noise everywhere: XᵀAX is symmetric)."""
+    rng = np.random.default_rng(5)
+    B = rng.standard_normal((6, 6))
+    A = (B + B.T) / 2
+    opt = C_ALGOS[algo](0.5) if algo == "sgd" else hl.stiefel.adam(lr=0.02, eps=1e-2)
+    X = np.linalg.qr(rng.standard_normal((6, 2)))[0]
+    Xc = X.astype(np.complex128)
+    s, sc = opt.init(X), opt.init(Xc)
+    for _ in range(15):
+        X, s = opt.update(X, -2 * A @ X, s)
+        Xc, sc = opt.update(Xc, (-2 * A @ Xc).real.astype(np.complex128), sc)
+    assert np.max(np.abs(Xc - X)) <= 50 * EPS[np.float64]
+    assert np.max(np.abs(Xc.imag)) == 0.0
+
+
+# -- the complex Brockett problem ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(12, 4), (5, 5)], ids=["St_C(12,4)", "U(5)"])
+def test_brockett_adam_5000_steps(shape):
+    """Complex128 Adam on f(X) = −Re tr(XᴴAXD) (A Hermitian, D = diag(M, …, 1)): over 5000
+    steps ‖XᴴX − I‖_F ≤ 1e-14 after every step (the issue's bound), and the cost reaches its
+    minimum −Σ dᵢλᵢ to 1e-9 relative (Adam at lr 0.01 settles at the optimum; a wrong sign or
+    conjugate stalls far from it)."""
+    N, M = shape
+    rng = np.random.default_rng(stable_seed("brockett", shape))
+    A = hermitian(rng, N)
+    f, grad, f_star = brockett(A, np.diag(np.arange(M, 0, -1.0)))
+    opt = hl.stiefel.adam(lr=0.01)
+    X = cstiefel(rng, shape)
+    state = opt.init(X)
+    f0, worst = f(X), 0.0
+    for _ in range(5000):
+        X, state = opt.update(X, grad(X), state)
+        worst = max(worst, orth_error(X))
+    assert worst <= 1e-14, worst
+    assert f(X) < f0
+    assert abs(f(X) - f_star) <= 1e-9 * abs(f_star), (f(X), f_star)
 
 
 # -- App. Q: convergence and large steps ------------------------------------------------------
@@ -413,21 +656,47 @@ def test_checkpoint_resume_identical():
             assert np.array_equal(a, b)
 
 
-def test_bad_input():
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128], ids=["real", "complex"])
+def test_bad_input(dtype):
+    """Bad arrays, for X of either kind and both algorithms; the gradient of the other kind
+    (a complex G for a real X, a real G for a complex X) is refused naming both dtypes."""
     rng = np.random.default_rng(5)
-    opt = hl.stiefel.momentum_sgd()
-    with pytest.raises(ValueError, match="X must have shape"):
-        opt.init(rng.standard_normal((3, 5)))
-    X = stiefel(rng, (6, 3))
-    state = opt.init(X)
-    with pytest.raises(ValueError, match="G must have the shape"):
-        opt.update(X, rng.standard_normal((6, 2)), state)
-    with pytest.raises(ValueError, match="X must have shape"):
-        opt.update(rng.standard_normal((3, 5)), rng.standard_normal((3, 5)), state)
-    with pytest.raises(ValueError, match=r"state\.U"):
-        opt.update(stiefel(rng, (7, 3)), rng.standard_normal((7, 3)), state)
-    with pytest.raises(TypeError, match="G has complex dtype"):
-        opt.update(X, np.ones((6, 3), dtype=complex), state)
+    complex_ = np.dtype(dtype).kind == "c"
+
+    def draw(shape):
+        return crandn(rng, shape) if complex_ else rng.standard_normal(shape)
+
+    def on_st(shape):
+        return cstiefel(rng, shape) if complex_ else stiefel(rng, shape)
+
+    for make in (hl.stiefel.momentum_sgd, hl.stiefel.adam):
+        opt = make()
+        with pytest.raises(ValueError, match="X must have shape"):
+            opt.init(draw((3, 5)))
+        X = on_st((6, 3))
+        state = opt.init(X)
+        with pytest.raises(ValueError, match="G must have the shape of X"):
+            opt.update(X, draw((6, 2)), state)
+        with pytest.raises(ValueError, match="X must have shape"):
+            opt.update(draw((3, 5)), draw((3, 5)), state)
+        with pytest.raises(ValueError, match=r"state\.U"):
+            opt.update(on_st((7, 3)), draw((7, 3)), state)
+        with pytest.raises(ValueError, match="G contains NaN"):
+            opt.update(X, np.full((6, 3), np.nan, dtype=dtype), state)
+        if complex_:
+            with pytest.raises(TypeError, match="G has real dtype float64 but X has dtype complex"):
+                opt.update(X, np.ones((6, 3)), state)
+        else:
+            with pytest.raises(
+                TypeError, match="G has complex dtype complex128 but X has dtype float"
+            ):
+                opt.update(X, np.ones((6, 3), dtype=complex), state)
+    if not complex_:
+        with pytest.raises(TypeError, match="G has complex dtype"):
+            hl.stiefel.euclidean_sgd().update(np.ones(3), np.ones(3, dtype=complex), None)
+
+
+def test_bad_options():
     for bad in ("riemannian", 1.0, 2, float("nan"), None, True):
         with pytest.raises(ValueError, match="metric"):
             hl.stiefel.momentum_sgd(metric=bad)

@@ -4,8 +4,9 @@
 The update itself is the functional one (tests/test_stiefel.py checks it against the
 equations); here: the torch contract — mixed Stiefel/Euclidean groups, wide and batched and
 square parameters, structure after every step, bit-identical checkpoint resume, closure,
-no-grad semantics, bad inputs. Tolerances as in test_stiefel.py (20·eps·M for XᵀX = I; XᵀU
-relative to ‖U‖ + ‖G‖ times eps·N per step).
+no-grad semantics, bad inputs; complex parameters (Algorithms 1, 2 with Hermitian transposes,
+driven by autograd's ``.grad`` = ∂L/∂Re + i ∂L/∂Im). Tolerances as in test_stiefel.py
+(20·eps·M for XᴴX = I; XᴴU relative to ‖U‖ + ‖G‖ times eps·N per step).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import copy
 import numpy as np
 import pytest
 from conftest import require
+from helpers import orth_error
 
 torch = require("torch")
 
@@ -352,3 +354,79 @@ def test_geoopts_stiefel_problem_converges_at_the_documented_step_sizes(amsgrad)
         ((X - Xs) ** 2).sum().backward()
         opt.step()
     assert float((X.detach() - Xs).norm()) < 1e-5
+
+
+# -- complex parameters (Hermitian transposes; autograd's .grad is ∂L/∂Re + i ∂L/∂Im) ------
+
+
+def crandn(rng, shape):
+    return rng.standard_normal(shape) + 1j * rng.standard_normal(shape)
+
+
+def hermitian(rng, n):
+    B = crandn(rng, (n, n))
+    return (B + B.conj().T) / (2 * np.sqrt(n))
+
+
+def brockett(A, D):
+    """f(X) = −Re tr(XᴴAXD) and its gradient G = ∂f/∂Re X + i ∂f/∂Im X = −2AXD (A Hermitian,
+    D real diagonal), with the optimum −Σ dᵢλᵢ."""
+    lam = np.linalg.eigvalsh(A)[::-1][: D.shape[0]]
+
+    def f(X):
+        return float(-np.trace(X.conj().swapaxes(-1, -2) @ A @ X @ D).real)
+
+    return f, (lambda X: -2 * A @ X @ D), float(-lam @ np.diag(D))
+
+
+@pytest.mark.parametrize("name", ["StiefelSGD", "StiefelAdam"])
+def test_torch_optimizer_complex_parameters(name):
+    """``hl.torch.StiefelSGD`` / ``StiefelAdam`` on complex ``nn.Parameter``s: a tall one
+    (WᴴW = I), a wide one (rows orthonormal, W Wᴴ = I) and a complex Euclidean one in a
+    ``stiefel=False`` group, all driven by autograd's ``.grad`` (∂L/∂Re + i ∂L/∂Im). The
+    Brockett costs reach their minima and the Euclidean parameter its target."""
+    rng = np.random.default_rng(2)
+    A = hermitian(rng, 6)
+    D = np.diag([2.0, 1.0])
+    _, _, f_star = brockett(A, D)
+    At, Dt = torch.asarray(A), torch.asarray(D, dtype=torch.complex128)
+    tall = torch.nn.Parameter(torch.asarray(crandn(rng, (6, 2))))
+    wide = torch.nn.Parameter(torch.asarray(crandn(rng, (2, 6))))
+    target = torch.asarray(crandn(rng, (3,)))
+    z = torch.nn.Parameter(torch.zeros(3, dtype=torch.complex128))
+    groups = [{"params": [tall, wide]}, {"params": [z], "stiefel": False}]
+    opt = StiefelSGD(groups, lr=0.1) if name == "StiefelSGD" else StiefelAdam(groups, lr=0.02)
+
+    def cost(W):
+        return -torch.real(torch.trace(W.mH @ At @ W @ Dt))
+
+    for _ in range(1500):
+        opt.zero_grad()
+        loss = cost(tall) + cost(wide.mT) + torch.sum(torch.abs(z - target) ** 2)
+        loss.backward()
+        opt.step()
+    eps = EPS[torch.float64]
+    W, V = tall.detach().numpy(), wide.detach().numpy()
+    assert tall.dtype == torch.complex128 and opt.state[tall]["Z"].dtype == torch.complex128
+    assert orth_error(W) <= 20 * eps * 2 and orth_error(V.T) <= 20 * eps * 2
+    for val in (cost(tall).item(), cost(wide.mT).item()):
+        assert abs(val - f_star) <= 1e-8 * abs(f_star), (val, f_star)
+    assert torch.max(torch.abs(z.detach() - target)).item() <= 1e-6
+
+
+def test_torch_euclidean_complex_group_is_torch_sgd():
+    """A complex ``stiefel=False`` group of StiefelSGD is ``torch.optim.SGD`` (complex heavy
+    ball is linear, so both take the same steps to rounding: 10·eps·‖x‖)."""
+    rng = np.random.default_rng(4)
+    x0 = torch.asarray(crandn(rng, (5,)))
+    target = torch.asarray(crandn(rng, (5,)))
+    a, b = torch.nn.Parameter(x0.clone()), torch.nn.Parameter(x0.clone())
+    ours = StiefelSGD([{"params": [a], "stiefel": False}], lr=0.05, momentum=0.8)
+    ref = torch.optim.SGD([b], lr=0.05, momentum=0.8)
+    for _ in range(20):
+        for p, o in ((a, ours), (b, ref)):
+            o.zero_grad()
+            (torch.abs(p - target) ** 2 * torch.arange(1.0, 6.0)).sum().backward()
+            o.step()
+    tol = 10 * EPS[torch.float64] * float(torch.abs(b.detach()).max())
+    assert torch.allclose(a.detach(), b.detach(), rtol=0, atol=tol)
