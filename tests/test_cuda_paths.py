@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import test_lowprec as LP
 import test_lowprec_cwy as LC
+import test_retractions as RT
 from conftest import get_backend, require, torch_below
 
 torch = require("torch")
@@ -129,7 +129,7 @@ def test_split_product_is_the_float32_product(name, wide_calls):
 @pytest.mark.parametrize("name", HALF)
 @pytest.mark.parametrize("shape", [(40, 8), (2, 30, 6), (16, 16)])
 def test_polar_half_on_the_cuda_branch(cuda_bk, wide_calls, name, shape):
-    LP.test_polar_half_is_the_rounded_polar_factor(cuda_bk, name, shape)
+    RT.test_polar_half_is_the_rounded_polar_factor(cuda_bk, name, shape)
     assert wide_calls  # the Newton–Schulz products took the CUDA branch
 
 
@@ -138,7 +138,7 @@ def test_polar_half_on_the_cuda_branch(cuda_bk, wide_calls, name, shape):
 def test_retraction_gradients_half_on_the_cuda_branch(cuda_bk, name, which):
     """(The retractions' steps and backward passes run in float32: whether a wide product
     runs depends on the map; the gradients must hold either way.)"""
-    LP.test_framework_gradients_half(cuda_bk, name, which)
+    RT.test_framework_gradients_half(cuda_bk, name, which)
 
 
 @pytest.mark.parametrize("name", HALF)
