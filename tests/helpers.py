@@ -261,3 +261,45 @@ def jax_once_each(outer: list, inner: list, outer_ids: list[str], inner_ids: lis
         for a, (o, oid) in enumerate(zip(outer, outer_ids, strict=True))
         for b, (i, iid) in enumerate(zip(inner, inner_ids, strict=True))
     ]
+
+
+# -- half precision (bfloat16, float16): the dtypes, exact values, one rounding ---------------
+
+HALF = ("bfloat16", "float16")
+EPS_HALF = {"bfloat16": 2.0**-7, "float16": 2.0**-10}
+
+
+def half_dtype(bk, name):
+    """The backend's dtype called ``name``, or a skip naming why there is none."""
+    if bk.name == "array_api_strict":
+        pytest.skip("array-api-strict has no half-precision dtype")
+    if bk.name.startswith("numpy") and name == "bfloat16":
+        pytest.skip("NumPy has no bfloat16")
+    dtype = getattr(bk.xp, name, None)
+    if dtype is None:  # CuPy: no cupy.bfloat16 (CuPy 14 reads ml_dtypes.bfloat16 arrays only)
+        pytest.skip(f"{bk.name} has no {name} dtype in its namespace")
+    return dtype
+
+
+def as_half(bk, a, name):
+    """``a`` (float64 NumPy) rounded to the half dtype ``name`` as a ``bk`` array."""
+    if name == "float16":
+        return bk.asarray(a, np.float16)
+    return bk.xp.astype(bk.asarray(a, np.float32), half_dtype(bk, name))
+
+
+def f64(x):
+    """The exact values of an array of any dtype (bfloat16 included) as float64 NumPy."""
+    if hasattr(x, "detach"):
+        return x.detach().double().cpu().numpy()  # exact for every real dtype
+    return np.asarray(to_numpy(x.astype("float32") if "bfloat16" in str(x.dtype) else x), float)
+
+
+def round_like(bk, a, name):
+    """float64 ``a`` rounded to the half dtype (once, to nearest), back in float64."""
+    return f64(bk.xp.astype(bk.asarray(a), half_dtype(bk, name)))
+
+
+def orth(Q):
+    """‖QᵀQ − I‖_F, or ‖QQᵀ − I‖_F for a wide Q."""
+    return orth_error(np.swapaxes(Q, -1, -2) if Q.shape[-1] > Q.shape[-2] else Q)

@@ -8,7 +8,8 @@ product (CUDA-only in torch) replaced by the product of exact float32 copies, th
 numbers up to the order of float32 additions. So the branch's arithmetic (the split, the
 rounding once), its autograd Function (``mm``/``bmm`` with ``out_dtype`` have no derivative in
 torch) and its dtypes are tested here; the same half-precision tests as on the GPU
-(``test_lowprec``, ``test_lowprec_cwy``, which run on ``torch_cuda`` there) are run on this
+(the half-precision sections of ``test_retractions`` and ``test_cwy``, which run on
+``torch_cuda`` there) are run on this
 branch, with their bounds (one rounding of a float32 result: see those modules).
 """
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import test_cwy as CW
-import test_lowprec as LP
+import test_retractions as RT
 from conftest import get_backend, require, torch_below
 
 torch = require("torch")
@@ -129,7 +130,7 @@ def test_split_product_is_the_float32_product(name, wide_calls):
 @pytest.mark.parametrize("name", HALF)
 @pytest.mark.parametrize("shape", [(40, 8), (2, 30, 6), (16, 16)])
 def test_polar_half_on_the_cuda_branch(cuda_bk, wide_calls, name, shape):
-    LP.test_polar_half_is_the_rounded_polar_factor(cuda_bk, name, shape)
+    RT.test_polar_half_is_the_rounded_polar_factor(cuda_bk, name, shape)
     assert wide_calls  # the Newton–Schulz products took the CUDA branch
 
 
@@ -138,7 +139,7 @@ def test_polar_half_on_the_cuda_branch(cuda_bk, wide_calls, name, shape):
 def test_retraction_gradients_half_on_the_cuda_branch(cuda_bk, name, which):
     """(The retractions' steps and backward passes run in float32: whether a wide product
     runs depends on the map; the gradients must hold either way.)"""
-    LP.test_framework_gradients_half(cuda_bk, name, which)
+    RT.test_framework_gradients_half(cuda_bk, name, which)
 
 
 @pytest.mark.parametrize("name", HALF)

@@ -31,20 +31,26 @@ import pytest
 import scipy.linalg.lapack as lapack
 from conftest import require, to_numpy
 from helpers import (
+    EPS_HALF,
+    HALF,
+    as_half,
     ci_examples,
+    f64,
     fit_reflector_spec,
     growth,
+    half_dtype,
     jax_once_each,
     make_V,
+    orth,
     orth_error,
     product_of_reflections,
     reflector_shapes,
+    round_like,
     tol,
 )
 from hypothesis import given
 from hypothesis import strategies as st
 from registry import randn
-from test_lowprec import EPS_HALF, HALF, as_half, f64, half_dtype, orth, round_like
 
 import householderla as hl
 from householderla._agnostic import trapezoidal as TR

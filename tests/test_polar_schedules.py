@@ -4,8 +4,10 @@ certified intervals, and the iteration on every backend.
 Oracles: the interval of a schedule is the image of [ℓ/s, 1/s] under its polynomials, so
 the singular values of a result computed in float64 from an X whose singular values are
 known (X = U diag(σ) Vᵀ, σ/‖X‖_F ∈ [ℓ, 1]) must lie in ``interval_exact`` up to float64
-rounding (1e-9 ≫ the ~1e-14 of a few products, ≪ any wrong coefficient's effect); in half
-precision they must lie in ``interval`` (the rounding model) and below ``upper``.
+rounding (``interval``, the rounding model's, is within ~1e-12 of it in float64; ± 30·√m·eps,
+≳ the ~1e-14 of a few products, ≪ any wrong coefficient's effect); the same for complex X,
+whose singular values are real too (30·√m·eps of complex64 for complex64); in half precision
+they must lie in ``interval`` and below ``upper``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import math
 import numpy as np
 import pytest
 from conftest import require, to_numpy
+from helpers import stable_seed
+from registry import randn
 
 import householderla as hl
 from householderla._agnostic import polar_schedules as PS
@@ -137,37 +141,77 @@ def test_certified_upper_bound_is_finite_in_half_precision():
 
 
 FIXED_SHAPES = [(12, 40), (40, 12), (2, 9, 9)]
-
-
-@pytest.mark.parametrize(
-    ("shape", "name"),
-    [
+FIXED_CASES = [
+    # float64: X of known spectrum (σ/‖X‖_F ∈ [ℓ, 1], min_sv = ℓ) in three shapes
+    *(
         pytest.param(
             shape,
             name,
-            id=f"shape{i}-{name}",
+            np.float64,
+            id=f"float64-shape{i}-{name}",
             # JAX: each schedule at one shape, each shape at least once
             marks=jax_long_unless(j % 3 == i, "each schedule at one of the shapes on JAX"),
         )
         for i, shape in enumerate(FIXED_SHAPES)
         for j, name in enumerate(SCHEDULES)
-    ],
-)
-def test_fixed_step_singular_values_in_exact_interval(bk, name, shape):
-    rng = np.random.default_rng(len(shape) * 7 + shape[-1])
-    X, ell = spectrum_matrix(rng, shape, 0.05)
-    Q = bk.call(lambda x: hl.polar(x, schedule=name, min_sv=ell), bk.asarray(X))
-    info = hl.polar(X, schedule=name, min_sv=ell, return_info=True)[1]  # Python floats
-    assert tuple(Q.shape) == shape
-    lo, hi = info["interval_exact"]
-    s = svals(to_numpy(Q))
-    assert np.all(s >= lo - 1e-9) and np.all(s <= hi + 1e-9), (s.min(), s.max(), lo, hi)
-    # and X's singular vectors: Q = U p(Σ) Vᵀ, so XᵀQ = V Σ p(Σ) Vᵀ is symmetric and
-    # positive semidefinite (p > 0 on the spectrum)
-    S = np.swapaxes(X, -1, -2) @ to_numpy(Q)
-    scale = np.max(np.abs(S))
-    assert np.max(np.abs(S - np.swapaxes(S, -1, -2))) <= 1e-9 * scale
-    assert np.min(np.linalg.eigvalsh(0.5 * (S + np.swapaxes(S, -1, -2)))) >= -1e-9 * scale
+    ),
+    # complex: a Gaussian 9 × 4 X (min_sv = 1e-3, the default) in complex128 and complex64
+    *(
+        pytest.param(
+            (9, 4),
+            name,
+            dtype,
+            id=f"{np.dtype(dtype).name}-9x4-{name}",
+            # JAX: each schedule once, complex128 and complex64 alternating
+            marks=jax_long_unless(b == a % 2, "each schedule once on JAX"),
+        )
+        for a, name in enumerate(SCHEDULES)
+        for b, dtype in enumerate([np.complex128, np.complex64])
+    ),
+]
+
+
+def herm_t(A):
+    """Aᴴ over the last two axes (the plain transpose of a real array)."""
+    At = np.swapaxes(A, -1, -2)
+    return np.conj(At) if np.iscomplexobj(A) else At
+
+
+@pytest.mark.parametrize(("shape", "name", "dtype"), FIXED_CASES)
+def test_fixed_step_singular_values_in_exact_interval(bk, name, shape, dtype):
+    """The schedules act on singular values, real for complex X too (A = XXᴴ): every output
+    singular value (from σ ≥ min_sv·‖X‖_F: all of them here) lies in the certified interval
+    ``interval`` (the rounding model's, which contains the exact-arithmetic image
+    ``interval_exact`` and in float64 exceeds it by ≲ 1e-12) up to 30·√m·eps of the dtype
+    (m = min(N, M): the rounding of the result and of its SVD; complex64 iterates in
+    complex64, the GEMMs' precision the model is for), far below any wrong coefficient's
+    effect (so the former float64 test's interval_exact ± 1e-9 is implied); the result equals
+    NumPy's to the same slack. And the singular vectors are X's:
+    Q = W p(Σ) Vᴴ, so XᴴQ = V Σ p(Σ) Vᴴ is Hermitian (to 100·slack·‖X‖_F; the former
+    float64 bound 1e-9·max|XᴴQ| is looser) and positive semidefinite (to 1e-9·max|XᴴQ|), its
+    m largest eigenvalues positive (p > 0 on the spectrum)."""
+    if np.dtype(dtype).kind == "c":
+        X = randn(np.random.default_rng(stable_seed("fixed", name)), True, *shape)
+        ell = 1e-3
+    else:
+        rng = np.random.default_rng(len(shape) * 7 + shape[-1])
+        X, ell = spectrum_matrix(rng, shape, 0.05)
+    Xd = X.astype(dtype)
+    Q = to_numpy(bk.call(lambda x: hl.polar(x, schedule=name, min_sv=ell), bk.asarray(X, dtype)))
+    Qn, info = hl.polar(Xd, schedule=name, min_sv=ell, return_info=True)  # Python floats
+    assert Q.dtype == dtype and tuple(Q.shape) == shape
+    m = min(shape[-2:])
+    slack = 30 * math.sqrt(m) * float(np.finfo(dtype).eps)
+    np.testing.assert_allclose(Q, Qn, rtol=0, atol=slack)
+    Qw = Q.astype(X.dtype)  # float64 or complex128, as X
+    s = np.linalg.svd(Qw, compute_uv=False)
+    lo, hi = info["interval"]
+    assert np.all(s >= lo - slack) and np.all(s <= hi + slack), (s.min(), s.max(), lo, hi)
+    S = herm_t(X) @ Qw
+    assert np.max(np.abs(S - herm_t(S))) <= 100 * slack * np.linalg.norm(X)
+    ev = np.linalg.eigvalsh(0.5 * (S + herm_t(S)))
+    assert np.min(ev) >= -1e-9 * np.max(np.abs(S))
+    assert np.min(ev[..., -m:]) > 0
 
 
 @pytest.mark.parametrize(
