@@ -1,10 +1,12 @@
 """``hl.from_lapack(a, tau)``: LAPACK's compact reflectors as operators (issue 15, item 3).
 
-Oracles: ``scipy.linalg.lapack`` ``dgeqrf``/``sgeqrf`` for (a, τ), ``dorgqr``/``sorgqr`` for the
-matrix and ``dormqr``/``sormqr`` for the products, on both sides, in both transposes; torch's
-``householder_product`` for gradients. Tolerances: the operator and LAPACK apply the same
-reflections in a different order of operations, so entries (of order ‖C‖) agree to a few
-eps·m; 30·m·eps·max(1, ‖C‖_max) has a margin of ~10.
+Oracles: ``scipy.linalg.lapack`` ``dgeqrf``/``sgeqrf``/``zgeqrf`` for (a, τ), ``dorgqr``/
+``sorgqr``/``zungqr`` for the matrix and ``dormqr``/``sormqr``/``zunmqr`` for the products, on
+both sides, in both transposes (conjugate transposes); torch's ``geqrf`` and
+``householder_product`` for batches and gradients. LAPACK's complex τ is genuinely complex:
+H(i) = I − τᵢvᵢvᵢᴴ is unitary, not Hermitian (|1 − τᵢ‖vᵢ‖²| = 1). Tolerances: the operator and
+LAPACK apply the same reflections in a different order of operations, so entries (of order ‖C‖)
+agree to a few eps·m; 30·m·eps·max(1, ‖C‖_max) has a margin of ~10.
 """
 
 from __future__ import annotations
@@ -13,18 +15,25 @@ import pickle
 
 import numpy as np
 import pytest
+import scipy.linalg
 import scipy.linalg.lapack as la
 from conftest import require, to_numpy
-from helpers import EPS, jax_once_each, stable_seed
+from helpers import EPS, jax_once_each, orth_error, stable_seed
 
 import householderla as hl
 
 SHAPES = [(7, 4), (5, 5), (4, 6), (1, 1)]
+#: LAPACK's routine prefix by dtype (complex: ?ungqr / ?unmqr for ?orgqr / ?ormqr)
+_PREFIX = {np.float32: "s", np.float64: "d", np.complex128: "z"}
+
+
+def _routine(name: str, dtype) -> object:
+    prefix = _PREFIX[np.dtype(dtype).type]
+    return getattr(la, prefix + (name.replace("or", "un") if prefix == "z" else name))
 
 
 def _geqrf(A: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    f = la.dgeqrf if A.dtype == np.float64 else la.sgeqrf
-    qr, tau, _, info = f(A)
+    qr, tau, _, info = _routine("geqrf", A.dtype)(A)
     assert info == 0
     return qr, tau
 
@@ -34,15 +43,14 @@ def _orgqr_full(qr: np.ndarray, tau: np.ndarray) -> np.ndarray:
     m, n = qr.shape
     a = np.zeros((m, m), qr.dtype)
     a[:, : min(m, n)] = qr[:, : min(m, n)]
-    f = la.dorgqr if qr.dtype == np.float64 else la.sorgqr
-    Q, _, info = f(a, tau, lwork=max(1, 64 * m))
+    Q, _, info = _routine("orgqr", qr.dtype)(a, tau, lwork=max(1, 64 * m))
     assert info == 0
     return Q
 
 
 def _ormqr(side: str, trans: str, qr: np.ndarray, tau: np.ndarray, C: np.ndarray) -> np.ndarray:
     k = tau.shape[0]
-    f = la.dormqr if qr.dtype == np.float64 else la.sormqr
+    f = _routine("ormqr", qr.dtype)
     out, _, info = f(side, trans, np.ascontiguousarray(qr[:, :k]), tau, C.copy(), lwork=256)
     assert info == 0
     return out
@@ -52,39 +60,73 @@ def _tol(dtype, m: int, scale: float = 1.0) -> float:
     return 30 * EPS[dtype] * max(m, 1) * max(1.0, scale)
 
 
-@pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize(
-    "dtype",
-    [
-        np.float64,
-        # the same code in single precision; on JAX (compiles per dtype) in test-long only
-        pytest.param(np.float32, marks=pytest.mark.jax_long("float32 compiles anew")),
-    ],
-)
+def _randn(rng: np.random.Generator, shape: tuple, dtype) -> np.ndarray:
+    """Standard normal entries of ``dtype`` (complex: independent real and imaginary parts)."""
+    x = rng.standard_normal(shape)
+    if np.dtype(dtype).kind == "c":
+        x = x + 1j * rng.standard_normal(shape)
+    return x.astype(dtype)
+
+
+def _fresh_products(a, t, c, cr, r):
+    """Each product on a fresh operator (its first product), as a caller of LAPACK would."""
+    return (
+        hl.from_lapack(a, t) @ c,
+        hl.from_lapack(a, t).H @ c,
+        hl.from_lapack(a, t).T @ c,
+        # array_api_strict's __matmul__ raises instead of deferring to ours
+        hl.from_lapack(a, t).__rmatmul__(cr),
+        hl.from_lapack(a, t, thin=True) @ r,
+    )
+
+
+def _case(shape: tuple, dtype, *marks) -> object:
+    name = f"{shape[0]}x{shape[1]}-{np.dtype(dtype).name}"
+    return pytest.param(shape, dtype, id=name, marks=marks)
+
+
+#: (shape, dtype): the real shapes in double and single precision; complex ones, where zgeqrf's
+#: τ is complex (H(i) = I − τᵢvᵢvᵢᴴ is unitary, not Hermitian)
+LAPACK_CASES = [
+    *(_case(s, np.float64) for s in SHAPES),
+    # the same code in single precision; on JAX (compiles per dtype) in test-long only
+    *(_case(s, np.float32, pytest.mark.jax_long("float32 compiles anew")) for s in SHAPES),
+    # complex on JAX in `make test`: test_panel_products_and_matrix_equal_ormqr_and_orgqr
+    *(
+        _case(s, np.complex128, pytest.mark.jax_long("complex128 compiles anew"))
+        for s in [(8, 8), (10, 4), (5, 9)]
+    ),
+]
+
+
+@pytest.mark.parametrize(("shape", "dtype"), LAPACK_CASES)
 def test_matrix_and_products_equal_orgqr_and_ormqr(bk, shape, dtype):
+    """``.matrix()`` is ?orgqr (zungqr); ``op @ C``, ``op.H @ C``, ``C @ op`` are ?ormqr
+    (zunmqr) (L, N), (L, T / C), (R, N), and ``op.T @ C`` is conj(Qᴴ C̄) (Qᵀ C for real); the
+    thin operator is Q[:, :k], with A = Q[:, :k] R; Q is orthogonal (unitary) to 30·eps·m²,
+    i.e. m times the matrices' bound. Products: the module docstring's 30·eps·m·max(1, ‖C‖_max);
+    the matrices 30·eps·m; A = QR, entries of order ‖A‖, 10 times that."""
     rng = np.random.default_rng(stable_seed("lapack", shape))
-    A = rng.standard_normal(shape).astype(dtype)
+    cx = np.dtype(dtype).kind == "c"
+    A = _randn(rng, shape, dtype)
     qr, tau = _geqrf(A)
     m, k = shape[0], tau.shape[0]
-    C = rng.standard_normal((m, 3)).astype(dtype)
-    Cr = rng.standard_normal((2, m)).astype(dtype)
+    if cx:
+        assert np.max(np.abs(tau.imag)) > 0.01  # genuinely complex τ: not reflections
+    C, Cr = _randn(rng, (m, 3), dtype), _randn(rng, (2, m), dtype)
+    R = np.triu(qr)[:k]
     tol = _tol(dtype, m, np.abs(C).max())
     a_b, t_b = bk.param(qr, dtype), bk.param(tau, dtype)
-    y, yt, yr = bk.call(
-        lambda a, t, c, cr: (
-            hl.from_lapack(a, t) @ c,
-            hl.from_lapack(a, t).T @ c,
-            # array_api_strict's __matmul__ raises instead of deferring to ours
-            hl.from_lapack(a, t).__rmatmul__(cr),
-        ),
-        a_b,
-        t_b,
-        bk.asarray(C, dtype),
-        bk.asarray(Cr, dtype),
-    )
-    np.testing.assert_allclose(to_numpy(y), _ormqr("L", "N", qr, tau, C), atol=tol)
-    np.testing.assert_allclose(to_numpy(yt), _ormqr("L", "T", qr, tau, C), atol=tol)
-    np.testing.assert_allclose(to_numpy(yr), _ormqr("R", "N", qr, tau, Cr), atol=tol)
+    operands = (bk.asarray(v, dtype) for v in (C, Cr, R))
+    y, yh, yt, yr, qr_back = map(to_numpy, bk.call(_fresh_products, a_b, t_b, *operands))
+    tr = "C" if cx else "T"
+    ref = {"y": _ormqr("L", "N", qr, tau, C), "yh": _ormqr("L", tr, qr, tau, C)}
+    ref["yr"] = _ormqr("R", "N", qr, tau, Cr)
+    np.testing.assert_allclose(y, ref["y"], rtol=0, atol=tol)
+    np.testing.assert_allclose(yh, ref["yh"], rtol=0, atol=tol)
+    np.testing.assert_allclose(yt, np.conj(_ormqr("L", tr, qr, tau, np.conj(C))), rtol=0, atol=tol)
+    np.testing.assert_allclose(yr, ref["yr"], rtol=0, atol=tol)
+    np.testing.assert_allclose(qr_back, A, rtol=0, atol=10 * _tol(dtype, m) * np.linalg.norm(A))
     if bk.operand_only:
         return  # .matrix() takes no operand
     Q, Qt = bk.call(
@@ -92,10 +134,18 @@ def test_matrix_and_products_equal_orgqr_and_ormqr(bk, shape, dtype):
         a_b,
         t_b,
     )
+    Q, Qt = to_numpy(Q), to_numpy(Qt)
     full = _orgqr_full(qr, tau)
-    np.testing.assert_allclose(to_numpy(Q), full, atol=_tol(dtype, m))
-    np.testing.assert_allclose(to_numpy(Qt), full[:, :k], atol=_tol(dtype, m))
-    assert to_numpy(Q).dtype == dtype
+    np.testing.assert_allclose(Q, full, rtol=0, atol=_tol(dtype, m))
+    np.testing.assert_allclose(Qt, full[:, :k], rtol=0, atol=_tol(dtype, m))
+    assert Q.dtype == dtype
+    assert orth_error(Q) <= m * _tol(dtype, m)
+    if bk.name == "numpy":  # one operator, formed first and reused; NumPy's @ defers to it
+        op = hl.from_lapack(qr, tau)
+        np.testing.assert_allclose(op.matrix(), full, rtol=0, atol=_tol(dtype, m))
+        np.testing.assert_allclose(op @ C, ref["y"], rtol=0, atol=tol)
+        np.testing.assert_allclose(op.H @ C, ref["yh"], rtol=0, atol=tol)
+        np.testing.assert_allclose(Cr @ op, ref["yr"], rtol=0, atol=tol)
 
 
 @pytest.mark.no_dask("builds and forms operators only")
@@ -163,36 +213,61 @@ def test_torch_and_jax_geqrf_outputs_feed_back():
     np.testing.assert_allclose(np.asarray(Q.matrix() @ jax.numpy.triu(a[:4])), A, atol=1e-13)
 
 
-def test_torch_gradient_equals_householder_product():
-    """Our τ is 2/‖vᵢ‖² of the reflectors in a, so the gradient with respect to a is that of
-    torch.linalg.householder_product(a, τ(a)) with the same dependence of τ on a."""
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+def test_torch_gradient_equals_householder_product(dtype):
+    """The gradient with respect to ``a`` holds each eigenvalue λᵢ = 1 − τᵢ‖vᵢ‖² of
+    H(i) = I − τᵢvᵢvᵢᴴ fixed (λ = −1: our real τ is 2/‖vᵢ‖²; zgeqrf's complex τ gives |λ| = 1):
+    it is that of torch.linalg.householder_product(a, τ(a)) with τ(a) = (1 − λ)/‖v(a)‖², the
+    same dependence of τ on a, whether τ is passed fixed or as τ(a). gradcheck passes for that
+    consistent τ (a fixed τ would fail the τ check at the perturbed a)."""
     torch = require("torch")
     rng = np.random.default_rng(6)
-    qr, tau = _geqrf(rng.standard_normal((6, 4)))
-    W = torch.from_numpy(rng.standard_normal((6, 4)))
+    a0, tau0 = torch.geqrf(torch.from_numpy(_randn(rng, (6, 4), dtype)))
+    W = torch.from_numpy(_randn(rng, (6, 4), dtype))
 
-    def ours(a):
-        return (hl.from_lapack(a, torch.from_numpy(tau), thin=True).matrix() * W).sum()
+    def vecs(a):
+        return torch.tril(a, -1) + torch.eye(6, 4, dtype=a.dtype)
+
+    lam = 1 - tau0 * (vecs(a0).abs() ** 2).sum(0)
+
+    def tau_of(a):
+        return (1 - lam) / (vecs(a).abs() ** 2).sum(0)
+
+    def ours(a, tau):
+        return (hl.from_lapack(a, tau, thin=True).matrix() * W.conj()).sum().real
 
     def theirs(a):
-        V = torch.tril(a, -1) + torch.eye(6, 4, dtype=a.dtype)
-        t = 2 / (V * V).sum(0)
-        return (torch.linalg.householder_product(a, t) * W).sum()
+        return (torch.linalg.householder_product(a, tau_of(a)) * W.conj()).sum().real
 
-    a1 = torch.from_numpy(qr.copy()).requires_grad_()
-    a2 = torch.from_numpy(qr.copy()).requires_grad_()
-    ours(a1).backward()
-    theirs(a2).backward()
+    grads = []
+    for loss in (lambda a: ours(a, tau0), lambda a: ours(a, tau_of(a)), theirs):
+        a = a0.clone().requires_grad_(True)
+        loss(a).backward()
+        grads.append(torch.tril(a.grad, -1).numpy())
+    np.testing.assert_allclose(grads[0], grads[2], atol=1e-12)  # τ passed fixed
+    np.testing.assert_allclose(grads[1], grads[2], atol=1e-12)  # τ(a)
+    a = a0.clone().requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda a: ours(a, tau_of(a)), (a,))
+
+
+# -- complex τ (zgeqrf, torch.geqrf): H(i) = I − τᵢvᵢvᵢᴴ is unitary, not Hermitian ------------
+
+
+def test_from_lapack_complex_rejects_non_unitary_tau():
+    rng = np.random.default_rng(18)
+    (a, tau), _ = scipy.linalg.qr(_randn(rng, (5, 3), np.complex128), mode="raw")
+    with pytest.raises(ValueError, match="unitary"):
+        hl.from_lapack(a, 1.1 * tau)
+
+
+def test_from_lapack_complex_batched_torch_geqrf():
+    """torch.geqrf (batched, complex) and torch.linalg.householder_product as the oracle."""
+    torch = require("torch")
+    rng = np.random.default_rng(19)
+    a, tau = torch.geqrf(torch.tensor(_randn(rng, (3, 6, 4), np.complex128)))
+    ref = torch.linalg.householder_product(a, tau)
     np.testing.assert_allclose(
-        torch.tril(a1.grad, -1).numpy(), torch.tril(a2.grad, -1).numpy(), atol=1e-12
-    )
-
-    def ours_consistent(a):  # τ follows the perturbed a (a fixed τ would fail the τ check)
-        V = torch.tril(a, -1) + torch.eye(6, 4, dtype=a.dtype)
-        return (hl.from_lapack(a, 2 / (V * V).sum(0), thin=True).matrix() * W).sum()
-
-    assert torch.autograd.gradcheck(
-        ours_consistent, (torch.from_numpy(qr.copy()).requires_grad_(),)
+        to_numpy(hl.from_lapack(a, tau, thin=True).matrix()), ref.numpy(), rtol=0, atol=1e-13
     )
 
 

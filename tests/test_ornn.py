@@ -2,19 +2,23 @@
 paths.
 
 Theorems as property tests on every backend: Mhammedi et al., ICML 2017, Theorem 1 through the
-constructive inverse ``ornn_params`` (both determinants, batched), the 2 × 2 counterexample that
+constructive inverse ``ornn_params`` (both determinants, batched) and its complex form (§4.3,
+Corollary 1: every unitary matrix, with the phases θ of Ĥ_1(θ)), the 2 × 2 counterexample that
 makes H_1 necessary, Zhang, Lei & Dhillon, ICML 2018, Theorem 3 (k₁ + k₂ ≤ n + 2 covers O(n)) by its
 constructive proof and its sharpness, and Mhammedi et al., ICML 2017, Proposition 1. The structured
 products must equal the dense ones and the sequential reflections; every VJP passes the dot-product
 test in float64.
 
 Tolerances. Rebuilding Q from QR reflectors is backward stable: ~eps·n per entry from the
-GEMMs plus ~eps·n from the QR, so 10·eps·n² (as in test_householder.py) is generous but still
-far below the O(1) error of a wrong sign or a missing factor. Applies are compared with a
-float64 oracle at 10·eps·(n + L)·max(1, ‖T‖₂) (helpers.tol): a few GEMMs' rounding amplified
-by T = S⁻¹. Structured and dense products sum the same nonzero terms in a different order:
-the same bound. The 2 × 2 distances are exact identities (‖R − Q‖_F = 2 for every reflection R
-and rotation Q), checked to 1e-6.
+GEMMs plus ~eps·n from the QR, so 10·eps·n² is generous but still far below the O(1) error of
+a wrong sign or a missing factor. The round trip of ``ornn_params`` takes the smaller
+10·eps·n·min(n, 4) of test_householder.py (a CWY product's error is ~eps·n·‖T‖, ‖T‖ ≤ 4 for
+these lower-trapezoidal reflectors). Applies are compared with a float64 oracle at
+10·eps·(n + L)·max(1, ‖T‖₂) (helpers.tol): a few GEMMs' rounding amplified by T = S⁻¹.
+Structured and dense products sum the same nonzero terms in a different order: the same bound.
+The 2 × 2 distances are exact identities (‖R − Q‖_F = 2 for every reflection R and rotation Q),
+checked to 1e-6. Complex oracles: Haar unitary samples (``scipy.stats.unitary_group``) and cwy
+of the same reflectors.
 
 Backends: the structured products also run with Dask operands; the functions given to
 ``bk.call`` in property tests are module-level (or cached), so under jax_jit one compilation
@@ -39,8 +43,9 @@ from helpers import (
     product_of_reflections,
     tol,
 )
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
+from scipy.stats import unitary_group
 
 import householderla as hl
 from householderla._agnostic import trapezoidal as _structured
@@ -103,37 +108,86 @@ def _two_sided(A, B):
     return hl.cwy(A).matrix() @ hl.cwy(B).T.matrix()  # H_{k2}…H_n = cwy(VR)ᵀ
 
 
+def _roundtrip_phases(Q):
+    """Complex Q: (U, θ) and ornn(U, theta=θ), and ``ornn(*ornn_params(Q))``: the inverse's
+    output feeds the map as is (issue 41 item 8), θ in sign's place."""
+    U, theta = ornn_params(Q)
+    return U, theta, ornn(U, theta=theta).matrix(), ornn(*ornn_params(Q)).matrix()
+
+
+#: the dtype of each (field, precision) the round trip draws
+ROUNDTRIP_DTYPES = {
+    ("real", "single"): np.float32,
+    ("real", "double"): np.float64,
+    ("complex", "single"): np.complex64,
+    ("complex", "double"): np.complex128,
+}
+
+
+def _haar_stack(n, dets, dtype, seed):
+    """One Haar sample per entry of ``dets``: of O(n) (``helpers.haar_orthogonal``: det ±1,
+    a random one for None) or, complex, of U(n) (``scipy.stats.unitary_group``, the first
+    column rescaled to det unless None)."""
+    if np.dtype(dtype).kind != "c":
+        rng = np.random.default_rng(seed)
+        return np.stack([haar_orthogonal(rng, n, d) for d in dets])
+    if n == 1:
+        Q = np.exp(2j * np.pi * np.random.default_rng(seed).random((len(dets), 1, 1)))
+    else:
+        Q = unitary_group.rvs(n, size=len(dets), random_state=seed).reshape(-1, n, n)
+    scale = [1.0 if d is None else d / np.linalg.det(q) for d, q in zip(dets, Q, strict=True)]
+    Q[:, :, 0] *= np.asarray(scale)[:, None]
+    return Q
+
+
 @pytest.mark.no_dask("ornn_params and Q.matrix() take no Dask operand")
+@pytest.mark.parametrize("field", ["real", "complex"])
 @given(
     n=st.integers(1, 8),
-    dets=st.sampled_from([(1,), (-1,), (1, -1, -1)]),
-    dtype=st.sampled_from([np.float32, np.float64]),
+    dets=st.sampled_from([(1,), (-1,), (1, -1, -1), (None, None)]),
+    precision=st.sampled_from(["single", "double"]),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_theorem1_ornn_params_reaches_both_determinants(bk, n, dets, dtype, seed):
-    # JAX: n, the batch (one or three determinants) and the dtype from a few fixed cases
-    few = [(1, (-1,), np.float64), (3, (1, -1, -1), np.float32), (6, (1,), np.float64)]
-    n, dets, dtype = few_shapes(bk, (n, dets, dtype), few, seed)
-    rng = np.random.default_rng(seed)
-    Q = np.stack([haar_orthogonal(rng, n, d) for d in dets])
+# a batch of two Haar samples at these sizes (N = 1: the sign or phase alone), as well as the
+# drawn ones
+@example(n=1, dets=(None, None), precision="double", seed=301)
+@example(n=2, dets=(None, None), precision="double", seed=302)
+@example(n=6, dets=(None, None), precision="double", seed=306)
+def test_theorem1_and_corollary1_ornn_params_reach_every_determinant(
+    bk, field, n, dets, precision, seed
+):
+    """ornn_params(Q) = (U, H_1) with U lower trapezoidal n × (n − 1) and ornn(U, H_1) = Q,
+    batched: Mhammedi et al., ICML 2017, Theorem 1 for every Q ∈ O(n) (H_1 = diag(I, sign),
+    sign ±1) and §4.3, Corollary 1 for every Q ∈ U(n) (Ĥ_n(u_n)…Ĥ_2(u_2) Ĥ_1(θ), Ĥ_1(θ) =
+    diag(e^{iθ}), ``theta=``). H_1 carries the determinant: det Q = det H_1 ·
+    (−1)^(number of nonzero u_k)."""
+    # JAX: n, the batch (one, two Haar or three determinants) and the dtype from a few cases
+    few = [(1, (-1,), "double"), (3, (1, -1, -1), "single"), (6, (None, None), "double")]
+    n, dets, precision = few_shapes(bk, (n, dets, precision), few, seed)
+    dtype = ROUNDTRIP_DTYPES[field, precision]
+    Q = _haar_stack(n, dets, dtype, seed)
     if len(dets) == 1:
         Q = Q[0]
-    U, s, W = bk.call(
-        _roundtrip,
-        bk.asarray(Q, dtype=dtype),
-    )
-    Un, sn, Wn = to_numpy(U), to_numpy(s), to_numpy(W)
-    assert Un.shape == Q.shape[:-1] + (n - 1,) and sn.shape == Q.shape[:-2]
-    assert Un.dtype == dtype and sn.dtype == dtype and Wn.dtype == dtype
-    np.testing.assert_array_equal(np.triu(Un, 1), 0.0)  # u_k ∈ ℝᵏ: lower trapezoidal
-    assert set(np.unique(sn)) <= {-1.0, 1.0}
-    # W = Q to rounding (eps·n² scaled, see the module docstring)
-    np.testing.assert_allclose(Wn, Q, atol=10 * float(np.finfo(dtype).eps) * max(n, 2) ** 2)
-    # det Q = sign · (−1)^(number of nonzero u_k): H_1 carries the determinant
-    nonzero = np.sum(np.linalg.norm(Un.astype(np.float64), axis=-2) > 0, axis=-1)
-    np.testing.assert_array_equal(
-        sn * (-1.0) ** nonzero, np.asarray(dets if len(dets) > 1 else dets[0])
-    )
+    if field == "complex":
+        U, theta, W, W2 = map(to_numpy, bk.call(_roundtrip_phases, bk.asarray(Q, dtype)))
+        assert theta.shape == Q.shape[:-1] and theta.dtype == np.finfo(dtype).dtype
+        np.testing.assert_array_equal(W2, W)
+        det_h1 = np.exp(1j * np.sum(theta.astype(np.float64), axis=-1))
+    else:
+        U, s, W = map(to_numpy, bk.call(_roundtrip, bk.asarray(Q, dtype)))
+        assert s.shape == Q.shape[:-2] and s.dtype == dtype
+        assert set(np.unique(s)) <= {-1.0, 1.0}
+        det_h1 = s
+    assert U.shape == Q.shape[:-1] + (n - 1,)
+    assert U.dtype == dtype and W.dtype == dtype
+    np.testing.assert_array_equal(np.triu(U, 1), 0.0)  # u_k ∈ ℝᵏ (ℂᵏ): lower trapezoidal
+    # W = Q to rounding: 10·eps·N·min(N, 4) (the module docstring)
+    N = max(n, 2)
+    bound = 10 * float(np.finfo(dtype).eps) * N * min(N, 4)
+    np.testing.assert_allclose(W, Q, rtol=0, atol=bound)
+    # det Q = det H_1 · (−1)^(number of nonzero u_k): H_1 carries the determinant
+    nonzero = np.sum(np.linalg.norm(U.astype(np.complex128), axis=-2) > 0, axis=-1)
+    assert np.max(np.abs(det_h1 * (-1.0) ** nonzero - np.linalg.det(Q))) <= bound
 
 
 @pytest.mark.no_dask("Q.matrix() has no operand")
@@ -541,6 +595,22 @@ def test_ornn_batched_sign_and_dtypes(bk):
     np.testing.assert_allclose(W, _ornn_reference(np.broadcast_to(U[0], U.shape), sign), atol=1e-13)
     op = ornn(bk.asarray(U))
     assert op.shape == (3, 5, 5) and op.structure == "trapezoidal"
+
+
+# -- complex U (Mhammedi et al., ICML 2017, §4.3): Ĥ_k with conjugate transposes ----------------
+
+
+def test_ornn_complex_sign_and_errors():
+    """sign −1 with complex U is the last reflector −e_n (H_1 = diag(I, −1)), as for real U;
+    sign and θ exclude each other, and θ must be real (also for the VJP)."""
+    rng = np.random.default_rng(14)
+    U = np.tril(rng.standard_normal((5, 3)) + 1j * rng.standard_normal((5, 3)))
+    V = np.concatenate([U, np.eye(5)[:, 4:]], axis=1)
+    np.testing.assert_allclose(ornn(U, -1).matrix(), hl.cwy(V).matrix(), rtol=0, atol=1e-13)
+    with pytest.raises(ValueError, match="sign or theta, not both"):
+        ornn(U, -1, theta=np.zeros(5))
+    with pytest.raises(TypeError, match="theta must be real"):
+        hl.vjp.ornn_apply(U, 1, np.ones(5), np.ones(5), theta=np.zeros(5, dtype=complex))
 
 
 # -- VJPs ---------------------------------------------------------------------------------------

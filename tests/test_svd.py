@@ -1,13 +1,16 @@
 """The svdRNN parametrization W = Q_U Σ Q_Vᵀ (Zhang, Lei & Dhillon, ICML 2018): theorems as
 property tests, the operator against a dense oracle, the constructive inverse, bounded singular
-values, and every explicit VJP by the dot-product test — on every backend of ``bk``.
+values, and every explicit VJP by the dot-product test — on every backend of ``bk``. Complex W
+(Hermitian reflections and phases: W = Q_U diag(e^{iθ}) Σ Q_Vᴴ with real σ and θ) through the
+same constructive inverse (``return_phases=True``), and the complex operator's products.
 
 Tolerances: the oracle is the definition in float64 NumPy (dense products of reflections).
 Each CWY side is accurate to ~eps·(N + k)·‖T‖ per entry (tests/test_cwy.py), and Σ scales
 the error by max|σ|, so results are compared with 10·eps·(m + n + k₁ + k₂)·max(1, ‖T‖)·
 max(1, max|σ|) (:func:`helpers.tol`). The constructive inverse adds a backward-stable SVD and
-two Householder QRs, each ~eps·size·‖W‖₂. A wrong formula (Σ on the wrong side, Q_V instead
-of Q_Vᵀ, a missing sign flip in the inverse) is off by O(‖W‖).
+two Householder QRs, each ~eps·size·‖W‖₂, real or complex (Haar unitary samples:
+``scipy.stats.unitary_group``). A wrong formula (Σ on the wrong side, Q_V instead of Q_Vᵀ, a
+missing sign flip in the inverse, a phase on the wrong side) is off by O(‖W‖).
 
 Backends: property tests on JAX draw from a few fixed shapes (``helpers.few_shapes``) and hand
 module-level functions to ``bk.call``, so compilations are shared by the examples.
@@ -26,9 +29,10 @@ from helpers import (
     product_of_reflections,
     tol,
 )
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from registry import svd_vjp_inputs
+from scipy.stats import unitary_group
 
 import householderla as hl
 from householderla.svd import (
@@ -61,8 +65,13 @@ def bound(dtype, U, s, V):
     return tol(dtype, size, g) * max(1.0, float(np.max(np.abs(s), initial=0.0)))
 
 
+def crandn(rng, *shape):
+    return rng.standard_normal(shape) + 1j * rng.standard_normal(shape)
+
+
 def _cmp(actual, expected, b):
-    a = to_numpy(actual).astype(np.float64)
+    a = to_numpy(actual)
+    a = a.astype(np.complex128 if np.iscomplexobj(a) else np.float64)
     assert a.shape == np.shape(expected), (a.shape, np.shape(expected))
     err = float(np.max(np.abs(a - expected))) if a.size else 0.0
     assert err <= b, f"max error {err:.3e} > {b:.3e}"
@@ -248,48 +257,117 @@ def test_numpy_array_on_the_left_defers_to_the_operator():
     np.testing.assert_allclose(r @ svd_householder(U, s, V), r @ dense_W(U, s, V), atol=1e-13)
 
 
+# -- complex sides: W = Q_U diag(e^{iθ}) Σ Q_Vᴴ ---------------------------------------------------
+
+
+def test_complex_svd_operator_products():
+    """With complex reflectors and phases θ: W = Q_U diag(σ e^{iθ}) Q_Vᴴ (σ real), and ``@``,
+    ``.H``, ``.T``, ``.conj()`` and the left product are those of W; σ stays real."""
+    rng = np.random.default_rng(16)
+    Uv, Vv, s, theta = crandn(rng, 5, 3), crandn(rng, 3, 2), rng.random(3), rng.random(3)
+    op = hl.svd_householder(Uv, s, Vv, theta=theta)
+    W = op.matrix()
+    A, B = hl.cwy(Uv).matrix()[:, :3], hl.cwy(Vv).matrix()
+    _cmp(W, (A * (s * np.exp(1j * theta))) @ B.conj().T, 1e-13)
+    x, y = crandn(rng, 3, 2), crandn(rng, 5, 2)
+    _cmp(op @ x, W @ x, 1e-13)
+    _cmp(op.H @ y, W.conj().T @ y, 1e-13)
+    _cmp(op.T @ y, W.T @ y, 1e-13)
+    _cmp(op.conj() @ x, W.conj() @ x, 1e-13)
+    _cmp(y.T @ op, y.T @ W, 1e-13)
+    _cmp(op.H.matrix(), W.conj().T, 1e-13)
+    assert op.dtype == np.complex128 and op.sigma.dtype == np.float64
+    with pytest.raises(ValueError, match="W is complex"):
+        hl.svd_householder_params(W)
+    with pytest.raises(TypeError, match="sigma must be real"):
+        hl.svd_householder(Uv, s + 0j, Vv)
+
+
 # -- Theorems 1–4 through the constructive inverse ------------------------------------------------
 
 
-def _random_W(kind, m, n, batch, rng):
+def _haar_unitary(n, det, rng):
+    """A Haar sample of U(n) (``scipy.stats.unitary_group``), its first column rescaled to
+    determinant ``det``."""
+    Q = unitary_group.rvs(n, random_state=rng) if n > 1 else np.exp(2j * np.pi * rng.random((1, 1)))
+    Q[:, 0] *= det / np.linalg.det(Q)
+    return Q
+
+
+def _random_W(kind, m, n, batch, rng, complex_=False):
+    """W of each kind: real, or complex (independent real and imaginary parts; "orthogonal±"
+    is then a unitary matrix of determinant ±1)."""
+
+    def draw(*shape):
+        return crandn(rng, *shape) if complex_ else rng.standard_normal(shape)
+
     if kind == "gaussian":
-        return rng.standard_normal(batch + (m, n))
+        return draw(*batch, m, n)
     if kind == "rank_deficient":  # rank ≤ min(m, n) − 1, so at least one σ = 0
         k = min(m, n) - 1
-        return rng.standard_normal(batch + (m, k)) @ rng.standard_normal(batch + (k, n))
+        return draw(*batch, m, k) @ draw(*batch, k, n)
     if kind == "zero":
-        return np.zeros(batch + (m, n))
+        return np.zeros(batch + (m, n), dtype=complex if complex_ else float)
     det = {"orthogonal+": 1, "orthogonal-": -1}[kind]
-    Q = [haar_orthogonal(rng, n, det) for _ in range(int(np.prod(batch)))]
+    sample = _haar_unitary if complex_ else lambda n, det, rng: haar_orthogonal(rng, n, det)
+    Q = [sample(n, det, rng) for _ in range(int(np.prod(batch)))]
     return np.reshape(np.stack(Q), batch + (n, n))
 
 
+#: the dtype of each (field, precision) the constructive inverse draws
+INVERSE_DTYPES = {
+    ("real", "double"): np.float64,
+    ("real", "single"): np.float32,
+    ("complex", "double"): np.complex128,
+    ("complex", "single"): np.complex64,
+}
+
+
+def _params_phases_and_back(W):
+    Uv, s, Vv, theta = svd_householder_params(W, return_phases=True)
+    return (Uv, s, Vv), theta, svd_householder(Uv, s, Vv, theta=theta).matrix()
+
+
 @pytest.mark.no_dask("svd_householder_params takes no Dask arrays")
+@pytest.mark.parametrize("field", ["real", "complex"])
 @given(
     m=st.integers(1, 5),
     n=st.integers(1, 5),
     kind=st.sampled_from(["gaussian", "rank_deficient", "zero", "orthogonal+", "orthogonal-"]),
     batch=st.sampled_from([(), (3,)]),
     seed=st.integers(0, 2**31 - 1),
-    dtype=st.sampled_from([np.float64, np.float32]),
+    precision=st.sampled_from(["double", "single"]),
 )
-def test_constructive_inverse_reproduces_any_W(bk, m, n, kind, batch, seed, dtype):
+# a batch of two Gaussian W of these shapes, as well as the drawn ones
+@example(m=4, n=4, kind="gaussian", batch=(2,), seed=15, precision="double")
+@example(m=6, n=3, kind="gaussian", batch=(2,), seed=15, precision="double")
+@example(m=3, n=6, kind="gaussian", batch=(2,), seed=15, precision="double")
+@example(m=1, n=1, kind="gaussian", batch=(2,), seed=15, precision="double")
+def test_constructive_inverse_reproduces_any_W(bk, field, m, n, kind, batch, seed, precision):
     """Theorems 2 and 4 of Zhang, Lei & Dhillon, ICML 2018 (Theorem 1 for the orthogonal W of both
     determinants):
     every real W — square, rectangular, rank deficient, zero, orthogonal — is reached, with
-    2·min(m, n) − 1 ≤ 2·min(m, n) reflectors in total."""
-    # JAX: few (m, n, batch, dtype)
-    few = [(1, 1, (), np.float64), (4, 2, (3,), np.float32), (3, 5, (), np.float64)]
-    m, n, batch, dtype = few_shapes(bk, (m, n, batch, dtype), few, seed)
+    2·min(m, n) − 1 ≤ 2·min(m, n) reflectors in total. Complex W likewise with Hermitian
+    reflections and phases (``return_phases=True``): W = Q_U diag(e^{iθ}) Σ Q_Vᴴ with real σ
+    and real θ, the square factor's last reflector 0 (its phase in θ)."""
+    # JAX: few (m, n, batch, precision), a batch in either precision
+    few = [(1, 1, (), "double"), (4, 2, (3,), "single"), (3, 5, (3,), "double")]
+    m, n, batch, precision = few_shapes(bk, (m, n, batch, precision), few, seed)
+    dtype = INVERSE_DTYPES[field, precision]
     if kind.startswith("orthogonal"):
         m = n
     rng = np.random.default_rng(seed)
-    W = _random_W(kind, m, n, batch, rng)
+    W = _random_W(kind, m, n, batch, rng, complex_=field == "complex")
     Wb = bk.asarray(W, dtype)
-    (Uv, s, Vv), Wr = bk.call(_params_and_back, Wb)
+    if field == "complex":
+        (Uv, s, Vv), theta, Wr = bk.call(_params_phases_and_back, Wb)
+        theta = to_numpy(theta)
+        assert theta.dtype == np.finfo(dtype).dtype and theta.shape == batch + (min(m, n),)
+    else:
+        (Uv, s, Vv), Wr = bk.call(_params_and_back, Wb)
     Uv, s, Vv = to_numpy(Uv), to_numpy(s), to_numpy(Vv)
     r = min(m, n)
-    assert Uv.dtype == s.dtype == Vv.dtype == dtype
+    assert Uv.dtype == Vv.dtype == dtype and s.dtype == np.finfo(dtype).dtype  # σ is real
     assert Uv.shape[-2] == m and Vv.shape[-2] == n and s.shape == batch + (r,)
     k1, k2 = Uv.shape[-1], Vv.shape[-1]
     assert k1 + k2 == 2 * r - 1 <= 2 * r
