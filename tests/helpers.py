@@ -303,3 +303,33 @@ def round_like(bk, a, name):
 def orth(Q):
     """‖QᵀQ − I‖_F, or ‖QQᵀ − I‖_F for a wide Q."""
     return orth_error(np.swapaxes(Q, -1, -2) if Q.shape[-1] > Q.shape[-2] else Q)
+
+
+# -- complex draws and the complex Brockett cost (shared by the complex tests) ---------------
+
+
+def crandn(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    """Complex standard normal entries: real and imaginary parts each N(0, 1), drawn in turn."""
+    return rng.standard_normal(shape) + 1j * rng.standard_normal(shape)
+
+
+def cstiefel(rng: np.random.Generator, shape: tuple) -> np.ndarray:
+    """A point of the complex Stiefel manifold: the Q of a complex normal matrix's QR."""
+    return np.linalg.qr(crandn(rng, *shape))[0]
+
+
+def hermitian(rng: np.random.Generator, n: int) -> np.ndarray:
+    """A random Hermitian n × n matrix (B + Bᴴ)/(2√n), B complex normal."""
+    B = crandn(rng, n, n)
+    return (B + B.conj().T) / (2 * np.sqrt(n))
+
+
+def brockett(A: np.ndarray, D: np.ndarray) -> tuple:
+    """f(X) = −Re tr(XᴴAXD) and its gradient G = ∂f/∂Re X + i ∂f/∂Im X = −2AXD (A Hermitian,
+    D real diagonal), with the optimum −Σ dᵢλᵢ."""
+    lam = np.linalg.eigvalsh(A)[::-1][: D.shape[0]]
+
+    def f(X):
+        return float(-np.trace(X.conj().swapaxes(-1, -2) @ A @ X @ D).real)
+
+    return f, (lambda X: -2 * A @ X @ D), float(-lam @ np.diag(D))

@@ -50,7 +50,7 @@ def test_nan_propagates_under_jit():
     ("fn", "value", "match"),
     [
         (hl.cwy, np.ones((4, 2), dtype=bool), "V has boolean dtype"),
-        # half precision is taken by cwy/tcwy (tests/test_lowprec_cwy.py), not the inverses
+        # half precision is taken by cwy/tcwy (tests/test_cwy.py), not the inverses
         (hl.householder_vectors, np.eye(4, dtype=np.float16), "Q has dtype float16"),
     ],
 )
@@ -60,8 +60,8 @@ def test_unsupported_dtypes(fn, value, match):
 
 
 def test_complex_rejected_where_only_the_real_case_exists():
-    """Complex input is accepted by the Householder/CWY maps (tests/test_complex.py) and the
-    retractions (tests/test_complex_retractions.py), and rejected, naming the argument, where
+    """Complex input is accepted by the Householder/CWY maps (tests/test_cwy.py) and the
+    retractions (tests/test_retractions.py), and rejected, naming the argument, where
     only the real case exists: a step length is a real number."""
     with pytest.raises(TypeError, match="step has complex dtype"):
         hl.polar_retraction(np.eye(4, 2), np.ones((4, 2), dtype=complex), np.asarray(1j))

@@ -199,7 +199,7 @@ def test_complex_blocks_with_phases(bk_eager, small_blocks, monkeypatch):
     """Complex reflectors in blocks: Q h, Qᴴ h (``.H``) and the right phase factor
     diag(e^{iθ}) of ``theta=`` agree with the dense product of the Hermitian reflections."""
     bk = bk_eager
-    if bk.name == "array_api_strict":  # complex there is covered by tests/test_complex.py
+    if bk.name == "array_api_strict":  # complex there is covered by tests/test_cwy.py
         pytest.skip("complex blocks are checked on numpy, torch and jax")
     monkeypatch.setenv("HL_DISABLE_NUMBA", "1")
     rng = np.random.default_rng(10)

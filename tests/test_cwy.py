@@ -610,7 +610,7 @@ def test_complex_torch_numpy_jax_agree():
 #   Lemma 19.3 and §19.5); a product with a half-precision intermediate errs by ~u‖h‖₂.
 # * VJPs: |V̄ − V̄₆₄| ≤ u|V̄₆₄| + N·L·ε₃₂·max|V̄₆₄| (one rounding of a float32 backward); through
 #   torch autograd / ``jax.grad`` the output cotangent is itself rounded to the half dtype,
-#   which adds u·max|V̄₆₄| (as ``tests/test_lowprec.py`` states for the retractions).
+#   which adds u·max|V̄₆₄| (as ``tests/test_retractions.py`` states for the retractions).
 #
 # Dask: operators are built from V, and a Dask V is the tall path (the backend tests below
 # carry ``no_half_dask``).

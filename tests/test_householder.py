@@ -28,6 +28,7 @@ from conftest import to_numpy
 from helpers import (
     EPS,
     ci_examples,
+    crandn,
     few_shapes,
     haar_orthogonal,
     product_of_reflections,
@@ -43,10 +44,6 @@ import householderla as hl
 pytestmark = pytest.mark.no_dask("the inverses and householder_product take no Dask arrays")
 
 C128 = np.complex128
-
-
-def crandn(rng, *shape):
-    return rng.standard_normal(shape) + 1j * rng.standard_normal(shape)
 
 
 def haar(n, seed, dtype=np.float64, det=None, batch=()):

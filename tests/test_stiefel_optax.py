@@ -15,7 +15,7 @@ import functools
 import numpy as np
 import pytest
 from conftest import require
-from helpers import orth_error
+from helpers import brockett, crandn, cstiefel, hermitian, orth_error
 
 jax = require("jax")
 jax.config.update("jax_enable_x64", True)
@@ -264,30 +264,6 @@ def test_nonfinite_gradients_raise_or_skip_under_jit(make):
 # -- complex leaves (jax.grad's cotangent is the conjugate gradient) -------------------------
 
 
-def crandn(rng, shape):
-    return rng.standard_normal(shape) + 1j * rng.standard_normal(shape)
-
-
-def cstiefel(rng, shape):
-    return np.linalg.qr(crandn(rng, shape))[0]
-
-
-def hermitian(rng, n):
-    B = crandn(rng, (n, n))
-    return (B + B.conj().T) / (2 * np.sqrt(n))
-
-
-def brockett(A, D):
-    """f(X) = −Re tr(XᴴAXD) and its gradient G = ∂f/∂Re X + i ∂f/∂Im X = −2AXD (A Hermitian,
-    D real diagonal), with the optimum −Σ dᵢλᵢ."""
-    lam = np.linalg.eigvalsh(A)[::-1][: D.shape[0]]
-
-    def f(X):
-        return float(-np.trace(X.conj().swapaxes(-1, -2) @ A @ X @ D).real)
-
-    return f, (lambda X: -2 * A @ X @ D), float(-lam @ np.diag(D))
-
-
 @pytest.mark.parametrize("name", ["stiefel_sgd", "stiefel_adam"])
 def test_optax_complex_under_jit_conjugates_jax_grad(name):
     """The optax transformations under ``jax.jit`` on complex leaves, fed ``jax.grad``'s output
@@ -304,7 +280,7 @@ def test_optax_complex_under_jit_conjugates_jax_grad(name):
     A = hermitian(rng, 6)
     D = np.diag([2.0, 1.0])
     _, grad, f_star = brockett(A, D)
-    X0, target = cstiefel(rng, (6, 2)), crandn(rng, (3,))
+    X0, target = cstiefel(rng, (6, 2)), crandn(rng, 3)
     lr = 0.1 if name == "stiefel_sgd" else 0.02
     kw = {} if name == "stiefel_sgd" else {"eps": 1e-2}
 

@@ -16,7 +16,7 @@ import copy
 import numpy as np
 import pytest
 from conftest import require
-from helpers import orth_error
+from helpers import brockett, crandn, hermitian, orth_error
 
 torch = require("torch")
 
@@ -359,26 +359,6 @@ def test_geoopts_stiefel_problem_converges_at_the_documented_step_sizes(amsgrad)
 # -- complex parameters (Hermitian transposes; autograd's .grad is ∂L/∂Re + i ∂L/∂Im) ------
 
 
-def crandn(rng, shape):
-    return rng.standard_normal(shape) + 1j * rng.standard_normal(shape)
-
-
-def hermitian(rng, n):
-    B = crandn(rng, (n, n))
-    return (B + B.conj().T) / (2 * np.sqrt(n))
-
-
-def brockett(A, D):
-    """f(X) = −Re tr(XᴴAXD) and its gradient G = ∂f/∂Re X + i ∂f/∂Im X = −2AXD (A Hermitian,
-    D real diagonal), with the optimum −Σ dᵢλᵢ."""
-    lam = np.linalg.eigvalsh(A)[::-1][: D.shape[0]]
-
-    def f(X):
-        return float(-np.trace(X.conj().swapaxes(-1, -2) @ A @ X @ D).real)
-
-    return f, (lambda X: -2 * A @ X @ D), float(-lam @ np.diag(D))
-
-
 @pytest.mark.parametrize("name", ["StiefelSGD", "StiefelAdam"])
 def test_torch_optimizer_complex_parameters(name):
     """``hl.torch.StiefelSGD`` / ``StiefelAdam`` on complex ``nn.Parameter``s: a tall one
@@ -390,9 +370,9 @@ def test_torch_optimizer_complex_parameters(name):
     D = np.diag([2.0, 1.0])
     _, _, f_star = brockett(A, D)
     At, Dt = torch.asarray(A), torch.asarray(D, dtype=torch.complex128)
-    tall = torch.nn.Parameter(torch.asarray(crandn(rng, (6, 2))))
-    wide = torch.nn.Parameter(torch.asarray(crandn(rng, (2, 6))))
-    target = torch.asarray(crandn(rng, (3,)))
+    tall = torch.nn.Parameter(torch.asarray(crandn(rng, 6, 2)))
+    wide = torch.nn.Parameter(torch.asarray(crandn(rng, 2, 6)))
+    target = torch.asarray(crandn(rng, 3))
     z = torch.nn.Parameter(torch.zeros(3, dtype=torch.complex128))
     groups = [{"params": [tall, wide]}, {"params": [z], "stiefel": False}]
     opt = StiefelSGD(groups, lr=0.1) if name == "StiefelSGD" else StiefelAdam(groups, lr=0.02)
@@ -418,8 +398,8 @@ def test_torch_euclidean_complex_group_is_torch_sgd():
     """A complex ``stiefel=False`` group of StiefelSGD is ``torch.optim.SGD`` (complex heavy
     ball is linear, so both take the same steps to rounding: 10·eps·‖x‖)."""
     rng = np.random.default_rng(4)
-    x0 = torch.asarray(crandn(rng, (5,)))
-    target = torch.asarray(crandn(rng, (5,)))
+    x0 = torch.asarray(crandn(rng, 5))
+    target = torch.asarray(crandn(rng, 5))
     a, b = torch.nn.Parameter(x0.clone()), torch.nn.Parameter(x0.clone())
     ours = StiefelSGD([{"params": [a], "stiefel": False}], lr=0.05, momentum=0.8)
     ref = torch.optim.SGD([b], lr=0.05, momentum=0.8)

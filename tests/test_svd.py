@@ -23,6 +23,7 @@ import pytest
 from conftest import require, to_numpy
 from helpers import (
     EPS,
+    crandn,
     few_shapes,
     growth,
     haar_orthogonal,
@@ -63,10 +64,6 @@ def bound(dtype, U, s, V):
     g = max([growth(a) for a in (U, V) if a.shape[-1] > 0] + [1.0])
     size = U.shape[-2] + V.shape[-2] + U.shape[-1] + V.shape[-1]
     return tol(dtype, size, g) * max(1.0, float(np.max(np.abs(s), initial=0.0)))
-
-
-def crandn(rng, *shape):
-    return rng.standard_normal(shape) + 1j * rng.standard_normal(shape)
 
 
 def _cmp(actual, expected, b):

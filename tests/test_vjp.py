@@ -20,6 +20,7 @@ from helpers import (
     EPS_FD,
     assert_jax_grad_matches_real_and_imaginary_differences,
     assert_vjp_matches_central_differences,
+    crandn,
     stable_seed,
 )
 from registry import COMPLEX, ENTRIES, REAL, randn
@@ -475,10 +476,6 @@ def test_jax_closures_over_concrete_and_numpy_operands():
 # relative, while a missing conjugate flips the sign of the imaginary-direction derivative.
 
 C128 = np.complex128
-
-
-def crandn(rng, *shape):
-    return rng.standard_normal(shape) + 1j * rng.standard_normal(shape)
 
 
 C128 = np.complex128
