@@ -582,6 +582,51 @@ def test_lanes_store_large_outputs_past_the_caches_with_the_same_bits(dtype):
         assert np.array_equal(Y, ref)
 
 
+@pytest.mark.parametrize(
+    ("N", "L", "ncols"),
+    [(256, 256, None), (300, 200, None), (300, 200, 200), (1024, 64, None), (40, 33, 35),
+     (17, 5, None), (1, 1, None), (513, 300, None)],
+)  # fmt: skip
+def test_orgqr_rows_is_orgqr_panels_of_the_lapack_copy_bit_for_bit(N, L, ncols):
+    """``orgqr_rows`` (cwy(V).matrix()'s kernel for lower-trapezoidal float64 V) copies each
+    panel straight out of V's rows, scaling column j by 1/v_jj and τⱼ = 2 v_jj²/‖vⱼ‖² with
+    ‖vⱼ‖² summed in tiles of 16 rows (each tile in row order, then added to the running
+    sum): its Q must be, bit for bit, ``orgqr_panels``' Q of that (a, τ) built here in NumPy
+    in the same order, for panels of 16 and 32 (m·k below and above 2¹⁶), a narrower last
+    panel, N not a multiple of 16, thin Q, non-unit diagonals and a zero column (τ = 0); and
+    it declines v_jj² < 1e-16·‖vⱼ‖² and v_jj = 0 with vⱼ ≠ 0 (``None``)."""
+    from householderla._agnostic.lapack_panels import (
+        LapackPanels,
+        form_from_rows,
+        form_panel_width,
+        form_panels,
+    )
+
+    rng = np.random.default_rng(N * 1000 + L)
+    V = np.tril(rng.standard_normal((N, L)))
+    V[np.arange(L), np.arange(L)] = rng.choice([1.0, -2.0, 0.5], L)
+    if L > 40:
+        V[:, 40] = 0.0
+    d = V[np.arange(L), np.arange(L)]
+    ss = np.zeros(L)
+    for i0 in range(0, N, 16):  # (the zeros above the diagonal add exactly nothing)
+        part = np.zeros(L)
+        for i in range(i0, min(i0 + 16, N)):
+            part += V[i] * V[i]
+        ss += part
+    inv = np.divide(1.0, d, out=np.zeros(L), where=d != 0)
+    a = np.asfortranarray(np.tril(V * inv, -1) + np.eye(N, L))
+    tau = np.divide(2.0 * d * d, ss, out=np.zeros(L), where=ss != 0)
+    nb = form_panel_width(L, compiled_rows=N)
+    want = form_panels(LapackPanels(a, tau, nb, nk), N if ncols is None else ncols, np)
+    got = form_from_rows(V, nk, ncols)
+    assert got.shape == want.shape and np.array_equal(got, want)
+    for col, diag in ((0, 1e-9), (L - 1, 0.0)):
+        bad = V.copy()
+        bad[col, col] = diag
+        assert (form_from_rows(bad, nk, ncols) is None) == (N > col + 1)
+
+
 def test_kernel_modules_record_the_kernels_they_compile_from():
     """Numba's on-disk cache (``cache=True``) keys a compiled function on the source of its
     own file, not on the functions it inlines or calls from other files: a change to

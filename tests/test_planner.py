@@ -302,7 +302,7 @@ def test_orgqr_kernel_declines_what_it_cannot_scale_and_the_result_is_the_same(c
     safe (v_jj² < 1e-16·‖vⱼ‖², v_jj = 0 with vⱼ ≠ 0, ‖vⱼ‖² overflowing) the kernel declines and
     the structured blocks form Q; a zero column is H(0) = I (τ = 0) on the kernel. Either
     way Q equals the product of the reflections (100·eps·N)."""
-    from householderla._agnostic.lapack_panels import reflectors_as_lapack
+    from householderla._agnostic.lapack_panels import form_from_rows
     from householderla._kernels import numba_enabled
 
     nk = numba_enabled()
@@ -321,7 +321,7 @@ def test_orgqr_kernel_declines_what_it_cannot_scale_and_the_result_is_the_same(c
         V[:, 7] = 0.0
     op = hl.cwy(V)
     assert op.planned_matrix_path().name == "orgqr_kernel"
-    served = reflectors_as_lapack(V, nk) is not None
+    served = form_from_rows(V, nk) is not None
     assert served == (case == "zero column")
     if case != "huge":
         ref = product_of_reflections(V)

@@ -27,6 +27,7 @@ __all__ = [
     "LapackPanels",
     "ViewPanels",
     "apply_panels",
+    "form_from_rows",
     "form_panel_width",
     "form_panels",
     "panel_bounds",
@@ -34,18 +35,28 @@ __all__ = [
 ]
 
 
-def reflectors_as_lapack(V: Any, nk: Any) -> tuple[Any, Any] | None:
-    """(a, τ) in LAPACK's layout (a column-major) for a lower-trapezoidal float64 NumPy V
-    (N, L), L ≤ N, by the kernel ``nk.reflectors_to_lapack``: each column divided by its
-    diagonal entry (H(αv) = H(v)), τⱼ = 2/‖aⱼ‖². None where that kernel declines V (see
-    there) or V is not C-contiguous float64: the caller then forms Q from V itself."""
+def form_from_rows(V: Any, nk: Any, ncols: int | None = None) -> Any:
+    """``?orgqr``'s Q (N, ncols or N) of lower-trapezoidal float64 NumPy V (N, L), L ≤ N, C
+    order, in one compiled call that reads V's rows itself (``nk.orgqr_rows``: each column
+    divided by its diagonal entry, H(αv) = H(v), τⱼ = 2/‖aⱼ‖², panel by panel, never a
+    whole aᵀ). None where that kernel declines a column (v_jj² < 1e-16·‖vⱼ‖², v_jj = 0
+    with vⱼ ≠ 0, ‖vⱼ‖² out of the normal range), V is not C-contiguous float64 or NumPy's
+    CBLAS is not reachable: the caller then forms Q from V itself."""
     import numpy as np
 
     N, L = V.shape
-    if L > N or V.dtype != np.float64 or not V.flags.c_contiguous:
+    cols = N if ncols is None else ncols
+    if L > N or cols < L or V.dtype != np.float64 or not V.flags.c_contiguous:
         return None
-    at, tau = np.empty((L, N)), np.empty(L)
-    return (at.T, tau) if nk.reflectors_to_lapack(V, at, tau) else None
+    ptrs = blas_pointers(V.dtype)
+    if ptrs is None:
+        return None
+    nb = form_panel_width(L, compiled_rows=N)
+    buf = np.empty((nb, N))
+    work = (buf, buf, *(np.empty(nb * nb) for _ in "GT"), *(np.empty(nb * cols) for _ in "12"))
+    Q = np.zeros((N, cols))
+    ok = nk.orgqr_rows(*ptrs, 1.0, 0.0, V, np.empty(L), Q, nb, 1.0, -1.0, 0.0, *work)
+    return Q if ok else None
 
 
 def form_panel_width(k: int, compiled_rows: int | None = None) -> int:

@@ -34,12 +34,11 @@ from .numba_checks import (
     lapack_check_transposed,
     lapack_unit_lower,
     lapack_unit_lower_columns,
-    reflectors_to_lapack,
     upper_is_zero,
 )
 from .numba_larft import lapack_panel, larft_forward
 from .numba_loops import HAVE_NUMBA, apply_one, grad_one, njit
-from .numba_panels import orgqr_panels, ormqr_panels
+from .numba_panels import orgqr_panels, orgqr_rows, ormqr_panels
 from .numba_taus import SAFE_EXP, all_taus
 from .numba_vec import fp_vec_kernel
 
@@ -64,15 +63,15 @@ __all__ = [
     "lapack_unit_lower_columns",
     "larft_forward",
     "orgqr_panels",
+    "orgqr_rows",
     "ormqr_panels",
-    "reflectors_to_lapack",
     "upper_is_zero",
 ]
 
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "daaf6f65b418344b"
+KERNEL_DEPS = "4f7663ce3b227cf5"
 
 
 # -- entry kernels (explicit signatures: read-only C inputs accept writable arrays too) -------

@@ -38,7 +38,7 @@ __all__ = [
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "1738693027df3e11"
+KERNEL_DEPS = "b1c84cd579f16052"
 
 
 def _sigs() -> Any:

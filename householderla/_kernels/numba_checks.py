@@ -21,7 +21,6 @@ __all__ = [
     "lapack_check_transposed",
     "lapack_unit_lower",
     "lapack_unit_lower_columns",
-    "reflectors_to_lapack",
     "unit_reflectors",
     "upper_is_zero",
 ]
@@ -29,7 +28,7 @@ __all__ = [
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "90589bf674695231"
+KERNEL_DEPS = "b0a0beb634880961"
 
 
 def _sigs(kind: str) -> Any:
@@ -304,50 +303,6 @@ def lapack_unit_lower_columns(at: Any, tau: Any, Vt: Any) -> Any:
             err = np.inf
         worst = max(worst, err)
     return worst, nonfinite
-
-
-def _to_lapack_sig() -> Any:
-    if not HAVE_NUMBA:
-        return None
-    from numba import types as nt
-
-    ro2, f2, f1 = nt.Array(nt.float64, 2, "C", readonly=True), nt.float64[:, ::1], nt.float64[::1]
-    return [nt.boolean(ro2, f2, f1)]
-
-
-@njit(_to_lapack_sig())
-def reflectors_to_lapack(V: Any, at: Any, tau: Any) -> Any:
-    """LAPACK's (a, τ) of lower-trapezoidal float64 V (N, L), L ≤ N, C order, in one pass
-    over V: ``at`` (L, N) C-contiguous gets aᵀ, column j of V divided by v_jj below the
-    diagonal (H(αv) = H(v); the diagonal is LAPACK's implicit 1, nothing above it is read),
-    τⱼ = 2 v_jj²/‖vⱼ‖² (0 for a zero column). Returns False, with ``at`` and τ unfinished,
-    where a column is not finite, its ‖vⱼ‖² leaves the normal range, or its v_jj is nonzero
-    but v_jj² < 1e-16·‖vⱼ‖² or zero with vⱼ ≠ 0 (the caller then forms Q from V itself)."""
-    N, L = V.shape
-    inv = np.empty(L)
-    ss = np.zeros(L)
-    for j in range(L):
-        inv[j] = 1.0 / V[j, j] if V[j, j] != 0 else 0.0
-    for i0 in range(0, N, 16):  # a tile of 16 rows: its cache lines of V serve every j
-        i1 = min(i0 + 16, N)
-        for j in range(min(i1, L)):
-            s, c = 0.0, inv[j]
-            for i in range(max(i0, j), i1):
-                x = V[i, j]
-                s += x * x
-                at[j, i] = x * c
-            ss[j] += s
-    for j in range(L):
-        d2 = V[j, j] * V[j, j]
-        if ss[j] == 0:
-            tau[j] = 0.0
-        elif not (2.2250738585072014e-308 < ss[j] <= 1.7976931348623157e308):
-            return False  # NaN, Inf, an overflowing or underflowing ‖vⱼ‖²
-        elif d2 < 1e-16 * ss[j]:
-            return False
-        else:
-            tau[j] = 2.0 * d2 / ss[j]
-    return True
 
 
 @njit(_sigs("check_columns"))

@@ -26,7 +26,7 @@ __all__ = ["WIDE_MIN_C", "WIDE_MIN_C_FORM", "apply_columns"]
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "0a1c151eee7f127e"
+KERNEL_DEPS = "1aec937d7d385737"
 
 
 def _sigs(kind: str) -> Any:

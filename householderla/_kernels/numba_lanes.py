@@ -34,7 +34,7 @@ __all__ = ["LANES", "apply_lanes"]
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "7b4980fccbde749c"
+KERNEL_DEPS = "f37c83a0d185e148"
 
 
 def _sigs() -> Any:

@@ -21,7 +21,7 @@ __all__ = ["lapack_panel", "larft_forward", "larft_one", "panel_rows"]
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "90589bf674695231"
+KERNEL_DEPS = "b0a0beb634880961"
 
 
 def _sigs(kind: str = "larft") -> Any:

@@ -37,7 +37,7 @@ __all__ = [
 #: A hash of ``_lib/tuning.py``, whose ``FUSED_ROW_BYTES`` the loops compile in: Numba's
 #: on-disk cache keys a compiled function on its own file only, so changing this line when
 #: the thresholds change makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "513fa141fefb6451"
+KERNEL_DEPS = "3cfac64aae7e7bcb"
 
 
 def njit(sigs: Any = None, inline: str = "never") -> Any:

@@ -32,7 +32,7 @@ __all__ = [
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "90589bf674695231"
+KERNEL_DEPS = "b0a0beb634880961"
 
 #: Matrices per tile of the lanes kernel (:mod:`~householderla._kernels.numba_lanes`): one
 #: 512-bit vector of float64; the transposes below are written for eight.

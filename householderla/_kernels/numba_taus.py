@@ -21,7 +21,7 @@ __all__ = ["SAFE_EXP", "all_taus", "taus"]
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "90589bf674695231"
+KERNEL_DEPS = "b0a0beb634880961"
 
 #: log2 of the safe range of ‖v‖² per dtype: inside it τ = 2/‖v‖², the products τ·γ and the
 #: squares v_i² neither overflow nor lose precision to underflow.

@@ -23,7 +23,7 @@ __all__ = ["fp_vec_kernel"]
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "a3e98210b518be3d"
+KERNEL_DEPS = "db47621425445c1d"
 
 
 #: ``SAFE_EXP`` of each dtype, as constants the kernel compiles in (an argument fewer per call)

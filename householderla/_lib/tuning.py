@@ -25,6 +25,7 @@ __all__ = [
     "ONE_NODE",
     "OPERATOR_MAX_ROWS",
     "PANEL",
+    "PANEL_COPY_ROWS",
     "SEQUENTIAL_MAX_B",
     "SEQUENTIAL_MAX_LB_PRECOMPUTED",
     "SEQUENTIAL_MAX_N",
@@ -92,6 +93,9 @@ MASKED_MAX_N = 1024  # largest block whose masks CWYLinear caches; results/tunin
 
 # -- householderla/_interop/dask_tall.py -------------------------------------------------------
 DASK_FAN_IN = 8  # partials combined per Dask reduction task; results/tuning.md
+
+# -- householderla/_kernels/numba_panels.py ----------------------------------------------------
+PANEL_COPY_ROWS = 16  # rows per tile, orgqr_rows' panel copy out of V; results/tuning.md
 
 # -- householderla/_kernels/numba_batched.py ---------------------------------------------------
 TILE_MAX_N = 64  # largest N of the batched kernels; results/tuning.md

@@ -19,12 +19,7 @@ import numpy as np
 
 from .._agnostic import cwy_rows as R
 from .._agnostic import forming as F
-from .._agnostic.lapack_panels import (
-    LapackPanels,
-    form_panel_width,
-    form_panels,
-    reflectors_as_lapack,
-)
+from .._agnostic.lapack_panels import form_from_rows
 from .._interop.dask import dask_matmul, dask_rmatmul, is_dask_array
 from .._interop.dlpack import from_numpy, plain_cpu_views
 from .._kernels import numba_enabled, numba_for, numba_for_torch
@@ -449,11 +444,8 @@ class CompactWYOperator(LinearOperatorMixin):
             return _native_orgqr(V, f.tau, xp, V.shape[-2] if ncols is None else ncols)
         if path.name == "orgqr_kernel":  # (None where V's diagonal does not allow it)
             nk, view = view or _cpu_kernel_view(V, xp)
-            lapack = reflectors_as_lapack(view, nk)
-            if lapack is not None:
-                nb = form_panel_width(V.shape[-1], compiled_rows=V.shape[-2])
-                Q = form_panels(LapackPanels(*lapack, nb, nk),
-                                V.shape[-2] if ncols is None else ncols, np)  # fmt: skip
+            Q = form_from_rows(view, nk, ncols)
+            if Q is not None:
                 return Q if view is V else from_numpy(Q, like=V)
         if path.name in ("orgqr_kernel", "structured_form"):
             return F.structured_matrix(V, xp, ncols, sdiag=f.sdiag)

@@ -171,10 +171,10 @@ class MatrixFacts:
 def plan_matrix(f: MatrixFacts) -> Path:
     """The path of ``Q.matrix()``. Without autodiff on NumPy / CuPy / eager torch, straight
     from V: on the CPU ``numba_stack`` (N ≤ SMALL_N, reflectors, kernels), ``lapack_panels``
-    (τ known), ``orgqr_kernel`` (lower-trapezoidal float64 V, kernels: its columns scaled to
-    LAPACK's (a, τ), then the compiled panels), ``structured_form`` (other lower-trapezoidal
-    V, orgqr's blocking); ``one_shot``
-    (I − V S⁻¹ Vᴴ: a Gram, one solve, one GEMM) otherwise and on CUDA, where LAPACK's τ on
+    (τ known), ``orgqr_kernel`` (lower-trapezoidal float64 V, kernels: the compiled panels,
+    each copied out of V with its columns scaled to LAPACK's (a, τ)), ``structured_form``
+    (other lower-trapezoidal V, orgqr's blocking); ``one_shot`` (I − V S⁻¹ Vᴴ: a Gram, one
+    solve, one GEMM) otherwise and on CUDA, where LAPACK's τ on
     torch goes to ``native_orgqr`` (``torch.linalg.householder_product``, one op). With autodiff
     or elsewhere: ``factors`` (I − U T Uᴴ through the rule tables)."""
     direct = f.backend in ("numpy", "cupy") or (f.backend == "torch" and not f.graph and f.eager)
