@@ -21,8 +21,9 @@ from . import COMPILE_NOTICE, cold_cache, import_kernels, say_once
 #: kernel modules compiled by the second process: the lane kernels and the LAPACK panels,
 #: which import none of the column, check and batched modules this process compiles first
 SECOND_PROCESS = ("numba_lanes", "numba_larft", "numba_panels")
-#: what this process compiles while the other one runs (the rest follows by import)
-FIRST_PROCESS = ("numba_checks", "numba_columns")
+#: what this process compiles while the other one runs, about as long as the other half (the
+#: rest, which needs both halves, follows by import after the wait)
+FIRST_PROCESS = ("numba_checks", "numba_columns", "numba_vec")
 
 
 def _compile_in_two_processes() -> None:
