@@ -48,14 +48,13 @@ def form_from_rows(V: Any, nk: Any, ncols: int | None = None) -> Any:
     cols = N if ncols is None else ncols
     if L > N or cols < L or V.dtype != np.float64 or not V.flags.c_contiguous:
         return None
-    ptrs = blas_pointers(V.dtype)
-    if ptrs is None:
-        return None
     nb = form_panel_width(L, compiled_rows=N)
-    buf = np.empty((nb, N))
-    work = (buf, buf, *(np.empty(nb * nb) for _ in "GT"), *(np.empty(nb * cols) for _ in "12"))
+    c = _compiled_arguments(V.dtype, lambda: _panel_buffers(nb, N, V.dtype), nb, cols)
+    if c is None:
+        return None
+    blas, scalars, work = c
     Q = np.zeros((N, cols))
-    ok = nk.orgqr_rows(*ptrs, 1.0, 0.0, V, np.empty(L), Q, nb, 1.0, -1.0, 0.0, *work)
+    ok = nk.orgqr_rows(*blas, V, np.empty(L), Q, nb, *scalars, *work)
     return Q if ok else None
 
 
@@ -206,17 +205,9 @@ class LapackPanels:
         self._bufs: tuple[Any, ...] | None = None
 
     def _buffers(self) -> tuple[Any, Any, Any, Any]:
-        """(buf, cbuf, G, T), made once: the panel buffer (nb, m), which holds V_pᵀ in its
-        rows (V_p column-major), its conjugate (``buf`` itself for real ``a``), and flat
-        nb² buffers for the Gram and T (a (w, w) reshape of their head is contiguous for
-        every panel width w)."""
-        import numpy as np
-
+        """:func:`_panel_buffers`, made once."""
         if self._bufs is None:
-            nb, dt = self.nb, self.dtype
-            buf = np.empty((nb, self.m), dt)
-            cbuf = np.empty_like(buf) if is_complex(dt) else buf
-            self._bufs = (buf, cbuf, np.empty(nb * nb, dt), np.empty(nb * nb, dt))
+            self._bufs = _panel_buffers(self.nb, self.m, self.dtype)
         return self._bufs
 
     def get(self, p: int) -> tuple[Any, Any, Any]:
@@ -233,18 +224,8 @@ class LapackPanels:
         return Vp, Vh, T[0]
 
     def _compiled(self, cols: int) -> tuple[Any, ...] | None:
-        """The arguments of ``nk.ormqr_panels``/``nk.orgqr_panels`` around the operands:
-        (``?gemm``, ``?syrk``/``?herk``, real 1, real 0), then (1, −1, 0) as CBLAS takes
-        them, then the workspace (:meth:`_buffers`, and W1, W2 of nb·``cols``); None where
-        NumPy's CBLAS is not reachable."""
-        import numpy as np
-
-        ptrs = blas_pointers(self.dtype)
-        if ptrs is None:
-            return None
-        real = np.float32 if self.dtype.char in "fF" else np.float64
-        W = (np.empty(self.nb * cols, self.dtype), np.empty(self.nb * cols, self.dtype))
-        return (*ptrs, real(1), real(0)), _blas_scalars(self.dtype), (*self._buffers(), *W)
+        """:func:`_compiled_arguments` with this object's buffers."""
+        return _compiled_arguments(self.dtype, self._buffers, self.nb, cols)
 
     def compiled_apply(self, h: Any, adjoint: bool) -> Any:
         """Q h (Qᴴ h) for a 2-D NumPy h (m, B) in one compiled call, as a fresh C-ordered
@@ -272,6 +253,33 @@ class LapackPanels:
         self.nk.orgqr_panels(*blas, self.at, self.tau, Q, self.nb, is_complex(self.dtype),
                              *scalars, *work)  # fmt: skip
         return Q
+
+
+def _panel_buffers(nb: int, m: int, dtype: Any) -> tuple[Any, Any, Any, Any]:
+    """(buf, cbuf, G, T) of the compiled panel kernels: the panel buffer (nb, m), which holds
+    V_pᵀ in its rows (V_p column-major), its conjugate (``buf`` itself for a real dtype), and
+    flat nb² buffers for the Gram and T (a (w, w) reshape of their head is contiguous for
+    every panel width w)."""
+    import numpy as np
+
+    buf = np.empty((nb, m), dtype)
+    cbuf = np.empty_like(buf) if is_complex(dtype) else buf
+    return buf, cbuf, np.empty(nb * nb, dtype), np.empty(nb * nb, dtype)
+
+
+def _compiled_arguments(dtype: Any, buffers: Callable[[], tuple], nb: int, cols: int) -> Any:
+    """The arguments of ``nk.ormqr_panels`` / ``orgqr_panels`` / ``orgqr_rows`` around the
+    operands: (``?gemm``, ``?syrk``/``?herk``, real 1, real 0), (1, −1, 0) as CBLAS takes
+    them, and the workspace (``buffers()``, then W1, W2 of nb·``cols``); None where NumPy's
+    CBLAS is not reachable (the buffers are then not made)."""
+    import numpy as np
+
+    ptrs = blas_pointers(dtype)
+    if ptrs is None:
+        return None
+    real = np.float32 if np.dtype(dtype).char in "fF" else np.float64
+    W = (np.empty(nb * cols, dtype), np.empty(nb * cols, dtype))
+    return (*ptrs, real(1), real(0)), _blas_scalars(np.dtype(dtype)), (*buffers(), *W)
 
 
 #: (1, −1, 0) as one-element arrays per complex dtype, kept for the process: CBLAS takes
