@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import platform
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +30,7 @@ import torch
 from threadpoolctl import threadpool_limits
 
 import householderla as hl
-from benchmarks.by_hand import fastest_times
+from benchmarks.by_hand import cpu_model, fastest_times
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -117,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     lines = [
         f"Plain timeit, one thread, the fastest of nine samples each, in turns ({date}; "
-        f"{platform.processor() or platform.machine()}, torch {torch.__version__}, "
+        f"{cpu_model()}, torch {torch.__version__}, "
         f"NumPy {np.__version__}). Ratio: ours / anchor (lower is better), or anchor / ours "
         "where the row says speed-up.",
         "",

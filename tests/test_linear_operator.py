@@ -152,8 +152,11 @@ def test_torch_operator_of_a_parameter_gives_plain_numpy():
     V = torch.randn(N, 4, dtype=torch.float64, requires_grad=True)
     Q = hl.cwy(V)
     np.testing.assert_allclose(
-        Q.matvec(torch.ones(N)).detach().numpy(), (Q @ torch.ones(N)).detach().numpy()
-    )
+        Q.matvec(torch.ones(N)).detach().numpy(), (Q @ torch.ones(N)).detach().numpy(),
+        rtol=0, atol=1e-13,
+    )  # fmt: skip
     y = Q.aslinearoperator().matvec(np.ones(N))
     assert type(y) is np.ndarray and y.flags.writeable
-    np.testing.assert_allclose(y, (Q @ torch.ones(N, dtype=torch.float64)).detach().numpy())
+    np.testing.assert_allclose(
+        y, (Q @ torch.ones(N, dtype=torch.float64)).detach().numpy(), rtol=0, atol=1e-13
+    )
