@@ -85,6 +85,26 @@ def haar_orthogonal(rng: np.random.Generator, n: int, det: int = 1) -> np.ndarra
     return q
 
 
+def haar_stack(n: int, dets: list, dtype: Any, seed: Any) -> np.ndarray:
+    """One Haar sample per entry of ``dets``, stacked (len(dets), n, n): of O(n)
+    (:func:`haar_orthogonal`: det ±1, a random one for None) or, for a complex ``dtype``, of
+    U(n) (``scipy.stats.unitary_group``; its first column rescaled to the entry's determinant
+    unless None). ``seed``: an int or a Generator (drawn from in place; an int seeds SciPy's
+    legacy RandomState for U(n), as ``random_state`` does)."""
+    if np.dtype(dtype).kind != "c":
+        rng = np.random.default_rng(seed)
+        return np.stack([haar_orthogonal(rng, n, d) for d in dets])
+    from scipy.stats import unitary_group
+
+    if n == 1:
+        Q = np.exp(2j * np.pi * np.random.default_rng(seed).random((len(dets), 1, 1)))
+    else:
+        Q = unitary_group.rvs(n, size=len(dets), random_state=seed).reshape(-1, n, n)
+    scale = [1.0 if d is None else d / np.linalg.det(q) for d, q in zip(dets, Q, strict=True)]
+    Q[:, :, 0] *= np.asarray(scale)[:, None]
+    return Q
+
+
 def orth_error(Q: np.ndarray) -> float:
     """‖QᴴQ − I‖_F (max over batch), computed in float64 (complex128). Real Q takes the
     plain transpose view: a conjugated copy changes BLAS's summation order, and at ~1e-15

@@ -9,7 +9,7 @@ components of O(N). For Q ∈ U(N) (``return_phases=True``) it returns N − 1 r
 phases θ, Q = H(v₁)…H(v_{N−1}) diag(e^{iθ}): a product of Hermitian reflections alone has
 det ±1.
 
-Oracles: Haar samples (``helpers.haar_orthogonal``, ``scipy.stats.unitary_group``; every
+Oracles: Haar samples (``helpers.haar_stack``: ``scipy.stats.unitary_group`` for U(n); every
 determinant phase), NumPy's ``linalg.qr``; none shares code with the library. Tolerances: a
 round trip is a Householder QR (backward stable, ~N·eps) followed by a CWY product (~N·eps·‖T‖,
 ‖T‖ ≤ 4 for these lower-trapezoidal reflectors), and in the worst case ~eps·N² (N reflections of
@@ -31,13 +31,13 @@ from helpers import (
     crandn,
     few_shapes,
     haar_orthogonal,
+    haar_stack,
     product_of_reflections,
     reflection,
     tol,
 )
 from hypothesis import example, given
 from hypothesis import strategies as st
-from scipy.stats import unitary_group
 
 import householderla as hl
 
@@ -47,23 +47,10 @@ C128 = np.complex128
 
 
 def haar(n, seed, dtype=np.float64, det=None, batch=()):
-    """Haar samples of O(n) (``helpers.haar_orthogonal``, det ±1 as given) or, for a complex
-    dtype, of U(n) (``scipy.stats.unitary_group``; with ``det``, the first column rescaled to
-    that determinant)."""
+    """Haar samples of O(n) or, for a complex dtype, of U(n), shaped batch + (n, n), each of
+    determinant ``det`` unless None (``helpers.haar_stack``)."""
     size = int(np.prod(batch)) if batch else 1
-    if np.dtype(dtype).kind != "c":
-        rng = np.random.default_rng(seed)
-        Q = np.stack([haar_orthogonal(rng, n, det) for _ in range(size)])
-        return Q.reshape(batch + (n, n))
-    Q = unitary_group.rvs(n, size=size, random_state=seed) if n > 1 else None
-    if n == 1:
-        rng = np.random.default_rng(seed)
-        Q = np.exp(2j * np.pi * rng.random(batch + (1, 1)))
-    Q = np.asarray(Q).reshape(batch + (n, n))
-    if det is not None:
-        Q = Q.copy()
-        Q[..., :, 0] *= det / np.linalg.det(Q)[..., None]
-    return Q
+    return haar_stack(n, [det] * size, dtype, seed).reshape(batch + (n, n))
 
 
 def _cmp(actual, expected, bound):

@@ -40,12 +40,12 @@ from helpers import (
     few_shapes,
     growth,
     haar_orthogonal,
+    haar_stack,
     product_of_reflections,
     tol,
 )
 from hypothesis import example, given
 from hypothesis import strategies as st
-from scipy.stats import unitary_group
 
 import householderla as hl
 from householderla._agnostic import trapezoidal as _structured
@@ -124,22 +124,6 @@ ROUNDTRIP_DTYPES = {
 }
 
 
-def _haar_stack(n, dets, dtype, seed):
-    """One Haar sample per entry of ``dets``: of O(n) (``helpers.haar_orthogonal``: det ±1,
-    a random one for None) or, complex, of U(n) (``scipy.stats.unitary_group``, the first
-    column rescaled to det unless None)."""
-    if np.dtype(dtype).kind != "c":
-        rng = np.random.default_rng(seed)
-        return np.stack([haar_orthogonal(rng, n, d) for d in dets])
-    if n == 1:
-        Q = np.exp(2j * np.pi * np.random.default_rng(seed).random((len(dets), 1, 1)))
-    else:
-        Q = unitary_group.rvs(n, size=len(dets), random_state=seed).reshape(-1, n, n)
-    scale = [1.0 if d is None else d / np.linalg.det(q) for d, q in zip(dets, Q, strict=True)]
-    Q[:, :, 0] *= np.asarray(scale)[:, None]
-    return Q
-
-
 @pytest.mark.no_dask("ornn_params and Q.matrix() take no Dask operand")
 @pytest.mark.parametrize("field", ["real", "complex"])
 @given(
@@ -165,7 +149,7 @@ def test_theorem1_and_corollary1_ornn_params_reach_every_determinant(
     few = [(1, (-1,), "double"), (3, (1, -1, -1), "single"), (6, (None, None), "double")]
     n, dets, precision = few_shapes(bk, (n, dets, precision), few, seed)
     dtype = ROUNDTRIP_DTYPES[field, precision]
-    Q = _haar_stack(n, dets, dtype, seed)
+    Q = haar_stack(n, dets, dtype, seed)
     if len(dets) == 1:
         Q = Q[0]
     if field == "complex":

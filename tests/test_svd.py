@@ -27,13 +27,13 @@ from helpers import (
     few_shapes,
     growth,
     haar_orthogonal,
+    haar_stack,
     product_of_reflections,
     tol,
 )
 from hypothesis import example, given
 from hypothesis import strategies as st
 from registry import svd_vjp_inputs
-from scipy.stats import unitary_group
 
 import householderla as hl
 from householderla.svd import (
@@ -283,14 +283,6 @@ def test_complex_svd_operator_products():
 # -- Theorems 1–4 through the constructive inverse ------------------------------------------------
 
 
-def _haar_unitary(n, det, rng):
-    """A Haar sample of U(n) (``scipy.stats.unitary_group``), its first column rescaled to
-    determinant ``det``."""
-    Q = unitary_group.rvs(n, random_state=rng) if n > 1 else np.exp(2j * np.pi * rng.random((1, 1)))
-    Q[:, 0] *= det / np.linalg.det(Q)
-    return Q
-
-
 def _random_W(kind, m, n, batch, rng, complex_=False):
     """W of each kind: real, or complex (independent real and imaginary parts; "orthogonal±"
     is then a unitary matrix of determinant ±1)."""
@@ -306,8 +298,8 @@ def _random_W(kind, m, n, batch, rng, complex_=False):
     if kind == "zero":
         return np.zeros(batch + (m, n), dtype=complex if complex_ else float)
     det = {"orthogonal+": 1, "orthogonal-": -1}[kind]
-    sample = _haar_unitary if complex_ else lambda n, det, rng: haar_orthogonal(rng, n, det)
-    Q = [sample(n, det, rng) for _ in range(int(np.prod(batch)))]
+    dtype = np.complex128 if complex_ else np.float64
+    Q = [haar_stack(n, [det], dtype, rng)[0] for _ in range(int(np.prod(batch)))]
     return np.reshape(np.stack(Q), batch + (n, n))
 
 
