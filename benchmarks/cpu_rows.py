@@ -2,9 +2,10 @@
 
 Run ``python -m benchmarks.cpu_rows`` (about a minute; ``--quick``: tiny sizes, a smoke
 test). Nothing of ``benchmarks/_harness.py`` is used: ours and the anchor are timed by
-``timeit`` in turns, nine samples each, the fastest sample of each kept, one thread, as
-``benchmarks/by_hand.py`` times the headline's three ratios. Each row is ours / anchor
-(lower is better) unless it says "speed-up" (anchor / ours, higher is better):
+``timeit`` in turns, nine samples each, the fastest sample of each kept, one thread (two
+where a row says so), as ``benchmarks/by_hand.py`` times the headline's three ratios. Each
+row is ours / anchor (lower is better) unless it says "speed-up" (anchor / ours, higher is
+better):
 
 * a prebuilt ``Q @ h`` (past the repeat switch) / the two bare GEMMs ``U (Uᵀ h)``;
 * ``hl.from_lapack(a, τ).matrix()`` and ``hl.cwy(V).matrix()`` on the unit lower-trapezoidal
@@ -15,8 +16,11 @@ test). Nothing of ``benchmarks/_harness.py`` is used: ours and the anchor are ti
 * ``hl.householder_apply`` of 16 reflections to one vector / the same product written by
   hand with precomputed factors ``h − U (T (Uᵀ h))``.
 
-The OrthogonalLinear training-step rows are ``benchmarks/training_step.py``'s. Writes
-``cpu_rows.md`` to ``--out`` (default ``build/bench``).
+* the ``OrthogonalLinear`` training step (forward, backward, SGD) at N = 128 where B ≥ N,
+  float32 and float64, on one and on two threads / torch's Cayley map (its fastest
+  orthogonal map there; ``benchmarks/training_step.py`` has every shape and anchor).
+
+Writes ``cpu_rows.md`` to ``--out`` (default ``build/bench``).
 """
 
 from __future__ import annotations
@@ -101,6 +105,26 @@ def rows(quick: bool) -> list[tuple[str, float, float, bool]]:
     return out
 
 
+def training_rows(quick: bool) -> list[tuple[str, float, float, bool]]:
+    """The training-step rows, each timed at the torch thread count it names (NumPy's BLAS
+    stays at one thread: the step makes no NumPy call). They run before the other rows: after
+    those, torch's two-thread steps took ~2× as long, its own and the anchor's alike."""
+    from benchmarks.training_step import make_steps
+
+    out = []
+    cases = [(128, 128)] if quick else [(128, 128), (128, 512), (128, 1024)]
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        for dtype in (torch.float32, torch.float64):
+            for N, B in cases:
+                steps = make_steps(N, B, dtype)
+                t = fastest_times(steps["hl OrthogonalLinear"], steps["torch cayley"], 5)
+                name = (f"OrthogonalLinear training step, N={N} B={B}, {str(dtype)[6:]}, "
+                        f"{threads} thread{'s' * (threads > 1)} / torch cayley")  # fmt: skip
+                out.append((name, *t, False))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").strip().splitlines()[0])
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test")
@@ -110,12 +134,15 @@ def main(argv: list[str] | None = None) -> int:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        found = rows(args.quick)
+        trained = training_rows(args.quick)  # first: before the other rows' thread pools
+        torch.set_num_threads(1)
+        found = rows(args.quick) + trained
     finally:
         torch.set_num_threads(threads)
     date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     lines = [
-        f"Plain timeit, one thread, the fastest of nine samples each, in turns ({date}; "
+        f"Plain timeit, one thread (unless the row names two), the fastest of nine samples "
+        f"each, in turns ({date}; "
         f"{cpu_model()}, torch {torch.__version__}, "
         f"NumPy {np.__version__}). Ratio: ours / anchor (lower is better), or anchor / ours "
         "where the row says speed-up.",
