@@ -596,14 +596,17 @@ def _residual_count(lo, hi, c, tol):
 )
 def test_iteration_counts_from_a_tangent_step(shape, norm2, most):
     """ANCHORS targets: ≤ 2 / 4 / 9 iterations for ‖ξ‖₂ = 0.01 / 0.3 / 1.5, at the float64
-    floor (≤ 1.5× Householder QR's ‖QᵀQ − I‖_F on the same matrix)."""
+    floor (≤ 1.5× Householder QR's ‖QᵀQ − I‖_F on the same matrix, or 1.5× 2·√M·eps where QR
+    lands below that: the exact polar factor rounded to float64 measures 1.3–1.7·√M·eps on
+    these shapes, so two errors at that floor differ by the BLAS kernel's summation order; QR
+    reached 6.0e-16 = 0.85·√M·eps on the 1000 × 10 with OpenBLAS's Sandybridge kernels)."""
     rng = np.random.default_rng(7)
     X = stiefel(rng, (), *shape)
     xi = tangent(rng, X, norm2)
     Q, info = hl.polar(X + xi, return_info=True)
     assert info["method"] == "newton-schulz" and info["certified"]
     assert info["iterations"] <= most, info
-    floor = orth_error(np.linalg.qr(X + xi)[0])
+    floor = max(orth_error(np.linalg.qr(X + xi)[0]), 2 * shape[1] ** 0.5 * EPS[np.float64])
     assert orth_error(Q) <= 1.5 * floor
     np.testing.assert_allclose(Q, scipy_polar(X + xi), atol=1e-14)
     # the residual recursion on the exact spectrum, unscaled or centred (+1: cheap bounds)
