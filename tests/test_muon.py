@@ -399,8 +399,8 @@ def test_split_sizes_orthogonalise_each_block_on_its_own(sizes):
     factor with its own learning-rate adjustment (equal blocks take one batched call, unequal
     ones a loop: both against the per-block reference). Batched and single GEMMs round in
     different orders; the five steps carry that rounding, growing it by up to p'(0) ≈ 3.4 per
-    step (3.4⁵ ≈ 500): 500 float32 eps of the unit-scale update, times lr (measured 1.7e-6 with
-    one CPU's BLAS; the whole matrix's polar factor instead is off by > 1e-2)."""
+    step (3.4⁵ ≈ 500): 500 float32 eps of the unit-scale update, times lr (measured 1.7e-6 on
+    an AMD EPYC, torch's MKL; the whole matrix's polar factor instead is off by > 1e-2)."""
     gen = torch.Generator().manual_seed(6)
     W0, G = torch.randn(12, 8, generator=gen), torch.randn(12, 8, generator=gen)
     p = torch.nn.Parameter(W0.clone())
