@@ -5,7 +5,7 @@
 #   make bench-repro  the headline three times per thread count (1 and 2) and its spread
 #   make test-long   the exhaustive test run (tests/conftest.py): 4x the hypothesis examples,
 #                the `long` tests, full shape ranges and the `jax_long` cases on JAX
-#   make test-kernels  the suite under two other BLAS/torch kernel paths (other CPUs' rounding)
+#   make test-kernels  the suite under two other BLAS/torch/Numba kernel paths (other CPUs' rounding)
 #   make warm    compile the Numba kernels into Numba's on-disk cache (install does it too)
 # What the install ($(VENV)/.installed-stamp) does:
 #   1. creates $(VENV) unless it exists (VENV=/path/to/env uses an existing environment),
@@ -95,15 +95,17 @@ fuzz: $(STAMP)
 test-long: lint unit-long
 
 # the suite under other kernel paths of the same libraries, as on other CPUs: OpenBLAS's
-# Haswell kernels, MKL's AVX2 and torch's avx2 (an AVX2-only machine), then Sandybridge,
-# SSE4.2 and no vectorisation; each rounds in another order, so a tolerance that holds on
-# one machine only fails here (about 11 minutes; not part of `make test`)
-KERNEL_VARIANTS := "OPENBLAS_CORETYPE=Haswell MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2" \
-	"OPENBLAS_CORETYPE=Sandybridge MKL_ENABLE_INSTRUCTIONS=SSE4_2 ATEN_CPU_CAPABILITY=default"
+# Haswell kernels, MKL's AVX2, torch's avx2 and Numba compiling for haswell (an AVX2-only
+# machine), then Sandybridge, SSE4.2, no vectorisation and sandybridge; each rounds in
+# another order, so a tolerance that holds on one machine only fails here (about 16 minutes,
+# the Numba kernels compiled for each CPU first; not part of `make test`)
+KERNEL_VARIANTS := \
+	"OPENBLAS_CORETYPE=Haswell MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2 NUMBA_CPU_NAME=haswell" \
+	"OPENBLAS_CORETYPE=Sandybridge MKL_ENABLE_INSTRUCTIONS=SSE4_2 ATEN_CPU_CAPABILITY=default NUMBA_CPU_NAME=sandybridge"
 .PHONY: test-kernels
 test-kernels: $(STAMP)
-	for v in $(KERNEL_VARIANTS); do echo "== $$v"; \
-	  env $$v HL_TEST_BACKENDS=$(HL_TEST_BACKENDS) $(PY) -m pytest -n $(PYTEST_WORKERS) -q || exit 1; \
+	for v in $(KERNEL_VARIANTS); do echo "== $$v"; env $$v $(PY) -m householderla._kernels.warm \
+	  && env $$v HL_TEST_BACKENDS=$(HL_TEST_BACKENDS) $(PY) -m pytest -n $(PYTEST_WORKERS) -q || exit 1; \
 	done
 
 # the headline table only (benchmarks/run.py, one thread; about 3 minutes on an idle 2-core
