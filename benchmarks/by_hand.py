@@ -2,7 +2,7 @@
 must be one that an independent simple timing on the same machine gets again).
 
 Run ``python -m benchmarks.by_hand`` (under a minute; ``--quick``: tiny sizes, a smoke
-test). Nothing of ``benchmarks/_harness.py`` is used: ours and the anchor are timed by
+test). None of ``benchmarks/_harness.py``'s timing is used: ours and the anchor are timed by
 ``timeit`` in turns, nine samples each, and the fastest sample of each is kept (one thread);
 each ratio is ours / anchor (lower is better), as in the headline table
 (``python -m benchmarks.run``):
@@ -36,17 +36,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def cpu_model() -> str:
-    """The processor's model name (/proc/cpuinfo's; the platform's tag elsewhere): the
-    ratios differ between machines (MKL's orgqr is ~1.6× slower on an AMD EPYC than on a
-    Xeon), so every figure names its CPU."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    """The processor's model name, as every results page names it (the harness's machine
+    record; its timing is not used here): the ratios differ between machines (MKL's orgqr is
+    ~1.6× slower on an AMD EPYC than on a Xeon), so every figure names its CPU."""
+    from benchmarks._harness import machine_info
+
+    return machine_info()["cpu_model"] or platform.machine()
 
 
 def fastest_times(ours, anchor, number: int, samples: int = 9) -> tuple[float, float]:

@@ -1,7 +1,7 @@
 """The CPU rows an independent run checks (issue 44, item 4), by a plain timing.
 
 Run ``python -m benchmarks.cpu_rows`` (about a minute; ``--quick``: tiny sizes, a smoke
-test). Nothing of ``benchmarks/_harness.py`` is used: ours and the anchor are timed by
+test). None of ``benchmarks/_harness.py``'s timing is used: ours and the anchor are timed by
 ``timeit`` in turns, nine samples each, the fastest sample of each kept, one thread (two
 where a row says so), as ``benchmarks/by_hand.py`` times the headline's three ratios. Each
 row is ours / anchor (lower is better) unless it says "speed-up" (anchor / ours, higher is
