@@ -255,6 +255,52 @@ def test_warm_without_numba(monkeypatch, capsys):
     assert "nothing to compile" in capsys.readouterr().err
 
 
+
+def _kernel_imports() -> dict[str, set[str]]:
+    """Each ``_kernels/numba*.py`` module's sibling kernel modules, imported directly or
+    through others (read off the source: no Numba needed)."""
+    import ast
+
+    pkg = Path(K.__file__).parent
+    direct = {
+        path.stem: {
+            n.module
+            for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module
+            if n.module.startswith("numba")
+        }
+        for path in pkg.glob("numba*.py")
+    }
+    closure = {}
+    for name in direct:
+        seen, todo = set(), list(direct[name])
+        while todo:
+            m = todo.pop()
+            if m not in seen:
+                seen.add(m)
+                todo.extend(direct.get(m, ()))
+        closure[name] = seen
+    return closure
+
+
+def test_warm_rounds_compile_each_module_once():
+    """``make warm``'s two processes never compile the same module: in each round, neither
+    half imports (even through others) a module of the other half or of a later round (it
+    would compile it a second time, beside the process that owns it); every kernel module
+    but the entry module, which loads them all, belongs to one round; and the halves of a
+    round name disjoint modules. Broken by moving a kernel to the wrong round."""
+    imports = _kernel_imports()
+    rounds = [[set(half) for half in r] for r in kernel_warm.ROUNDS]
+    named = [m for r in rounds for half in r for m in half]
+    assert len(named) == len(set(named))
+    # helpers without entry kernels (compiled lazily, inside their callers) may be anywhere
+    helpers = {"numba_loops", "numba_taus", "numba_simd"}
+    assert set(named) | helpers | {"numba"} == set(imports)
+    for i, (a, b) in enumerate(rounds):
+        later = {m for r in rounds[i + 1 :] for half in r for m in half}
+        for half, other in ((a, b), (b, a)):
+            for m in half:
+                assert not imports[m] & (other | later), (m, imports[m] & (other | later))
 # -- the install ------------------------------------------------------------------------------
 
 

@@ -36,14 +36,12 @@ from .numba_checks import (
     lapack_unit_lower_columns,
     upper_is_zero,
 )
+from .numba_grad import bp_kernel
 from .numba_larft import lapack_panel, larft_forward
-from .numba_loops import HAVE_NUMBA, apply_one, grad_one, njit
+from .numba_loops import HAVE_NUMBA
 from .numba_panels import orgqr_panels, orgqr_rows, ormqr_panels
-from .numba_taus import SAFE_EXP, all_taus
+from .numba_taus import SAFE_EXP
 from .numba_vec import fp_vec_kernel
-
-if HAVE_NUMBA:
-    from numba import types as _nt
 
 __all__ = [
     "BATCH_MIN",
@@ -71,61 +69,7 @@ __all__ = [
 #: A hash of the sibling kernel modules this one imports: Numba's on-disk cache keys a
 #: compiled function on its own file only, so changing this line when one of them changes
 #: makes the cache recompile (tests/test_numba_kernels.py checks it).
-KERNEL_DEPS = "4f7663ce3b227cf5"
-
-
-# -- entry kernels (explicit signatures: read-only C inputs accept writable arrays too) -------
-
-
-def _sigs(kind: str) -> Any:
-    if not HAVE_NUMBA:
-        return None
-    out = []
-    for f in (_nt.float32, _nt.float64):
-        ro3 = _nt.Array(f, 3, "C", readonly=True)
-        rw3 = _nt.Array(f, 3, "C")
-        b, i = _nt.boolean, _nt.int64
-        out.append(i(ro3, ro3, ro3, rw3, rw3, b, b, b, i))
-    return out
-
-
-@njit(_sigs("bp"))
-def bp_kernel(
-    V: Any,
-    X: Any,
-    G: Any,
-    Vb: Any,
-    Hb: Any,
-    from_output: bool,
-    trap: bool,
-    transpose: bool,
-    safe_exp: int,
-) -> int:
-    """V̄ → Vb (Pv, N, L) and H̄ → Hb (Ph, N, B) (summed over broadcast batch entries) for
-    V (Pv, N, L), G (P, N, B), and X (Px, N, B) the input h (``from_output=False``: the
-    output is recomputed first) or the output y. Status as :func:`_fp_kernel`."""
-    Pv, n, _ = V.shape
-    Px, _, B = X.shape
-    P = G.shape[0]
-    Ph = Hb.shape[0]
-    tau, status = all_taus(V, trap, safe_exp)
-    if status < 0:
-        return status
-    Y = np.empty((n, B), V.dtype)
-    Gw = np.empty((n, B), V.dtype)
-    acc = np.empty((4, B), V.dtype)
-    c = np.empty((2, B), V.dtype)
-    Vb[:] = 0
-    Hb[:] = 0
-    for p in range(P):
-        pv = p if Pv > 1 else 0
-        Y[:] = X[p if Px > 1 else 0]
-        if not from_output:
-            apply_one(V[pv], tau[pv], Y, trap, transpose, acc, c)
-        Gw[:] = G[p]
-        grad_one(V[pv], tau[pv], Y, Gw, Vb[pv], trap, transpose, acc, c)
-        Hb[p if Ph > 1 else 0] += Gw
-    return status
+KERNEL_DEPS = "60b48f91b03392ef"
 
 
 # -- NumPy wrappers ---------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 
 Importing the kernel modules compiles every entry kernel into Numba's on-disk cache, so later
 processes load them (:mod:`householderla._kernels`); each NumPy entry point then runs once on
-tiny float32 and float64 inputs. On a cold cache and two or more cores, a second process
-compiles the independent half of the modules (:data:`SECOND_PROCESS`) into the same cache.
+tiny float32 and float64 inputs. On a cold cache and two or more cores, the modules compile in
+two processes at once, in two rounds (:data:`ROUNDS`), into the same cache.
 Prints what it did and how long it took; exits 0 without Numba.
 """
 
@@ -18,17 +18,24 @@ import numpy as np
 
 from . import COMPILE_NOTICE, cold_cache, import_kernels, say_once
 
-#: kernel modules compiled by the second process: the lane kernels and the LAPACK panels,
-#: which import none of the column, check and batched modules this process compiles first
-SECOND_PROCESS = ("numba_lanes", "numba_larft", "numba_panels")
-#: what this process compiles while the other one runs, about as long as the other half (the
-#: rest, which needs both halves, follows by import after the wait)
-FIRST_PROCESS = ("numba_checks", "numba_columns", "numba_vec")
+#: (modules another process compiles, modules this process compiles meanwhile), round by
+#: round: each round's modules import only their own and earlier rounds' (the LAPACK panels
+#: and the lanes beside the columns, checks and vector kernels; then the stack dispatch,
+#: which needs both halves, beside the backward kernel); each half of a round about as long
+#: as the other. The entry module :mod:`.numba` then loads them all from the cache.
+ROUNDS = (
+    (
+        ("numba_lanes", "numba_larft", "numba_panels"),
+        ("numba_checks", "numba_columns", "numba_vec"),
+    ),
+    (("numba_grad",), ("numba_batched",)),
+)
 
 
 def _compile_in_two_processes() -> None:
-    """Compile the kernel modules in two processes at once when the cache is cold and the
-    machine has two cores; nothing otherwise (the import below compiles or loads them)."""
+    """Compile the kernel modules round by round in two processes at once when the cache is
+    cold and the machine has two cores; nothing otherwise (the import in :func:`warm`
+    compiles or loads them)."""
     import importlib.util
 
     if importlib.util.find_spec("numba") is None or (os.cpu_count() or 1) < 2:
@@ -37,13 +44,14 @@ def _compile_in_two_processes() -> None:
         return
     if say_once("compile"):
         print(COMPILE_NOTICE, file=sys.stderr, flush=True)
-    code = "; ".join(f"import {__package__}.{m}" for m in SECOND_PROCESS)
-    other = subprocess.Popen([sys.executable, "-c", code])
-    try:
-        for m in FIRST_PROCESS:
-            __import__(f"{__package__}.{m}")
-    finally:
-        other.wait()
+    for other_modules, own in ROUNDS:
+        code = "; ".join(f"import {__package__}.{m}" for m in other_modules)
+        other = subprocess.Popen([sys.executable, "-c", code])
+        try:
+            for m in own:
+                __import__(f"{__package__}.{m}")
+        finally:
+            other.wait()
 
 
 def warm() -> bool:
