@@ -255,7 +255,6 @@ def test_warm_without_numba(monkeypatch, capsys):
     assert "nothing to compile" in capsys.readouterr().err
 
 
-
 def _kernel_imports() -> dict[str, set[str]]:
     """Each ``_kernels/numba*.py`` module's sibling kernel modules, imported directly or
     through others (read off the source: no Numba needed)."""
@@ -301,6 +300,8 @@ def test_warm_rounds_compile_each_module_once():
         for half, other in ((a, b), (b, a)):
             for m in half:
                 assert not imports[m] & (other | later), (m, imports[m] & (other | later))
+
+
 # -- the install ------------------------------------------------------------------------------
 
 
