@@ -4,10 +4,13 @@ Run ``python -m benchmarks.cpu_rows`` (about a minute; ``--quick``: tiny sizes, 
 test). None of ``benchmarks/_harness.py``'s timing is used: ours and the anchor are timed by
 ``timeit`` in turns, nine samples each, the fastest sample of each kept, one thread (two
 where a row says so), as ``benchmarks/by_hand.py`` times the headline's three ratios. Each
-group of rows runs in a fresh interpreter, as a user's own script would time it (in one
-process, after the other groups, the same calls ran up to 1.6× slower, ours and the
-anchors alike; ``--same-process`` times them that way). Each row is ours / anchor (lower is
-better) unless it says "speed-up" (anchor / ours, higher is better):
+group of rows runs in a fresh interpreter, as a user's own script would time it, so that no
+row inherits the heap the earlier ones left: glibc serves large temporaries from fresh pages
+or from a heap it trims, by thresholds that earlier frees move (one ``hl.cwy(V) @ h`` call
+before the VJP row's calls made each VJP take 1,038 page faults and 10.3 ms instead of 35
+and 7.4 ms; ``--same-process`` times every group in one process, the former method). Each
+row is ours / anchor (lower is better) unless it says "speed-up" (anchor / ours, higher is
+better):
 
 * a prebuilt ``Q @ h`` (past the repeat switch) / the two bare GEMMs ``U (Uᵀ h)``;
 * ``hl.from_lapack(a, τ).matrix()`` and ``hl.cwy(V).matrix()`` on the unit lower-trapezoidal
