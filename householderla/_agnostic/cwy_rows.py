@@ -198,27 +198,24 @@ def blocks_vjp(
         d = _acc(solve_upper_triangular(S, _acc(c.mT, S.dtype, xp), xp, True), V.dtype, xp).mT
         if whole is not None:
             whole[:row, s:e] = 0
-            Vbar = _gram_vjp(Vb, d.mT @ b, xp, out=whole[row:, s:e])
-            subtract_product(Vbar, gt.mT, b, xp)
-            subtract_product(Vbar, z.mT, d, xp)
-            if need_x or i < last:
-                gb = _minus_tail(gb, row, d, Vb, xp, inplace)
-            continue
-        Vbar = _gram_vjp(Vb, d.mT @ b, xp)
+        Vbar = _gram_vjp(Vb, d.mT @ b, xp, out=None if whole is None else whole[row:, s:e])
         if inplace and Vbar.ndim == 2:  # (torch's addmm_, NumPy's ?gemm: no temporaries)
             subtract_product(Vbar, gt.mT, b, xp)
             subtract_product(Vbar, z.mT, d, xp)
         else:
             Vbar = Vbar - gt.mT @ b - z.mT @ d
-        if row:
-            pad = xp.zeros((*Vbar.shape[:-2], row, e - s), dtype=Vbar.dtype, device=device_of(V))
-            Vbar = xp.concat([pad, Vbar], axis=-2)
-        cols.append(Vbar)
+        if whole is None:
+            if row:
+                shape = (*Vbar.shape[:-2], row, e - s)
+                pad = xp.zeros(shape, dtype=Vbar.dtype, device=device_of(V))
+                Vbar = xp.concat([pad, Vbar], axis=-2)
+            cols.append(Vbar)
         if need_x or i < last:
             gb = _minus_tail(gb, row, d, Vb, xp, inplace)
     if whole is not None:
-        return whole, (gb if need_x else None)
-    Vbar = cols[0] if len(cols) == 1 else xp.concat(cols, axis=-1)
+        Vbar = whole
+    else:
+        Vbar = cols[0] if len(cols) == 1 else xp.concat(cols, axis=-1)
     return Vbar, (gb if need_x else None)
 
 
