@@ -23,7 +23,8 @@ better):
 
 * the ``OrthogonalLinear`` training step (forward, backward, SGD) at N = 128 where B ≥ N,
   float32 and float64, on one and on two threads / torch's Cayley map (its fastest
-  orthogonal map there; ``benchmarks/training_step.py`` has every shape and anchor).
+  orthogonal map there; ``benchmarks/training_step.py`` has every shape and anchor);
+* its forward under ``torch.no_grad`` (evaluation) / the same of torch's Cayley map.
 
 Writes ``cpu_rows.md`` to ``--out`` (default ``build/bench``).
 """
@@ -173,6 +174,32 @@ def training_rows(quick: bool) -> list[Row]:
     return out
 
 
+def inference_rows(quick: bool) -> list[Row]:
+    """``OrthogonalLinear`` forwards nothing records (``torch.no_grad``: evaluation) / the
+    same forward of torch's Cayley map, float32, one thread."""
+    from torch.nn.utils import parametrizations
+
+    import householderla.torch as hlt
+
+    out: list[Row] = []
+    add = _adder(out)
+    cases = [(32, 32)] if quick else [(128, 128), (128, 1024), (512, 512)]
+    for N, B in cases:
+        gen = torch.Generator().manual_seed(0)
+        ours = hlt.OrthogonalLinear(N, N, bias=False, generator=gen)
+        lin = torch.nn.Linear(N, N, bias=False)
+        cayley = parametrizations.orthogonal(lin, orthogonal_map="cayley")
+        x = torch.randn(B, N, generator=gen)
+
+        def timed(layer, x=x):
+            with torch.no_grad():
+                return layer(x)
+
+        add(f"OrthogonalLinear no-grad forward, N={N} B={B}, float32 / torch cayley",
+            lambda o=ours: timed(o), lambda c=cayley: timed(c), 3 if N >= 512 else 20)  # fmt: skip
+    return out
+
+
 #: the row groups in the order of the page; each runs in a fresh process by default
 GROUPS = {
     "apply": apply_rows,
@@ -181,6 +208,7 @@ GROUPS = {
     "stacks": stack_rows,
     "householder_apply": householder_apply_rows,
     "training": training_rows,
+    "inference": inference_rows,
 }
 
 

@@ -278,6 +278,27 @@ def test_layer_plan_threads(N, rows, threads, expected):
     assert (path.name, path.block) == expected
 
 
+@pytest.mark.parametrize(
+    ("device", "N", "rows", "expected"),
+    [
+        ("cpu", 128, 64, ("node_forward_one_block", 128)),
+        ("cpu", 1024, 64, ("node_forward", 64)),  # the training node's blocks
+        ("cpu", 1024, 2048, ("node_forward", 128)),  # W formed from blocks of formed_block
+        ("cuda", 1024, 64, ("node_forward_one_block", 1024)),
+    ],
+)
+def test_layer_plan_inference(device, N, rows, expected):
+    """A forward nothing records (``node_inference``) takes the training node's blocks under
+    the ``node_forward`` names, where the recorded forward would take the operator or W."""
+    facts = _layer_facts(device, N, rows, False, node_inference=True)
+    path = P.plan_layer(facts)
+    assert (path.name, path.block) == expected
+    assert path.name in P.LAYER_PATHS
+    trained = P.plan_layer(_layer_facts(device, N, rows, True))
+    assert trained.name == path.name.replace("node_forward", "one_node")
+    assert trained.block == path.block
+
+
 def test_pure_apply_facts_table():
     """The planner is a function of its facts alone: the same facts, the same path, and the
     history moves a product along the repeat switch."""

@@ -378,6 +378,77 @@ def test_one_node_dispatch(monkeypatch):
         layer(x)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("rows", [6, 30])  # applied (B ≤ N), W formed (B > N)
+@pytest.mark.parametrize("structure", ["trapezoidal", "dense"])
+def test_unrecorded_forward_is_the_training_forward(structure, rows, dtype, monkeypatch):
+    """A forward nothing records (``no_grad``, ``inference_mode``, vectors that do not require
+    grad) runs the training node's forward without the node (``node_forward``): the same
+    blocks, so the same bits as the recorded forward; it equals x Wᵀ + b with the formed
+    weight (100·eps·N in float64; 50·eps·N in float32, where both round each product once
+    from a float64 Gram) and leaves x as it was. Blocks of 4 at N = 12 (three blocks of
+    trapezoidal rows 0…, 4…, 8…; the formed W from the blocks applied to I). A frozen layer
+    whose input requires grad keeps the recorded operator, and x's gradient flows."""
+    monkeypatch.setattr(_blocked, "BLOCK", 4)
+    monkeypatch.setattr(_torch_layer, "SINGLE_BLOCK_MAX_N", 0)
+    monkeypatch.setattr(_torch_layer, "SINGLE_BLOCK_APPLIED_MAX_N", 0)
+    monkeypatch.setattr(_torch_layer, "FORMED_BLOCK", 4)
+    monkeypatch.setattr(_torch_layer, "THREADED_SINGLE_BLOCK_MAX_N", 0)  # any thread count
+    N = 12
+    gen = torch.Generator().manual_seed(7)
+    layer = hl.torch.OrthogonalLinear(N, N, structure=structure, dtype=dtype, generator=gen)
+    eps = EPS[np.float64 if dtype == torch.float64 else np.float32]
+    tol = (100 if dtype == torch.float64 else 50) * eps * N
+    x = torch.randn(2, rows // 2, N, dtype=dtype)  # a leading batch axis
+    x2 = x.reshape(-1, N)
+    x0 = x.clone()
+    trained = layer(x)  # recorded: the one node
+    assert "CWYLinearBackward" in _graph_nodes(trained)
+    path = _torch_layer.plan_layer(layer._layer_facts(x2))
+    assert path.name.startswith("one_node")
+    outs = []
+    for ctx in (torch.no_grad, torch.inference_mode):
+        with ctx():
+            facts = layer._layer_facts(x2)
+            assert facts.node_inference and not facts.one_node
+            inferred = _torch_layer.plan_layer(facts)
+            assert inferred.name == path.name.replace("one_node", "node_forward")
+            assert inferred.block == path.block == 4
+            outs.append(layer(x))
+    for p in layer.parameters():
+        p.requires_grad_(False)
+    outs.append(layer(x))
+    assert torch.equal(x, x0)
+    W = layer.weight.detach()
+    for y in outs:
+        assert y.grad_fn is None and y.shape == (*x.shape[:-1], N)
+        assert torch.equal(y, trained.detach())
+    ref = x @ W.T + layer.bias
+    torch.testing.assert_close(outs[0], ref, rtol=0, atol=tol * float(ref.abs().max()))
+    xg = x.clone().requires_grad_(True)
+    assert not layer._layer_facts(xg.reshape(-1, N)).node_inference
+    y = layer(xg)
+    (gx,) = torch.autograd.grad((y * y).sum(), xg)
+    torch.testing.assert_close(gx, 2 * y.detach() @ W, rtol=0, atol=tol * float(gx.abs().max()))
+
+
+def test_unrecorded_forward_dispatch_and_bad_vectors():
+    """``node_forward`` runs for a square CWY layer only (not T-CWY or SVD, not x of another
+    dtype, not with ``ONE_NODE = False``), and NaN in V raises there as on the recorded
+    paths."""
+    layer = hl.torch.OrthogonalLinear(6, 6, dtype=torch.float64)
+    x = torch.randn(3, 6, dtype=torch.float64)
+    with torch.no_grad():
+        assert layer._layer_facts(x).node_inference
+        assert not layer._layer_facts(x.float()).node_inference
+        for map_, out in (("tcwy", 4), ("svd", 6)):
+            other = hl.torch.OrthogonalLinear(6, out, map=map_, dtype=torch.float64)
+            assert not other._layer_facts(x).node_inference
+        layer.vectors[0][4, 1] = float("nan")
+        with pytest.raises(ValueError, match=r"V contains NaN or Inf \(in column\(s\) \[1\]\)"):
+            layer(x)
+
+
 @pytest.mark.parametrize("map_", ["cwy", "tcwy"])
 def test_output_is_not_a_view(map_):
     """Without a bias the output is a new tensor, not a view, for rows of any shape (one node

@@ -296,14 +296,22 @@ def _contiguous(x: Any) -> Any:
 
 
 def _node_product(
-    V: Any, Ss: list, x: Any, blocks: list, acc: Any, inplace: bool, identity: bool = False
+    V: Any,
+    Ss: list,
+    x: Any,
+    blocks: list,
+    acc: Any,
+    inplace: bool,
+    identity: bool = False,
+    keep: bool = True,
 ) -> tuple[Any, list]:
     """``cwy_rows.blocks_product`` for 2-D x: y = x Q_mᵀ⋯Q₁ᵀ, the last block first, each
     a = z V_b, b = a S_b⁻ᵀ, z −= b V_bᵀ on columns row…; kept: each block's input columns
     and b. ``inplace``: on one copy of x (one block: y = x − b Vᵀ, no copy). ``identity``
     (x = I, in place): block b also reads and updates rows row… only (``?orgqr``'s order:
     the blocks after it changed the trailing rows and columns only, so the rows above are
-    zero in its columns); its kept input and b then have those rows only."""
+    zero in its columns); its kept input and b then have those rows only. ``keep=False``
+    (a forward nothing records): the blocks' inputs are not copied for ``kept``."""
     dt, last = V.dtype, len(blocks) - 1
     z = _contiguous(x) if inplace and last else x
     trailing = identity and inplace and last
@@ -312,7 +320,7 @@ def _node_product(
         row, s, e = blocks[i]
         r0 = row if trailing else 0
         Vb, zt = V[row:, s:e], z[r0:, row:]
-        if not inplace or not last:
+        if not inplace or not last or not keep:
             zin = zt
         else:
             zin = x[r0:, row:] if i == last else _contiguous(zt)
@@ -358,21 +366,32 @@ def _node_blocks_vjp(
     return out, (gb if need_x else None)
 
 
+def node_forward(V: Any, x: Any, trapezoidal: bool, formed: bool, block: int) -> Any:
+    """:class:`CWYLinear`'s forward x Qᵀ where nothing records it (no grad, inference mode:
+    the planner's ``node_forward`` paths): the same blocks and rounding, no autograd node,
+    nothing kept for a backward. A new tensor; V and x are not modified."""
+    Vt = _tril(V) if trapezoidal else V
+    blocks = R.column_blocks(V.shape[-1], block, trapezoidal)
+    acc = accumulation_dtype_for(_xp, V)
+    return _node_forward(Vt, x, blocks, formed, acc, inplace=True, keep=False)[0]
+
+
 def _node_forward(
-    V: Any, x: Any, blocks: list, formed: bool, acc: Any, inplace: bool = False
+    V: Any, x: Any, blocks: list, formed: bool, acc: Any, inplace: bool = False, keep: bool = True
 ) -> tuple[Any, tuple[list, Any]]:
     """``cwy_rows.layer_forward``: (y, (S_b, kept)); formed from one block W = I − V Z with
-    Z = S⁻¹Vᵀ (kept: W, Z), from several P = the blocks applied to I (kept: P and theirs)."""
+    Z = S⁻¹Vᵀ (kept: W, Z), from several P = the blocks applied to I (kept: P and theirs);
+    ``keep=False``: no copies for ``kept`` (:func:`_node_product`)."""
     Ss = [_factor(V[row:, s:e], acc) for row, s, e in blocks]
     if not formed:
-        y, kept = _node_product(V, Ss, x, blocks, acc, inplace)
+        y, kept = _node_product(V, Ss, x, blocks, acc, inplace, keep=keep)
         return y, (Ss, kept)
     eye = torch.eye(V.shape[-2], dtype=V.dtype, device=V.device)
     if len(blocks) == 1:
         Z = _solve(Ss[0], V.mT, V.dtype)
         W = torch.addmm(eye, V, Z, alpha=-1)
         return x @ W.mT, (Ss, (W, Z))
-    P, kept = _node_product(V, Ss, eye, blocks, acc, inplace, identity=True)
+    P, kept = _node_product(V, Ss, eye, blocks, acc, inplace, identity=True, keep=keep)
     return x @ P, (Ss, (P, kept))
 
 

@@ -29,7 +29,8 @@ APPLY_PATHS = ("direct", "dense_q", "folded", "sequential", "lapack_panels", "gp
                "blocked", "structured", "factors")  # fmt: skip
 MATRIX_PATHS = ("numba_stack", "lapack_panels", "orgqr_kernel", "structured_form", "one_shot",
                 "native_orgqr", "factors")  # fmt: skip
-LAYER_PATHS = ("one_node", "one_node_one_block", "formed", "operator", "weight")
+LAYER_PATHS = ("one_node", "one_node_one_block", "node_forward", "node_forward_one_block",
+               "formed", "operator", "weight")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -210,6 +211,7 @@ class LayerFacts:
     applied_single_max_n: int = _SINGLE_APPLIED  # largest N applied as one block on the CPU
     threads: int = 1  # torch's intra-op threads
     threaded_single_max_n: int = _SINGLE_THREADED  # largest N in one block with 2+ threads
+    node_inference: bool = False  # nothing records the forward: the node's math, no node
 
 
 def plan_layer(f: LayerFacts) -> Path:
@@ -219,17 +221,19 @@ def plan_layer(f: LayerFacts) -> Path:
     applied to the rows, of ``formed_block`` where W is formed (one block where W is formed
     and N ≤ ``single_max_n``, or applied and N ≤ ``applied_single_max_n``: there the blocks'
     extra ops cost more than their flops save; with 2+ ``threads``, which speed up the GEMMs
-    but not the ops around them, either up to ``threaded_single_max_n``).
-    Otherwise W formed (batch above ``operator_rows``), the operator applied, or the
-    parametrization's ``weight``."""
+    but not the ops around them, either up to ``threaded_single_max_n``). A forward that
+    nothing records (no grad, inference mode: ``node_inference``) runs the same blocks'
+    forward without the node (``node_forward``). Otherwise W formed (batch above
+    ``operator_rows``), the operator applied, or the parametrization's ``weight``."""
     applied = f.rows <= f.operator_rows
-    if f.one_node:
+    if f.one_node or f.node_inference:
+        name = "one_node" if f.one_node else "node_forward"
         one = f.applied_single_max_n if applied else f.single_max_n
         if f.threads > 1:
             one = max(one, f.threaded_single_max_n)
         if f.device != "cpu" or f.N <= one:
-            return Path("one_node_one_block", block=f.L)
-        return Path("one_node", block=f.block if applied else f.formed_block)
+            return Path(f"{name}_one_block", block=f.L)
+        return Path(name, block=f.block if applied else f.formed_block)
     if not applied:
         return Path("formed")
     return Path("operator" if f.has_operator else "weight")

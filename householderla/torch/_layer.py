@@ -5,7 +5,8 @@ W is CWY, T-CWY or SVD-Householder of trainable reflectors, as ``hl.torch.orthog
 registers it (square CWY from the lower trapezoid of V by default). Forming W costs ≈ 3·N³ + 2·N²·B
 flops, applying the reflectors in blocks N·L·nb + 4·N·L·B (:mod:`householderla._operator.blocked`),
 so up to B = N the layer never forms W. A square CWY layer's training step runs as one autograd
-node (``_autodiff.torch.CWYLinear``, ``docs/theory/cwy.rst``, "One node for a layer");
+node (``_autodiff.torch.CWYLinear``, ``docs/theory/cwy.rst``, "One node for a layer"), and its
+forward where nothing records it (no grad, inference mode) as the node's forward alone;
 ``torch.func`` and ``torch.compile`` take the composed nodes.
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .._autodiff.torch import CWYLinear
+from .._autodiff.torch import CWYLinear, node_forward
 from .._lib.device import device_kind
 from .._lib.tracing import is_transformed, needs_graph
 from .._lib.tuning import (
@@ -78,11 +79,13 @@ class OrthogonalLinear(torch.nn.Module):
     N·L·64 + 4·N·L·B flops forward (half that for trapezoidal reflectors) instead of
     ≈ 3·N³ + 2·N²·B. Where a square CWY weight is formed for a training step (autodiff
     recording), it is the same blocks applied to the identity, in the parameters' dtype;
-    ``weight`` (and the no-grad forward) forms it as
-    :func:`householderla.torch.orthogonal` does (float32 in float64, rounded once). A square
-    CWY layer trains through one autograd node instead (``ONE_NODE``: the same blocks and the
-    same choice between applying and forming W, by the unnormalised form; ``torch.func``
-    transforms and ``torch.compile`` take the composed nodes).
+    ``weight`` forms it as :func:`householderla.torch.orthogonal` does (float32 in float64,
+    rounded once). A square CWY layer trains through one autograd node instead
+    (``ONE_NODE``: the same blocks and the same choice between applying and forming W, by
+    the unnormalised form), and its forward where nothing records it (``torch.no_grad``,
+    ``torch.inference_mode``, vectors that do not require grad) is that node's forward
+    alone: evaluation gives the training forward's numbers at its cost. ``torch.func``
+    transforms and ``torch.compile`` take the composed nodes.
 
     Examples
     --------
@@ -162,9 +165,13 @@ class OrthogonalLinear(torch.nn.Module):
         x2 = x.reshape(-1, self.in_features)
         V = self.vectors[0]  # (a ParameterList lookup costs microseconds: once per call)
         path = plan_layer(self._layer_facts(x2, V))
-        if path.name.startswith("one_node"):
+        if path.name.startswith(("one_node", "node_forward")):
             formed = not self.uses_operator(x2.shape[0])
-            y = CWYLinear.apply(V, x2, self.structure == "trapezoidal", formed, path.block)
+            trap = self.structure == "trapezoidal"
+            if path.name.startswith("one_node"):
+                y = CWYLinear.apply(V, x2, trap, formed, path.block)
+            else:  # nothing records this forward: the node's math without the node
+                y = node_forward(V, x2, trap, formed, path.block)
             # never a view (nor is ``torch.nn.Linear``'s output): ``fully_shard`` hooks a
             # module's outputs for its backward, and an in-place op on a view drops the hook
             if x.ndim != 2:
@@ -187,6 +194,7 @@ class OrthogonalLinear(torch.nn.Module):
         V = self.vectors[0] if V is None else V
         N = max(self.in_features, self.out_features)
         one_node = self._one_node(x2, V)
+        inference = not one_node and self._node_inference(x2, V)
         return LayerFacts(
             device=device_kind(V),
             N=N,
@@ -202,8 +210,9 @@ class OrthogonalLinear(torch.nn.Module):
             applied_single_max_n=SINGLE_BLOCK_APPLIED_MAX_N,
             # read only where it matters: dynamo cannot trace it (an int from a torch call),
             # and a compiled forward is never one node
-            threads=torch.get_num_threads() if one_node else 1,
+            threads=torch.get_num_threads() if one_node or inference else 1,
             threaded_single_max_n=THREADED_SINGLE_BLOCK_MAX_N,
+            node_inference=inference,
         )
 
     def _one_node(self, x: torch.Tensor, V: torch.Tensor | None = None) -> bool:
@@ -220,6 +229,21 @@ class OrthogonalLinear(torch.nn.Module):
             and torch.is_grad_enabled()
             and V.requires_grad
             and not is_transformed(V)
+            and not torch.compiler.is_compiling()
+        )
+
+    def _node_inference(self, x: torch.Tensor, V: torch.Tensor) -> bool:
+        """Whether ``forward`` runs the node's forward without the node: a square CWY weight,
+        x of the vectors' dtype, and nothing to record — no grad mode or no input that
+        requires grad, no ``torch.func`` transform, no forward-mode dual, no
+        ``torch.compile`` tracing (a frozen layer in a network that trains x keeps the
+        recorded operator)."""
+        return (
+            self.map == "cwy"
+            and x.dtype == V.dtype
+            and ONE_NODE
+            and self.in_features == self.out_features
+            and not needs_graph(V, x)
             and not torch.compiler.is_compiling()
         )
 
