@@ -295,6 +295,14 @@ def _contiguous(x: Any) -> Any:
     return x.clone(memory_format=torch.contiguous_format)
 
 
+def _part(M: Any, r: int, c: int, e: int | None = None) -> Any:
+    """M[r:, c:e] (e None: to the end), M itself where that is all of it: one block has no
+    slicing ops (each a dispatched op, microseconds a step at small N)."""
+    if r == 0 and c == 0 and (e is None or e == M.shape[-1]):
+        return M
+    return M[r:, c:e]
+
+
 def _node_product(
     V: Any,
     Ss: list,
@@ -319,11 +327,11 @@ def _node_product(
     for i in range(last, -1, -1):
         row, s, e = blocks[i]
         r0 = row if trailing else 0
-        Vb, zt = V[row:, s:e], z[r0:, row:]
+        Vb, zt = _part(V, row, s, e), _part(z, r0, row)
         if not inplace or not last or not keep:
             zin = zt
         else:
-            zin = x[r0:, row:] if i == last else _contiguous(zt)
+            zin = _part(x, r0, row) if i == last else _contiguous(zt)
         b = _solve(Ss[i], (zt @ Vb).mT, dt, own=True).mT
         if inplace and last:
             zt.addmm_(b, Vb.mT, alpha=-1)
@@ -345,7 +353,7 @@ def _node_blocks_vjp(
     gb = _contiguous(g) if update else g
     out = V.new_zeros(V.shape) if m > 1 else None
     for i, ((row, s, e), S, (z, b)) in enumerate(zip(blocks, Ss, kept, strict=True)):
-        Vb, gt = V[row:, s:e], gb[:, row:]
+        Vb, gt = _part(V, row, s, e), _part(gb, 0, row)
         d = _solve(S, (gt @ Vb).mT, dt, adjoint=True, own=True).mT
         off = gt.shape[0] - b.shape[0]  # the rows that ``identity`` left out (zero in b, z)
         dr, gr = (d[off:], gt[off:]) if off else (d, gt)
@@ -382,7 +390,7 @@ def _node_forward(
     """``cwy_rows.layer_forward``: (y, (S_b, kept)); formed from one block W = I − V Z with
     Z = S⁻¹Vᵀ (kept: W, Z), from several P = the blocks applied to I (kept: P and theirs);
     ``keep=False``: no copies for ``kept`` (:func:`_node_product`)."""
-    Ss = [_factor(V[row:, s:e], acc) for row, s, e in blocks]
+    Ss = [_factor(_part(V, row, s, e), acc) for row, s, e in blocks]
     if not formed:
         y, kept = _node_product(V, Ss, x, blocks, acc, inplace, keep=keep)
         return y, (Ss, kept)

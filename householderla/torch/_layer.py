@@ -162,7 +162,7 @@ class OrthogonalLinear(torch.nn.Module):
         if x.ndim == 0 or x.shape[-1] != self.in_features:
             got = "a scalar" if x.ndim == 0 else f"shape {tuple(x.shape)}"
             raise ValueError(f"x must have shape (..., {self.in_features}); got {got}")
-        x2 = x.reshape(-1, self.in_features)
+        x2 = x if x.ndim == 2 else x.reshape(-1, self.in_features)  # (a reshape is an op)
         V = self.vectors[0]  # (a ParameterList lookup costs microseconds: once per call)
         path = plan_layer(self._layer_facts(x2, V))
         if path.name.startswith(("one_node", "node_forward")):
