@@ -432,6 +432,34 @@ def test_unrecorded_forward_is_the_training_forward(structure, rows, dtype, monk
     torch.testing.assert_close(gx, 2 * y.detach() @ W, rtol=0, atol=tol * float(gx.abs().max()))
 
 
+def test_inference_mode_first_then_double_backward():
+    """A layer's first forward under ``torch.inference_mode`` (the node's masks are cached
+    then) leaves a later training step's double backward working: the cached masks are
+    normal tensors, not inference tensors (which autograd refuses to save). The second
+    derivative equals the composed nodes' (``ONE_NODE = False``) to 1e3·eps of its size."""
+    from householderla._autodiff import torch as node
+
+    node._masks.cache_clear()
+    N = 11  # one block of 11: the masks of n = 11 are made by the inference-mode call
+    layer = hl.torch.OrthogonalLinear(N, N, dtype=torch.float64)
+    x = torch.randn(4, N, dtype=torch.float64)
+    with torch.inference_mode():
+        layer(x)
+    assert not node._masks(N, torch.float64, x.device)[0].is_inference()
+    V = layer.vectors[0]
+    out = []
+    for one in (True, False):
+        _torch_layer.ONE_NODE, saved = one, _torch_layer.ONE_NODE
+        try:
+            y = layer(x)
+            (g,) = torch.autograd.grad((y * y.roll(1, 1)).sum(), V, create_graph=True)
+            out.append(torch.autograd.grad((g * g).sum(), V)[0])
+        finally:
+            _torch_layer.ONE_NODE = saved
+    assert float(out[1].abs().max()) > 0
+    torch.testing.assert_close(out[0], out[1], rtol=0, atol=1e3 * TOL * float(out[1].abs().max()))
+
+
 def test_unrecorded_forward_dispatch_and_bad_vectors():
     """``node_forward`` runs for a square CWY layer only (not T-CWY or SVD, not x of another
     dtype, not with ``ONE_NODE = False``), and NaN in V raises there as on the recorded

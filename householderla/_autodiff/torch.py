@@ -242,10 +242,13 @@ def _tril(V: Any) -> Any:
 @functools.lru_cache(maxsize=8)
 def _masks(n: int, dtype: Any, device: Any) -> tuple[Any, Any]:
     """(H, U) for n × n blocks: H = ½ on the diagonal, 1 above it, 0 below (S = G ∘ H for
-    nonzero columns), U the boolean upper triangle with its diagonal (E(M) below)."""
-    U = torch.ones(n, n, dtype=torch.bool, device=device).triu_()
-    H = U.to(dtype)
-    H.diagonal().fill_(0.5)
+    nonzero columns), U the boolean upper triangle with its diagonal (E(M) below). Built as
+    normal tensors also when the first call is under ``torch.inference_mode`` (an inference
+    tensor in the cache would make every later recorded use, a double backward's, raise)."""
+    with torch.inference_mode(False):
+        U = torch.ones(n, n, dtype=torch.bool, device=device).triu_()
+        H = U.to(dtype)
+        H.diagonal().fill_(0.5)
     return H, U
 
 
